@@ -1,0 +1,34 @@
+"""Root pytest configuration: which device the suite runs on.
+
+``--device cpu`` (default) runs the portable kernels in Triton's CPU interpreter, which is
+process-wide and must be switched on before triton is imported: that happens here, in
+pytest_configure, before any test module is collected. ``--device cuda`` runs the same tests on the GPU.
+``JFA_TEST_DEVICE`` sets the default.
+"""
+import os
+import sys
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default=os.environ.get("JFA_TEST_DEVICE", "cpu"), choices=("cpu", "cuda"),
+                     help="device the kernel tests run on (cpu = Triton interpreter)")
+    parser.addoption("--backend", default="triton", help="jfa backend the kernel tests exercise")
+
+
+def pytest_configure(config):
+    if config.getoption("--device") == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise pytest.UsageError("triton was imported before the interpreter could be enabled; "
+                                    "run with TRITON_INTERPRET=1")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--device") == "cuda":
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run with --device cuda on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,257 @@
+"""The public op: validation, backend dispatch and autograd (DESIGN.md section 3 is the contract).
+
+Every check runs before any kernel: a bad argument raises ``TypeError`` (wrong kind of thing) or
+``ValueError`` (right kind, broken rule) naming the argument and the rule. The portable Triton path is
+a ``torch.library.custom_op`` with a registered autograd formula and fake (meta) kernel, so
+``torch.compile`` can trace models that call it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from jfa.kernels.triton.configs import MAX_HEAD_DIM
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BACKENDS = ("auto", "tlx", "triton", "torch")
+PRECISIONS = ("auto", "mxfp8")
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    """What validation learned about a call; everything a launcher needs besides the tensors."""
+
+    num_seqs: int
+    len_q_bcast: int  # Lq of a broadcast Q, else 0
+    softmax_scale: float
+    backend: str  # resolved: "triton" or "torch"
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dim() != 3:
+        raise ValueError(f"{name}: expected shape [tokens, heads, head_dim] (3-D), got {tuple(t.shape)}")
+
+
+def _check_offsets_meta(name: str, cu, device: torch.device) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of offsets, got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: offsets must be int32 or int64, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name}: expected a 1-D tensor of B+1 >= 1 offsets, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name}: must be on the same device as q ({device}), got {cu.device}")
+
+
+def _check_hint(name: str, hint) -> None:
+    if hint is None:
+        return
+    if isinstance(hint, bool) or not isinstance(hint, int):
+        raise TypeError(f"{name}: expected an int or None, got {type(hint).__name__}")
+    if hint < 0:
+        raise ValueError(f"{name}: must be >= 0, got {hint}")
+
+
+def _check_offsets_values(name: str, cu: torch.Tensor, total: int, hint: Optional[int]) -> None:
+    """One device read of the offsets: first 0, non-decreasing, last = total, max length <= hint."""
+    values = cu.to(device="cpu", dtype=torch.int64)
+    if int(values[0]) != 0:
+        raise ValueError(f"{name}: first offset must be 0, got {int(values[0])}")
+    lengths = values[1:] - values[:-1]
+    if lengths.numel() and int(lengths.min()) < 0:
+        b = int(torch.nonzero(lengths < 0)[0])
+        raise ValueError(f"{name}: offsets must be non-decreasing, but {name}[{b + 1}] < {name}[{b}]")
+    if int(values[-1]) != total:
+        raise ValueError(f"{name}: last offset must equal the token count {total}, got {int(values[-1])}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if hint is not None and hint < longest:
+        hint_name = "max_seqlen_q" if name.endswith("_q") else "max_seqlen_k"
+        raise ValueError(f"{hint_name}: hint {hint} is smaller than the longest sequence ({longest})")
+
+
+def _trust_offsets() -> bool:
+    # Skips the device read that checks offset values (e.g. under CUDA-graph capture). Unsafe on bad input.
+    return os.environ.get("JFA_TRUST_OFFSETS", "0") == "1"
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    from jfa.kernels.triton import interpreter_active
+
+    if backend == "tlx":
+        raise ValueError(
+            "backend: 'tlx' cannot run here: the TLX (sm_90a/sm_100a) kernels are not part of this build yet; "
+            "use backend='triton' (portable) or 'auto'")
+    if backend == "triton" and device.type == "cpu" and not interpreter_active():
+        raise ValueError(
+            "backend: 'triton' on CPU tensors needs Triton's interpreter, which is process-wide: set "
+            "TRITON_INTERPRET=1 in the environment before triton is imported (jfa's CLI and tests do)")
+    if backend == "triton" and device.type not in ("cpu", "cuda"):
+        raise ValueError(f"backend: 'triton' runs on CUDA or (interpreted) CPU tensors, got device {device}")
+    if backend == "auto":
+        if device.type == "cuda" or (device.type == "cpu" and interpreter_active()):
+            return "triton"
+        return "torch"
+    return backend
+
+
+def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale,
+             broadcast_q, deterministic, precision, backend, return_lse) -> Problem:
+    """Check every argument against the contract; returns what the launchers need. Runs no kernel."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    for name, flag in (("causal", causal), ("broadcast_q", broadcast_q), ("deterministic", deterministic),
+                       ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k, v: shapes must match, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"q, k: head counts must match, got {q.shape[1]} and {k.shape[1]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q, k: head dims must match, got {q.shape[2]} and {k.shape[2]}")
+    if q.shape[1] < 1:
+        raise ValueError("q: needs at least one head")
+    head_dim = q.shape[2]
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "mxfp8":
+        raise ValueError("precision: 'mxfp8' is not part of this build yet; use precision='auto'")
+    _check_hint("max_seqlen_q", max_seqlen_q)
+    _check_hint("max_seqlen_k", max_seqlen_k)
+
+    _check_offsets_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    num_seqs = cu_seqlens_k.numel() - 1
+    if broadcast_q:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q: must be None when broadcast_q=True (q is one dense sequence)")
+        if max_seqlen_q is not None and max_seqlen_q < q.shape[0]:
+            raise ValueError(f"max_seqlen_q: hint {max_seqlen_q} is smaller than the broadcast Q length {q.shape[0]}")
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError("cu_seqlens_q: required unless broadcast_q=True")
+        _check_offsets_meta("cu_seqlens_q", cu_seqlens_q, q.device)
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise ValueError(f"cu_seqlens_q, cu_seqlens_k: must have the same length B+1, got "
+                             f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    resolved = _resolve_backend(backend, q.device)
+
+    hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
+    if not (hints_given and _trust_offsets()):
+        _check_offsets_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
+        if not broadcast_q:
+            _check_offsets_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the portable Triton path as a custom op with autograd
+# ----------------------------------------------------------------------------------------------------
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # token and head strides are free; the kernels want the head dim itself contiguous
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("jfa::triton_forward", mutates_args=())
+def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
+                    cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
+                    num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from jfa.kernels.triton.forward import jagged_forward
+
+    return jagged_forward(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                          broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+
+
+@_triton_forward.register_fake
+def _(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = q.new_empty((rows, q.shape[1], q.shape[2]))
+    return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("jfa::triton_backward", mutates_args=())
+def _triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor],
+                     cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
+                     num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from jfa.kernels.triton.backward import jagged_backward
+
+    return jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                           broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse)
+
+
+@_triton_backward.register_fake
+def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _triton_backward(q, k, v, out, lse, _last_dim_contiguous(dout), dlse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_triton_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the public entry point
+# ----------------------------------------------------------------------------------------------------
+def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
+                     causal=False, softmax_scale=None, broadcast_q=False, deterministic=False,
+                     precision="auto", backend="auto", return_lse=False):
+    """Attention over packed variable-length sequences (see DESIGN.md section 3 for every rule).
+
+    ``q``: [total_q, H, D] (or [Lq, H, D] with ``broadcast_q``); ``k``, ``v``: [total_k, H, D];
+    ``cu_seqlens_*``: [B+1] int32/int64 offsets. Returns ``out`` ([total_q or B*Lq, H, D], q's dtype),
+    or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
+    Differentiable in q, k, v. Gradients of the Triton path are bitwise reproducible (no atomics), so
+    ``deterministic=True`` costs nothing there.
+    """
+    problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                       softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
+                       precision=precision, backend=backend, return_lse=return_lse)
+    if problem.backend == "torch":
+        from jfa.reference import attention_reference
+
+        out, lse = attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                       softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q)
+        lse = lse.to(torch.float32)
+    else:
+        out, lse = _triton_forward(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
+                                   cu_seqlens_q, cu_seqlens_k, causal, problem.softmax_scale, broadcast_q,
+                                   problem.num_seqs, problem.len_q_bcast)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,1 @@
+"""The verification harness: adversarial case catalogue (and, as it grows, strategies and runners)."""

@@ -1,0 +1,292 @@
+"""Portable jagged FlashAttention backward (Triton), CUDA and CPU interpreter alike.
+
+Three launches, none with atomics, so gradients are bitwise reproducible by construction:
+1. ``delta = rowsum(dO * O)`` per row and head;
+2. dK/dV: one program per (KV tile, head) streams the sequence's query tiles that can see it and
+   keeps dK, dV in registers, written once;
+3. dQ: one program per (query tile, head) streams the keys it sees (the forward's loop shape) and
+   writes dQ once. For a broadcast Q each (sequence, tile) writes an fp32 partial and the partials
+   are summed over the batch afterwards in a fixed order.
+Both main loops are peeled like the forward: branch-free bulk, masked diagonal and tail.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from jfa.kernels import alloc
+from jfa.kernels.schedule import build_tile_list
+from jfa.kernels.triton._interpreter import install_bf16_dot_fix
+from jfa.kernels.triton.configs import configs_for, padded_head_dim
+from jfa.kernels.triton.forward import (
+    _dot_precision,
+    _head_strides,
+    _seq_bounds,
+    cu_lengths,
+    virtual_cu_seqlens,
+)
+
+install_bf16_dot_fix()
+
+
+@triton.jit
+def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, head_dim,
+                 stride_ot, stride_oh, stride_dot, stride_doh,
+                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta[t, h] = sum_d dO[t, h, d] * O[t, h, d] in fp32."""
+    pid = tl.program_id(0)
+    head = pid % num_heads
+    offs_t = (pid // num_heads) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_t < num_rows)[:, None] & (offs_d < head_dim)[None, :]
+    rows = offs_t.to(tl.int64)
+    o = tl.load(OUT + head.to(tl.int64) * stride_oh + rows[:, None] * stride_ot + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DOUT + head.to(tl.int64) * stride_doh + rows[:, None] * stride_dot + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + rows * num_heads + head, delta, mask=offs_t < num_rows)
+
+
+@triton.jit
+def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, offs_n, offs_d, d_mask,
+                 stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr):
+    """Accumulate one query tile's contribution to this program's dK, dV (transposed formulation:
+    rows are keys, columns are queries)."""
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    q_rows = (q_row0 + offs_m).to(tl.int64)
+    o_rows = (out_row0 + offs_m).to(tl.int64)
+    if MASKED:
+        m_mask = offs_m < len_q
+        q = tl.load(Q + q_rows[:, None] * stride_qt + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        do = tl.load(DO + o_rows[:, None] * stride_dot + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=0.0)
+        delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
+    else:
+        q = tl.load(Q + q_rows[:, None] * stride_qt + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        do = tl.load(DO + o_rows[:, None] * stride_dot + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        lse = tl.load(LSE + o_rows * num_heads + head)
+        delta = tl.load(DELTA + o_rows * num_heads + head)
+    # a row that saw no key has lse = -inf and P = 0: use +inf so exp2(s - lse) is 0, not inf * 0
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    p_t = tl.math.exp2(s_t - lse2[None, :])
+    if MASKED:
+        visible = (offs_m < len_q)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+        p_t = tl.where(visible, p_t, 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def jagged_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILES,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    num_seqs, num_heads, head_dim, LQ_BCAST, sm_scale,
+    CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    slot = pid // num_heads
+    head = pid % num_heads
+    seq = tl.load(TILES + slot)
+    if seq >= num_seqs:  # a spare slot of the tile list
+        return
+    tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
+    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q)
+
+    n_start = tile * BLOCK_N
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    n_mask = offs_n < len_k
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k_rows = (k_row0 + offs_n).to(tl.int64)
+    hk = head.to(tl.int64)
+    k = tl.load(K + hk * stride_kh + k_rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + hk * stride_vh + k_rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+    Q += hk * stride_qh
+    DO += hk * stride_doh
+
+    qk_scale = sm_scale * 1.4426950408889634
+    causal_shift = len_k - len_q
+    num_q_tiles = (len_q + BLOCK_M - 1) // BLOCK_M
+    full_q_tiles = len_q // BLOCK_M
+    if CAUSAL:
+        # query i sees key j iff j <= i + shift: the first tile with any visible row, and the first
+        # whose every row sees every key of this KV tile
+        first = tl.maximum(n_start - causal_shift, 0) // BLOCK_M
+        first_full = (tl.maximum(n_start + BLOCK_N - 1 - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M
+    else:
+        first = 0
+        first_full = 0
+    diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
+    bulk_end = tl.maximum(diag_end, full_q_tiles)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for i in range(first, diag_end):
+        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
+                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
+                              MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
+    for i in range(diag_end, bulk_end):
+        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
+                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
+                              MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
+    for i in range(bulk_end, num_q_tiles):
+        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
+                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
+                              MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
+    dk = dk * sm_scale
+    tl.store(DK + hk * stride_dkh + k_rows[:, None] * stride_dkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + hk * stride_dvh + k_rows[:, None] * stride_dvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
+                stride_kt, stride_vt, len_k, causal_shift, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_kn = n_start + offs_n
+    rows = (k_row0 + offs_kn).to(tl.int64)
+    if MASKED:
+        kv_mask = (offs_kn < len_k)[:, None] & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
+    k = tl.load(K + rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    p = tl.math.exp2(s - lse2[:, None])
+    if MASKED:
+        visible = (offs_kn < len_k)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_kn[None, :] <= offs_m[:, None] + causal_shift)
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def jagged_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, TILES,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    num_seqs, num_heads, head_dim, LQ_BCAST, sm_scale,
+    CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dQ of one (query tile, head); rows of DQ are output rows (per-sequence partials for a broadcast Q)."""
+    pid = tl.program_id(0)
+    slot = pid // num_heads
+    head = pid % num_heads
+    seq = tl.load(TILES + slot)
+    if seq >= num_seqs:
+        return
+    tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
+    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q)
+
+    m_start = tile * BLOCK_M
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    m_mask = offs_m < len_q
+    row_mask = m_mask[:, None] & d_mask[None, :]
+    hk = head.to(tl.int64)
+    q_rows = (q_row0 + offs_m).to(tl.int64)
+    o_rows = (out_row0 + offs_m).to(tl.int64)
+    q = tl.load(Q + hk * stride_qh + q_rows[:, None] * stride_qt + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO + hk * stride_doh + o_rows[:, None] * stride_dot + offs_d[None, :], mask=row_mask, other=0.0)
+    lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=float("-inf"))
+    delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    K += hk * stride_kh
+    V += hk * stride_vh
+
+    qk_scale = sm_scale * 1.4426950408889634
+    causal_shift = len_k - len_q
+    if CAUSAL:
+        kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
+        bulk_end = tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0))
+    else:
+        kv_end = len_k
+        bulk_end = len_k
+    bulk_end = (bulk_end // BLOCK_N) * BLOCK_N
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for n_start in range(0, bulk_end, BLOCK_N):
+        dq = _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
+                         stride_kt, stride_vt, len_k, causal_shift, qk_scale,
+                         MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+    for n_start in range(bulk_end, kv_end, BLOCK_N):
+        dq = _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
+                         stride_kt, stride_vt, len_k, causal_shift, qk_scale,
+                         MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + hk * stride_dqh + o_rows[:, None] * stride_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
+                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None):
+    """Gradients (dq, dk, dv) in the inputs' dtypes; dq is [Lq, H, D] summed over the batch for a broadcast Q.
+
+    ``dlse`` (optional, [rows, H]): the gradient reaching the returned lse. Since d lse_i / d s_ij = P_ij,
+    it enters exactly as ``delta - dlse``."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfgs = configs_for(head_dim, q.dtype)
+    block_d = padded_head_dim(head_dim)
+    precision = _dot_precision(q.dtype)
+    out_cu = virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    rows = out.shape[0]
+    dk = alloc.empty(k.shape, k.dtype, k.device)
+    dv = alloc.empty(v.shape, v.dtype, v.device)
+    if broadcast_q:
+        dq_rows = alloc.empty((rows, num_heads, head_dim), torch.float32, q.device)
+    else:
+        dq_rows = alloc.empty(q.shape, q.dtype, q.device)
+    if num_heads == 0:
+        return (dq_rows.sum(0) if broadcast_q else dq_rows), dk, dv
+    common = dict(CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision, BLOCK_D=block_d)
+
+    delta = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows > 0:
+        block_t = 64
+        delta_kernel[(triton.cdiv(rows, block_t) * num_heads,)](
+            out, dout, delta, rows, num_heads, head_dim, *_head_strides(out), *_head_strides(dout),
+            BLOCK_T=block_t, BLOCK_D=block_d)
+    if dlse is not None:
+        delta = delta - dlse.to(torch.float32)
+
+    total_k = k.shape[0]
+    kv_tiles = build_tile_list(cu_k, total_k, cfgs.dkdv.block_n,
+                               work_lengths=None if broadcast_q else cu_lengths(cu_q))
+    if kv_tiles.num_slots > 0:
+        jagged_dkdv_kernel[(kv_tiles.num_slots * num_heads,)](
+            q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, kv_tiles.tiles,
+            *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),
+            *_head_strides(dk), *_head_strides(dv),
+            num_seqs, num_heads, head_dim, len_q_bcast, softmax_scale,
+            BLOCK_M=cfgs.dkdv.block_m, BLOCK_N=cfgs.dkdv.block_n,
+            num_warps=cfgs.dkdv.num_warps, num_stages=cfgs.dkdv.num_stages, **common)
+
+    q_tiles = build_tile_list(out_cu, rows, cfgs.dq.block_m, work_lengths=cu_lengths(cu_k))
+    if q_tiles.num_slots > 0:
+        jagged_dq_kernel[(q_tiles.num_slots * num_heads,)](
+            q, k, v, dout, lse, delta, dq_rows, out_cu, cu_k, q_tiles.tiles,
+            *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout), *_head_strides(dq_rows),
+            num_seqs, num_heads, head_dim, len_q_bcast, softmax_scale,
+            BLOCK_M=cfgs.dq.block_m, BLOCK_N=cfgs.dq.block_n,
+            num_warps=cfgs.dq.num_warps, num_stages=cfgs.dq.num_stages, **common)
+    if broadcast_q:
+        # fixed-order reduction over the batch: deterministic, no atomics
+        dq = dq_rows.view(num_seqs, len_q_bcast, num_heads, head_dim).sum(0).to(q.dtype)
+        return dq, dk, dv
+    return dq_rows, dk, dv

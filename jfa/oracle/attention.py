@@ -1,0 +1,183 @@
+"""Float64 NumPy oracle for jagged (packed variable-length) attention.
+
+This is the ground truth every kernel is judged against (DESIGN.md section 4). It is deliberately
+simple: one Python loop over sequences, exact float64 arithmetic vectorised over heads with einsum,
+a numerically stable forward (row max subtracted) and an analytic backward. It never imports torch.
+
+Semantics (DESIGN.md section 3):
+
+- ``q`` is ``[total_q, H, D]``, ``k``/``v`` are ``[total_k, H, D]``; sequence ``b`` owns query rows
+  ``cu_q[b]:cu_q[b+1]`` and key rows ``cu_k[b]:cu_k[b+1]``. Lengths may be 0, ``B`` may be 0.
+- ``softmax_scale`` defaults to ``1/sqrt(D)``.
+- ``causal`` is bottom-right aligned: query ``i`` of a sequence with lengths ``(Lq, Lk)`` sees keys
+  ``j <= i + Lk - Lq``.
+- A row that sees no key (fully masked, or ``Lk == 0``) has ``out = 0``, ``lse = -inf`` and
+  contributes nothing to any gradient.
+- ``broadcast_q=True``: ``q`` is ``[Lq, H, D]`` and shared by all ``B`` sequences; ``cu_seqlens_q``
+  must be None; output row ``b*Lq + i`` belongs to sequence ``b``; ``dq`` is summed over ``b``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["attention_forward", "attention_backward"]
+
+
+def _as_f64(x, name: str, ndim: int) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {a.shape}")
+    return a
+
+
+def _as_offsets(cu, name: str) -> np.ndarray:
+    a = np.asarray(cu)
+    if a.ndim != 1 or a.shape[0] < 1:
+        raise ValueError(f"{name}: expected a 1-D array of B+1 >= 1 offsets, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name}: offsets must be integers, got dtype {a.dtype}")
+    a = a.astype(np.int64)
+    if a[0] != 0:
+        raise ValueError(f"{name}: first offset must be 0, got {int(a[0])}")
+    if np.any(np.diff(a) < 0):
+        raise ValueError(f"{name}: offsets must be non-decreasing")
+    return a
+
+
+def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
+    """Validate and normalise inputs; return (q, k, v, cu_q, cu_k, lq_bcast, scale).
+
+    In broadcast mode ``cu_q`` is synthesised as ``[0, Lq, 2*Lq, ...]`` (the output row offsets),
+    and ``lq_bcast`` is ``Lq``; otherwise ``lq_bcast`` is None.
+    """
+    q = _as_f64(q, "q", 3)
+    k = _as_f64(k, "k", 3)
+    v = _as_f64(v, "v", 3)
+    if k.shape != v.shape:
+        raise ValueError(f"k, v: shapes must match, got {k.shape} and {v.shape}")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q, k: head count and head dim must match, got {q.shape} and {k.shape}")
+    cu_k = _as_offsets(cu_seqlens_k, "cu_seqlens_k")
+    if cu_k[-1] != k.shape[0]:
+        raise ValueError(f"cu_seqlens_k: last offset {int(cu_k[-1])} != total_k {k.shape[0]}")
+    B = cu_k.shape[0] - 1
+    if broadcast_q:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q: must be None when broadcast_q=True (q is one dense sequence)")
+        lq = q.shape[0]
+        cu_q = np.arange(B + 1, dtype=np.int64) * lq
+        lq_bcast = lq
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError("cu_seqlens_q: required unless broadcast_q=True")
+        cu_q = _as_offsets(cu_seqlens_q, "cu_seqlens_q")
+        if cu_q.shape != cu_k.shape:
+            raise ValueError(
+                f"cu_seqlens_q, cu_seqlens_k: must have the same length B+1, got {cu_q.shape[0]} and {cu_k.shape[0]}"
+            )
+        if cu_q[-1] != q.shape[0]:
+            raise ValueError(f"cu_seqlens_q: last offset {int(cu_q[-1])} != total_q {q.shape[0]}")
+        lq_bcast = None
+    D = q.shape[2]
+    scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
+    return q, k, v, cu_q, cu_k, lq_bcast, scale
+
+
+def _visible(lq: int, lk: int, causal: bool) -> np.ndarray:
+    """Boolean ``[lq, lk]`` mask of the keys each query row sees (bottom-right causal)."""
+    if not causal:
+        return np.ones((lq, lk), dtype=bool)
+    i = np.arange(lq)[:, None]
+    j = np.arange(lk)[None, :]
+    return j <= i + (lk - lq)
+
+
+def _seq_rows(b, cu_q, cu_k, lq_bcast):
+    """(q slice, output-row slice, k slice) of sequence b."""
+    oq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+    qs = slice(0, lq_bcast) if lq_bcast is not None else oq
+    ks = slice(int(cu_k[b]), int(cu_k[b + 1]))
+    return qs, oq, ks
+
+
+def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
+                      broadcast_q=False):
+    """Exact float64 jagged attention forward.
+
+    Returns ``(out, lse)``: ``out`` ``[total_q, H, D]`` float64 (``[B*Lq, H, D]`` with
+    ``broadcast_q``), ``lse`` ``[total_q, H]`` float64, natural log of the row's sum of
+    ``exp(scale * q.k)`` over visible keys. Rows that see no key: ``out = 0``, ``lse = -inf``.
+    Raises ``ValueError`` on inconsistent shapes/offsets, or ``cu_seqlens_q`` given with ``broadcast_q``.
+    """
+    q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                    softmax_scale, broadcast_q)
+    H, D = q.shape[1], q.shape[2]
+    total_out = int(cu_q[-1])
+    out = np.zeros((total_out, H, D), dtype=np.float64)
+    lse = np.full((total_out, H), -np.inf, dtype=np.float64)
+    for b in range(cu_k.shape[0] - 1):
+        qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
+        qb, kb, vb = q[qs], k[ks], v[ks]
+        lq, lk = qb.shape[0], kb.shape[0]
+        if lq == 0 or lk == 0:
+            continue  # nothing to compute; rows (if any) stay out = 0, lse = -inf
+        vis = _visible(lq, lk, causal)                                  # [lq, lk]
+        s = np.einsum("ihd,jhd->hij", qb, kb) * scale                   # [H, lq, lk]
+        s = np.where(vis[None], s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)                               # [H, lq, 1]
+        m_safe = np.where(np.isfinite(m), m, 0.0)
+        p = np.exp(s - m_safe)                                          # masked -> exp(-inf) = 0
+        l = p.sum(axis=-1, keepdims=True)
+        seen = l > 0
+        l_safe = np.where(seen, l, 1.0)
+        out[oq] = np.einsum("hij,jhd->ihd", p / l_safe, vb)
+        lse[oq] = np.where(seen, m_safe + np.log(l_safe), -np.inf)[..., 0].T
+    return out, lse
+
+
+def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False,
+                       softmax_scale=None, broadcast_q=False):
+    """Analytic float64 jagged attention backward.
+
+    Uses the ``out`` and ``lse`` passed in (as a kernel's backward would): ``P = exp(scale*S - lse)``
+    on visible entries (0 elsewhere and on ``lse = -inf`` rows), ``dV = P^T dO``, ``dP = dO V^T``,
+    ``delta = rowsum(dO * O)``, ``dS = P * (dP - delta)``, ``dQ = scale * dS K``,
+    ``dK = scale * dS^T Q``. Returns ``(dq, dk, dv)`` float64 shaped like ``q``, ``k``, ``v``;
+    with ``broadcast_q`` ``dq`` is ``[Lq, H, D]`` summed over all sequences.
+    """
+    q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                    softmax_scale, broadcast_q)
+    total_out = int(cu_q[-1])
+    H, D = q.shape[1], q.shape[2]
+    out = _as_f64(out, "out", 3)
+    dout = _as_f64(dout, "dout", 3)
+    lse = _as_f64(lse, "lse", 2)
+    for name, a, shape in (("out", out, (total_out, H, D)), ("dout", dout, (total_out, H, D)),
+                           ("lse", lse, (total_out, H))):
+        if a.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    dq = np.zeros_like(q)
+    dk = np.zeros_like(k)
+    dv = np.zeros_like(v)
+    for b in range(cu_k.shape[0] - 1):
+        qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
+        qb, kb, vb = q[qs], k[ks], v[ks]
+        lq, lk = qb.shape[0], kb.shape[0]
+        if lq == 0 or lk == 0:
+            continue
+        ob, dob = out[oq], dout[oq]
+        lse_b = lse[oq].T[..., None]                                    # [H, lq, 1]
+        vis = _visible(lq, lk, causal)[None] & np.isfinite(lse_b)       # [H, lq, lk]
+        s = np.einsum("ihd,jhd->hij", qb, kb) * scale
+        lse_safe = np.where(np.isfinite(lse_b), lse_b, 0.0)
+        p = np.where(vis, np.exp(np.where(vis, s - lse_safe, 0.0)), 0.0)
+        dv[ks] += np.einsum("hij,ihd->jhd", p, dob)
+        dp = np.einsum("ihd,jhd->hij", dob, vb)
+        delta = np.einsum("ihd,ihd->hi", dob, ob)[..., None]            # [H, lq, 1]
+        ds = p * (dp - delta)
+        dq[qs] += scale * np.einsum("hij,jhd->ihd", ds, kb)
+        dk[ks] += scale * np.einsum("hij,ihd->jhd", ds, qb)
+    return dq, dk, dv

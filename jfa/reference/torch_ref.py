@@ -1,0 +1,145 @@
+"""PyTorch reference for jagged attention (the ``backend="torch"`` path and the ``ref_t`` of the
+tolerance rule in DESIGN.md section 4).
+
+Plain per-sequence PyTorch ops, differentiable by autograd with respect to ``q``, ``k`` and ``v``,
+on any device. Semantics match :mod:`jfa.oracle` exactly (DESIGN.md section 3); numerics follow
+the usual "reference in dtype t" recipe:
+
+- ``q @ k^T`` in ``compute_dtype`` (inputs cast to it), converted to the softmax dtype, then scaled;
+- masking, softmax and lse in float32 (float64 when ``compute_dtype`` is float64);
+- probabilities cast back to ``compute_dtype`` and ``p @ v`` computed in ``compute_dtype``;
+- ``out`` returned in ``q``'s dtype, ``lse`` in the softmax dtype.
+
+Rows that see no key give ``out = 0``, ``lse = -inf`` and exactly zero (never NaN) gradients.
+Offsets are moved to the host (``.tolist()``), so this synchronises with the device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+__all__ = ["attention_reference"]
+
+Offsets = Union[torch.Tensor, Sequence[int]]
+
+
+def _offsets_list(cu: Offsets, name: str) -> list:
+    if isinstance(cu, torch.Tensor):
+        if cu.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor of B+1 offsets, got shape {tuple(cu.shape)}")
+        if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+            raise TypeError(f"{name}: offsets must be an integer tensor, got {cu.dtype}")
+        vals = [int(x) for x in cu.tolist()]
+    else:
+        vals = [int(x) for x in cu]
+    if len(vals) < 1 or vals[0] != 0:
+        raise ValueError(f"{name}: expected B+1 >= 1 offsets starting at 0, got {vals[:4]}...")
+    if any(b < a for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name}: offsets must be non-decreasing")
+    return vals
+
+
+def _softmax_rows(scores: torch.Tensor):
+    """Masked-safe softmax over the last dim of float32/64 ``scores`` (masked entries are -inf).
+
+    Returns ``(p, lse)``; all -inf rows give ``p = 0`` and ``lse = -inf`` with zero gradients.
+    The row max is detached: it cancels mathematically, so gradients stay exact.
+    """
+    m = scores.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(scores - m)                      # exp(-inf) = 0, derivative 0: no NaN
+    l = e.sum(dim=-1, keepdim=True)
+    seen = l > 0
+    l_safe = torch.where(seen, l, torch.ones_like(l))
+    p = e / l_safe
+    lse = torch.where(seen, m + torch.log(l_safe), torch.full_like(l, float("-inf")))
+    return p, lse.squeeze(-1)
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[Offsets],
+    cu_seqlens_k: Offsets,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    broadcast_q: bool = False,
+    compute_dtype: Optional[torch.dtype] = None,
+):
+    """Jagged attention by per-sequence PyTorch ops. Returns ``(out, lse)``.
+
+    ``q`` ``[total_q, H, D]`` (``[Lq, H, D]`` with ``broadcast_q``), ``k``/``v`` ``[total_k, H, D]``;
+    strided views are fine. ``out`` is ``[total_q, H, D]`` (``[B*Lq, H, D]`` with ``broadcast_q``) in
+    ``q.dtype``; ``lse`` is ``[total_q, H]`` float32 (float64 when ``compute_dtype`` is float64).
+    ``compute_dtype`` (default ``q.dtype``) is the dtype of the two matmuls. Both outputs are always
+    connected to ``q``, ``k`` and ``v`` in the autograd graph (also for ``B = 0`` or all-empty
+    batches), so ``backward`` works and yields zero gradients where nothing is visible.
+    """
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v: expected 3-D [tokens, H, D], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k, v: shapes must match, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q, k: head count and head dim must match, got {tuple(q.shape)} and {tuple(k.shape)}")
+    cu_k = _offsets_list(cu_seqlens_k, "cu_seqlens_k")
+    if cu_k[-1] != k.shape[0]:
+        raise ValueError(f"cu_seqlens_k: last offset {cu_k[-1]} != total_k {k.shape[0]}")
+    B = len(cu_k) - 1
+    if broadcast_q:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q: must be None when broadcast_q=True (q is one dense sequence)")
+        lq_b = q.shape[0]
+        q_rows = [(0, lq_b)] * B
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError("cu_seqlens_q: required unless broadcast_q=True")
+        cu_q = _offsets_list(cu_seqlens_q, "cu_seqlens_q")
+        if len(cu_q) != len(cu_k):
+            raise ValueError(f"cu_seqlens_q, cu_seqlens_k: must have the same length B+1, "
+                             f"got {len(cu_q)} and {len(cu_k)}")
+        if cu_q[-1] != q.shape[0]:
+            raise ValueError(f"cu_seqlens_q: last offset {cu_q[-1]} != total_q {q.shape[0]}")
+        q_rows = [(cu_q[b], cu_q[b + 1]) for b in range(B)]
+
+    H, D = q.shape[1], q.shape[2]
+    cdt = q.dtype if compute_dtype is None else compute_dtype
+    sdt = torch.float64 if cdt == torch.float64 else torch.float32
+    scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
+    dev = q.device
+
+    outs, lses = [], []
+    for b in range(B):
+        q0, q1 = q_rows[b]
+        k0, k1 = cu_k[b], cu_k[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0:
+            continue
+        if lk == 0:
+            outs.append(q.new_zeros((lq, H, D)))
+            lses.append(torch.full((lq, H), float("-inf"), dtype=sdt, device=dev))
+            continue
+        qh = q[q0:q1].to(cdt).transpose(0, 1)                           # [H, lq, D]
+        kh = k[k0:k1].to(cdt).transpose(0, 1)                           # [H, lk, D]
+        vh = v[k0:k1].to(cdt).transpose(0, 1)                           # [H, lk, D]
+        s = torch.matmul(qh, kh.transpose(-1, -2)).to(sdt) * scale      # [H, lq, lk]
+        if causal:
+            i = torch.arange(lq, device=dev)[:, None]
+            j = torch.arange(lk, device=dev)[None, :]
+            s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+        p, lse = _softmax_rows(s)
+        o = torch.matmul(p.to(cdt), vh)                                 # [H, lq, D]
+        outs.append(o.transpose(0, 1).to(q.dtype))
+        lses.append(lse.transpose(0, 1))
+
+    out = torch.cat(outs, dim=0) if outs else q.new_zeros((0, H, D))
+    lse = torch.cat(lses, dim=0) if lses else torch.zeros((0, H), dtype=sdt, device=dev)
+    # A zero that depends on q, k and v (sum of empty slices): keeps both outputs in the autograd
+    # graph even when nothing was computed (B = 0, all rows empty/masked), with exactly zero grads.
+    anchor = q[:0].sum() + k[:0].sum() + v[:0].sum()
+    return out + anchor.to(out.dtype), lse + anchor.to(lse.dtype)

@@ -1,0 +1,14 @@
+"""The kernels meet the oracle rule (DESIGN.md section 4) on every adversarial case, forward and
+backward, with NaN-poisoned outputs. Ids name the case family, dtype and head dim."""
+import pytest
+
+from jfa.fuzz.catalog import default_suite
+from jfa.testing import run_case
+
+SUITE = default_suite()
+
+
+@pytest.mark.parametrize("case", SUITE, ids=[c.id for c in SUITE])
+def test_matches_oracle(case, backend, device):
+    report = run_case(case, backend=backend, device=device, backward=True)
+    assert report.ok, str(report)

@@ -89,7 +89,7 @@ def jagged_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    num_seqs, num_heads, head_dim, LQ_BCAST, sm_scale,
+    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -100,7 +100,7 @@ def jagged_dkdv_kernel(
     if seq >= num_seqs:  # a spare slot of the tile list
         return
     tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
-    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q)
+    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q)
 
     n_start = tile * BLOCK_N
     offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -179,7 +179,7 @@ def jagged_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
-    num_seqs, num_heads, head_dim, LQ_BCAST, sm_scale,
+    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -191,7 +191,7 @@ def jagged_dq_kernel(
     if seq >= num_seqs:
         return
     tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
-    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q)
+    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q)
 
     m_start = tile * BLOCK_M
     offs_m = m_start + tl.arange(0, BLOCK_M)

@@ -22,14 +22,14 @@ install_bf16_dot_fix()
 
 
 @triton.jit
-def _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q: tl.constexpr):
+def _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q: tl.constexpr):
     """(q_row0, out_row0, Lq, k_row0, Lk) of sequence ``seq``; a broadcast Q is read from row 0."""
     k_row0 = tl.load(CU_K + seq).to(tl.int64)
     len_k = (tl.load(CU_K + seq + 1).to(tl.int64) - k_row0).to(tl.int32)
     if BROADCAST_Q:
         q_row0 = tl.zeros((), dtype=tl.int64)
-        out_row0 = seq.to(tl.int64) * LQ_BCAST
-        len_q = LQ_BCAST
+        out_row0 = seq.to(tl.int64) * len_q_bcast
+        len_q = len_q_bcast
     else:
         q_row0 = tl.load(CU_Q + seq).to(tl.int64)
         out_row0 = q_row0
@@ -75,7 +75,7 @@ def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d
 def jagged_fwd_kernel(
     Q, K, V, OUT, LSE, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    num_seqs, num_heads, head_dim, LQ_BCAST, sm_scale,
+    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -86,7 +86,7 @@ def jagged_fwd_kernel(
     if seq >= num_seqs:  # a spare slot of the tile list (see jfa.kernels.schedule)
         return
     tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
-    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, LQ_BCAST, BROADCAST_Q)
+    q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q)
 
     m_start = tile * BLOCK_M
     offs_m = m_start + tl.arange(0, BLOCK_M)

@@ -1,0 +1,157 @@
+"""``jfa`` command line: ``gate`` (pre-merge correctness gate), ``bench`` (benchmarks), ``info``."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def _repo_tests() -> Path:
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    if not (tests / "test_kernels.py").exists():
+        raise SystemExit("jfa gate: tests/ not found next to the jfa package; run it from a jfa checkout "
+                         "(pip install -e '.[test]')")
+    return tests
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _run_suite(device: str, out_dir: Path, workers: str) -> tuple[int, Path, float]:
+    """Run the pytest suite on ``device`` in a fresh process (the interpreter switch is process-wide)."""
+    junit = out_dir / f"junit-{device}.xml"
+    cmd = [sys.executable, "-m", "pytest", str(_repo_tests()), "--device", device, "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    if workers != "0":
+        cmd += ["-n", workers]
+    env = dict(os.environ)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    print(f"$ {' '.join(cmd)}", flush=True)
+    start = time.time()
+    rc = subprocess.call(cmd, env=env, cwd=_repo_tests().parent)
+    return rc, junit, time.time() - start
+
+
+def _summarise(device: str, junit: Path, seconds: float) -> tuple[list, dict]:
+    """Per test file: passed/failed/skipped; per tensor: the worst error/allowed over the kernel cases."""
+    rows: dict[str, list] = {}
+    worst: dict[str, tuple] = {}
+    if not junit.exists():
+        return [[device, "(no results)", 0, 1, 0, f"{seconds:.0f}"]], worst
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        group = tc.get("classname", "?").split(".")[-1]
+        row = rows.setdefault(group, [0, 0, 0, 0.0])
+        if tc.find("failure") is not None or tc.find("error") is not None:
+            row[1] += 1
+        elif tc.find("skipped") is not None:
+            row[2] += 1
+        else:
+            row[0] += 1
+        row[3] += float(tc.get("time", 0))
+        for prop in tc.iter("property"):
+            if prop.get("name") != "verdicts":
+                continue
+            for tensor, (err, allowed) in json.loads(prop.get("value")).items():
+                ratio = 0.0 if err == 0 else (err / allowed if allowed else math.inf)
+                if tensor not in worst or ratio > worst[tensor][0]:
+                    worst[tensor] = (ratio, err, allowed, tc.get("name"))
+    table = [[device, g, p, f, s, f"{t:.0f}"] for g, (p, f, s, t) in sorted(rows.items())]
+    return table, worst
+
+
+def _print_table(headers: list, rows: list) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    text = "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    print(text)
+    return text
+
+
+def cmd_gate(args) -> int:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    devices = ["cpu"] + (["cuda"] if args.device in ("auto", "cuda") and _cuda_visible() else [])
+    if args.device == "cuda" and "cuda" not in devices:
+        print("jfa gate: --device cuda asked for, but no CUDA GPU is visible", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        devices = ["cuda"]
+    if args.device == "cpu":
+        devices = ["cpu"]
+    results, all_rows, worst_rows, failed = [], [], [], False
+    for device in devices:
+        rc, junit, seconds = _run_suite(device, out_dir, args.workers)
+        rows, worst = _summarise(device, junit, seconds)
+        failed |= rc != 0
+        results.append({"device": device, "exit_code": rc, "seconds": round(seconds, 1)})
+        all_rows += rows
+        for tensor, (ratio, err, allowed, case) in sorted(worst.items()):
+            worst_rows.append([device, tensor, f"{err:.2e}", f"{allowed:.2e}", f"{ratio:.2f}", case])
+    print("\njfa gate summary")
+    text = _print_table(["device", "suite", "passed", "failed", "skipped", "seconds"], all_rows)
+    print("\nworst error per tensor over the kernel cases (ratio = error / allowed; > 1 fails)")
+    text2 = _print_table(["device", "tensor", "error", "allowed", "ratio", "case"], worst_rows)
+    verdict = "FAILED" if failed else "PASSED"
+    print(f"\ngate {verdict}")
+    (out_dir / "summary.md").write_text(f"# jfa gate: {verdict}\n\n```\n{text}\n\n{text2}\n```\n")
+    (out_dir / "summary.json").write_text(json.dumps(results, indent=2))
+    return 1 if failed else 0
+
+
+def cmd_info(args) -> int:
+    import torch
+    import triton
+
+    import jfa
+    from jfa.kernels.triton import interpreter_active
+
+    print(f"jfa {jfa.__version__}; torch {torch.__version__}; triton {triton.__version__}")
+    print(f"triton interpreter active: {interpreter_active()}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"cuda:{i} {p.name} sm_{p.major}{p.minor} {p.multi_processor_count} SMs")
+    else:
+        print("no CUDA GPU visible: backend='auto' runs the interpreter (TRITON_INTERPRET=1) or the torch reference")
+    return 0
+
+
+def cmd_bench(args, rest) -> int:
+    from jfa.bench.runner import main as bench_main
+
+    return bench_main(rest)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="jfa", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gate = sub.add_parser("gate", help="pre-merge correctness gate: the suite on the interpreter, and the GPU if visible")
+    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    gate.add_argument("--out", default="gate-out", help="directory for JUnit XML and summaries")
+    gate.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' = in process)")
+    sub.add_parser("info", help="versions, devices, interpreter state")
+    sub.add_parser("bench", help="benchmarks (see jfa bench --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "gate":
+        return cmd_gate(args)
+    if args.command == "info":
+        return cmd_info(args)
+    if args.command == "bench":
+        return cmd_bench(args, rest)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

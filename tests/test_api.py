@@ -1,0 +1,80 @@
+"""API behaviour beyond numerics: dispatch, return values, autograd plumbing, reproducibility."""
+import pytest
+import torch
+
+import jfa
+from jfa.testing import Case, make_inputs
+
+
+def _inputs(device, dtype="bf16", causal=False):
+    return make_inputs(Case((5, 0, 70), (9, 3, 64), heads=2, head_dim=32, dtype=dtype, causal=causal), device)
+
+
+def test_return_lse_shapes_and_dtype(device):
+    inp = _inputs(device)
+    out, lse = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, return_lse=True)
+    assert out.shape == inp.q.shape and out.dtype == inp.q.dtype
+    assert lse.shape == inp.q.shape[:2] and lse.dtype == torch.float32
+
+
+def test_broadcast_q_output_rows(device):
+    inp = make_inputs(Case((7,), (3, 0, 10), broadcast_q=True), device)
+    out = jfa.jagged_attention(inp.q, inp.k, inp.v, None, inp.cu_k, broadcast_q=True)
+    assert out.shape == (3 * 7, 2, 32)
+
+
+def test_auto_backend_on_cpu_is_the_interpreted_kernel():
+    from jfa.api import _resolve_backend
+
+    assert _resolve_backend("auto", torch.device("cpu")) == "triton"  # conftest enables the interpreter
+
+
+def test_triton_and_torch_backends_agree_with_each_other(device):
+    inp = _inputs(device, "fp32", causal=True)
+    a = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True, backend="triton")
+    b = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True, backend="torch")
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+def test_gradients_are_bitwise_reproducible(device):
+    inp = _inputs(device)
+    grads = []
+    for _ in range(3):
+        q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+        jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, deterministic=True).backward(inp.dout)
+        grads.append((q.grad, k.grad, v.grad))
+    for later in grads[1:]:
+        for a, b in zip(grads[0], later):
+            assert torch.equal(a, b)
+
+
+def test_lse_gradient_flows(device):
+    """d(sum lse)/dq from the kernel matches the torch reference (the dlse path of the backward)."""
+    inp = _inputs(device, "fp32", causal=True)
+    grads = []
+    for backend in ("triton", "torch"):
+        q = inp.q.detach().requires_grad_()
+        out, lse = jfa.jagged_attention(q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True, backend=backend,
+                                        return_lse=True)
+        torch.where(torch.isinf(lse), 0.0, lse).sum().backward()
+        grads.append(q.grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)
+
+
+def test_custom_op_registration_passes_opcheck(device):
+    from jfa.api import _triton_forward
+
+    inp = _inputs(device, "fp32")
+    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0)
+    torch.library.opcheck(_triton_forward, args, test_utils=("test_schema", "test_faketensor",
+                                                             "test_autograd_registration"))
+
+
+def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
+    """With JFA_TRUST_OFFSETS=1 and both hints, the offsets are not read back to the host."""
+    import jfa.api as api
+
+    monkeypatch.setenv("JFA_TRUST_OFFSETS", "1")
+    monkeypatch.setattr(api, "_check_offsets_values", lambda *a: pytest.fail("offsets were read"))
+    inp = _inputs(device)
+    jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 70, 64)

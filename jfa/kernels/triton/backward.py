@@ -21,6 +21,7 @@ from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
 from jfa.kernels.triton.forward import (
     _dot_precision,
+    _head_dim_mask,
     _head_strides,
     _seq_bounds,
     cu_lengths,
@@ -30,8 +31,8 @@ from jfa.kernels.triton.forward import (
 install_bf16_dot_fix()
 
 
-@triton.jit
-def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, head_dim,
+@triton.jit(do_not_specialize=["num_rows"])
+def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, HEAD_DIM: tl.constexpr,
                  stride_ot, stride_oh, stride_dot, stride_doh,
                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta[t, h] = sum_d dO[t, h, d] * O[t, h, d] in fp32."""
@@ -39,7 +40,7 @@ def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, head_dim,
     head = pid % num_heads
     offs_t = (pid // num_heads) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_t < num_rows)[:, None] & (offs_d < head_dim)[None, :]
+    mask = (offs_t < num_rows)[:, None] & _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)[None, :]
     rows = offs_t.to(tl.int64)
     o = tl.load(OUT + head.to(tl.int64) * stride_oh + rows[:, None] * stride_ot + offs_d[None, :], mask=mask, other=0.0)
     do = tl.load(DOUT + head.to(tl.int64) * stride_doh + rows[:, None] * stride_dot + offs_d[None, :], mask=mask, other=0.0)
@@ -84,12 +85,12 @@ def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, off
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "len_q_bcast"])  # per-batch values: no recompiles
 def jagged_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
+    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -105,7 +106,7 @@ def jagged_dkdv_kernel(
     n_start = tile * BLOCK_N
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
+    d_mask = _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)
     n_mask = offs_n < len_k
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k_rows = (k_row0 + offs_n).to(tl.int64)
@@ -174,12 +175,12 @@ def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, o
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "len_q_bcast"])  # per-batch values: no recompiles
 def jagged_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
-    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
+    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -197,7 +198,7 @@ def jagged_dq_kernel(
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
+    d_mask = _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)
     m_mask = offs_m < len_q
     row_mask = m_mask[:, None] & d_mask[None, :]
     hk = head.to(tl.int64)

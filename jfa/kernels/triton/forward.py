@@ -22,6 +22,17 @@ install_bf16_dot_fix()
 
 
 @triton.jit
+def _head_dim_mask(offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A constant all-true mask when the head dim fills the block, so the compiler drops it and keeps
+    16-byte vector loads (a runtime head-dim mask defeats the alignment analysis); a real mask only
+    for padded head dims."""
+    mask = offs_d < HEAD_DIM
+    if HEAD_DIM == BLOCK_D:
+        mask = tl.full([BLOCK_D], 1, tl.int1)
+    return mask
+
+
+@triton.jit
 def _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q: tl.constexpr):
     """(q_row0, out_row0, Lq, k_row0, Lk) of sequence ``seq``; a broadcast Q is read from row 0."""
     k_row0 = tl.load(CU_K + seq).to(tl.int64)
@@ -71,11 +82,11 @@ def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "len_q_bcast"])  # per-batch values: no recompiles
 def jagged_fwd_kernel(
     Q, K, V, OUT, LSE, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    num_seqs, num_heads, head_dim, len_q_bcast, sm_scale,
+    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
     CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -92,7 +103,7 @@ def jagged_fwd_kernel(
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
+    d_mask = _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)
     m_mask = offs_m < len_q
 
     Q += head.to(tl.int64) * stride_qh

@@ -1,0 +1,220 @@
+"""Benchmark suites as data: problems, their sequence lengths and their FLOP counts.
+
+Everything here runs on the CPU and never touches CUDA, so a suite can be listed
+(``jfa bench --dry-run``) on a machine without a GPU.
+
+The ``gem`` suite is DESIGN.md section 6, reproduced exactly: every problem draws its
+lengths from a *fresh* ``torch.Generator().manual_seed(1)`` (see :func:`make_lengths`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "Problem",
+    "SUITES",
+    "LENGTHS_SEED",
+    "get_suite",
+    "make_lengths",
+    "q_lengths",
+    "visible_pairs",
+    "flops",
+    "sweep_lengths",
+]
+
+#: Seed of the fresh generator every problem draws its lengths from (DESIGN.md section 6).
+LENGTHS_SEED = 1
+
+LengthsFn = Callable[[torch.Generator], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark shape.
+
+    ``lengths_fn(g)`` returns the B key/value lengths given the fresh generator ``g``.
+    Without ``broadcast_q`` the query lengths equal the key lengths (self-attention over
+    packed sequences); with it, one dense Q of ``Lq`` rows is shared by all B sequences.
+    """
+
+    name: str
+    B: int
+    H: int
+    D: int
+    max_len: int
+    lengths_fn: LengthsFn
+    dtype: torch.dtype = torch.bfloat16
+    causal: bool = False
+    broadcast_q: bool = False
+    Lq: int | None = None
+
+    def __post_init__(self):
+        if self.broadcast_q and self.Lq is None:
+            raise ValueError(f"{self.name}: broadcast_q needs Lq")
+        if not self.broadcast_q and self.Lq is not None:
+            raise ValueError(f"{self.name}: Lq is only meaningful with broadcast_q")
+
+
+# ---------------------------------------------------------------------------------------
+# Length recipes. Each returns a function of the generator, so make_lengths can hand it a
+# fresh one.
+# ---------------------------------------------------------------------------------------
+
+def _uniform(B: int, max_len: int) -> LengthsFn:
+    """Lengths uniform in [1, max_len]: ``torch.randint(1, max_len + 1, (B,), generator=g)``."""
+    return lambda g: torch.randint(1, max_len + 1, (B,), generator=g)
+
+
+def _longtail(B: int, max_len: int, zero_every: int = 17) -> LengthsFn:
+    """Log-normal lengths around max_len/8, clamped to [0, max_len]; every 17th one is 0."""
+
+    def fn(g: torch.Generator) -> torch.Tensor:
+        x = torch.exp(torch.randn(B, generator=g) * 1.2 + math.log(max_len / 8))
+        lengths = x.clamp(0, max_len).long()
+        lengths[::zero_every] = 0
+        return lengths
+
+    return fn
+
+
+def _full(B: int, length: int) -> LengthsFn:
+    """All sequences of the same length (dense sanity shapes)."""
+    return lambda g: torch.full((B,), length, dtype=torch.long)
+
+
+def sweep_lengths(B: int, max_len: int, sparsity: float) -> LengthsFn:
+    """Lengths for a target sparsity.
+
+    Sparsity is the fraction of a padded ``[B, max_len]`` batch that is padding:
+    ``s = 1 - mean(L) / max_len``. Lengths are drawn uniform in ``[1, hi]`` with
+    ``hi = round(2 * (1 - s) * max_len)`` (mean ``(1 - s) * max_len``) and then clamped to
+    ``max_len``. For ``s < 0.5`` ``hi`` exceeds ``max_len``, so the clamp shortens the longest
+    draws and the realised sparsity is above the nominal one (s=0.1 gives about 0.28, s=0.3
+    about 0.34); the dry-run prints the realised value.
+    """
+    hi = max(1, round(2 * (1 - sparsity) * max_len))
+    return lambda g: torch.randint(1, hi + 1, (B,), generator=g).clamp(max=max_len)
+
+
+# ---------------------------------------------------------------------------------------
+# Suites
+# ---------------------------------------------------------------------------------------
+
+def _gem() -> tuple[Problem, ...]:
+    """DESIGN.md section 6: bf16, non-causal."""
+    return (
+        Problem("uniform-B512-L1024-H4-D128", B=512, H=4, D=128, max_len=1024,
+                lengths_fn=_uniform(512, 1024)),
+        Problem("longtail-B256-L4096-H4-D128", B=256, H=4, D=128, max_len=4096,
+                lengths_fn=_longtail(256, 4096)),
+        Problem("uniform-B1152-L1000-H2-D64", B=1152, H=2, D=64, max_len=1000,
+                lengths_fn=_uniform(1152, 1000)),
+        Problem("full-B8-L4096-H16-D128", B=8, H=16, D=128, max_len=4096,
+                lengths_fn=_full(8, 4096)),
+        Problem("bcastq-Lq256-B1152-L1000-H4-D128", B=1152, H=4, D=128, max_len=1000,
+                lengths_fn=_uniform(1152, 1000), broadcast_q=True, Lq=256),
+    )
+
+
+def _sweep() -> tuple[Problem, ...]:
+    """Sparsity sweep: B=1152, H=4, D=128, max length 1000 and 4096, s = 0.1 .. 0.9."""
+    problems = []
+    for max_len in (1000, 4096):
+        for s in (0.1, 0.3, 0.5, 0.7, 0.9):
+            problems.append(Problem(
+                f"sweep-L{max_len}-s{s:.1f}-B1152-H4-D128", B=1152, H=4, D=128,
+                max_len=max_len, lengths_fn=sweep_lengths(1152, max_len, s)))
+    return tuple(problems)
+
+
+def _dense() -> tuple[Problem, ...]:
+    """Small dense set (every sequence full length) to compare against dense FA numbers."""
+    return (
+        Problem("dense-B4-L2048-H32-D128", B=4, H=32, D=128, max_len=2048,
+                lengths_fn=_full(4, 2048)),
+        Problem("dense-B1-L8192-H32-D128", B=1, H=32, D=128, max_len=8192,
+                lengths_fn=_full(1, 8192)),
+        Problem("dense-B4-L8192-H16-D128", B=4, H=16, D=128, max_len=8192,
+                lengths_fn=_full(4, 8192)),
+        Problem("dense-B4-L8192-H16-D128-causal", B=4, H=16, D=128, max_len=8192,
+                lengths_fn=_full(4, 8192), causal=True),
+    )
+
+
+SUITES: dict[str, tuple[Problem, ...]] = {
+    "gem": _gem(),
+    "sweep": _sweep(),
+    "dense": _dense(),
+}
+
+
+def get_suite(name: str) -> tuple[Problem, ...]:
+    """The problems of suite ``name``; a ``ValueError`` lists the known suites otherwise."""
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Lengths and FLOPs
+# ---------------------------------------------------------------------------------------
+
+def make_lengths(problem: Problem) -> torch.Tensor:
+    """The B key/value lengths of ``problem`` (int64, CPU), drawn from a fresh generator.
+
+    ``g = torch.Generator().manual_seed(1)`` is created anew on every call, so the lengths
+    of a problem never depend on which problems were generated before it.
+    """
+    g = torch.Generator().manual_seed(LENGTHS_SEED)
+    lengths = problem.lengths_fn(g).to(torch.long)
+    if lengths.shape != (problem.B,):
+        raise AssertionError(f"{problem.name}: lengths shape {tuple(lengths.shape)} != ({problem.B},)")
+    if int(lengths.min()) < 0 or int(lengths.max()) > problem.max_len:
+        raise AssertionError(f"{problem.name}: lengths outside [0, {problem.max_len}]")
+    return lengths
+
+
+def q_lengths(problem: Problem, lengths_k: torch.Tensor) -> torch.Tensor:
+    """Per-sequence query lengths: ``Lq`` for every sequence under broadcast-Q, else ``lengths_k``."""
+    if problem.broadcast_q:
+        return torch.full_like(lengths_k, problem.Lq)
+    return lengths_k.clone()
+
+
+def visible_pairs(lengths_q: torch.Tensor, lengths_k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per sequence, the number of (query, key) pairs that are attended (int64).
+
+    Non-causal: ``Lq * Lk``. Causal is bottom-right aligned: query i sees keys
+    ``j <= i + Lk - Lq``, i.e. ``max(0, i + a)`` keys with ``a = Lk - Lq + 1`` (never more than
+    Lk since ``i <= Lq - 1``). Summing over the queries that see at least one key,
+    ``i = s .. Lq-1`` with ``s = max(0, 1 - a)``, gives ``n * (s + a) + n * (n - 1) / 2`` with
+    ``n = max(0, Lq - s)``.
+    """
+    lq = lengths_q.to(torch.long)
+    lk = lengths_k.to(torch.long)
+    if not causal:
+        return lq * lk
+    a = lk - lq + 1
+    s = (1 - a).clamp(min=0)
+    n = (lq - s).clamp(min=0)
+    return n * (s + a) + n * (n - 1) // 2
+
+
+def flops(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor, pass_: str) -> float:
+    """FLOPs of one pass: forward ``4 * sum_b pairs_b * H * D``; backward 2.5x forward.
+
+    ``pass_`` is "fwd", "bwd" or "fwd_bwd" (= 3.5x forward). Causal problems count visible
+    pairs only (:func:`visible_pairs`). The count is the same for every implementation,
+    including peers that receive a repeated Q under broadcast-Q.
+    """
+    fwd = 4.0 * float(visible_pairs(lengths_q, lengths_k, problem.causal).sum()) * problem.H * problem.D
+    factor = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+    if pass_ not in factor:
+        raise ValueError(f"pass_ must be one of {sorted(factor)}, got {pass_!r}")
+    return fwd * factor[pass_]

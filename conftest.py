@@ -10,6 +10,11 @@ import sys
 
 import pytest
 
+from jfa.fuzz.profiles import load_default_profile, register_profiles
+
+register_profiles()
+load_default_profile()  # ci unless JFA_FUZZ_PROFILE or --hypothesis-profile says otherwise
+
 
 def pytest_addoption(parser):
     parser.addoption("--device", default=os.environ.get("JFA_TEST_DEVICE", "cpu"), choices=("cpu", "cuda"),

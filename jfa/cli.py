@@ -1,4 +1,5 @@
-"""``jfa`` command line: ``gate`` (pre-merge correctness gate), ``bench`` (benchmarks), ``info``."""
+"""``jfa`` command line: ``gate`` (pre-merge correctness gate), ``fuzz`` (time-budgeted fuzzing),
+``repro`` (replay a case file), ``compile-check`` (offline sm_90a build gate), ``bench``, ``info``."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +144,9 @@ def main(argv=None) -> int:
     gate.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' = in process)")
     sub.add_parser("info", help="versions, devices, interpreter state")
     sub.add_parser("bench", help="benchmarks (see jfa bench --help)", add_help=False)
+    sub.add_parser("fuzz", help="fuzz the kernels against the oracle (see jfa fuzz --help)", add_help=False)
+    sub.add_parser("repro", help="replay a case file (see jfa repro --help)", add_help=False)
+    sub.add_parser("compile-check", help="offline sm_90a compile gate of the shipped kernels", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "gate":
         return cmd_gate(args)
@@ -150,6 +154,18 @@ def main(argv=None) -> int:
         return cmd_info(args)
     if args.command == "bench":
         return cmd_bench(args, rest)
+    if args.command == "fuzz":
+        from jfa.fuzz.runner import cmd_fuzz
+
+        return cmd_fuzz(rest)
+    if args.command == "compile-check":
+        from jfa.kernels.compile_check import main as compile_main
+
+        return compile_main(rest)
+    if args.command == "repro":
+        from jfa.fuzz.runner import cmd_repro
+
+        return cmd_repro(rest)
     return 2
 
 

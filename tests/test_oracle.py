@@ -217,3 +217,26 @@ def test_backward_batch_zero_gives_empty_zero_grads():
     out, lse = attention_forward(q, k, v, cu_q, cu_k, **kw)
     dq, dk, dv = attention_backward(q, k, v, out, lse, out, cu_q, cu_k, **kw)
     assert dq.shape == (0, 2, 3) and dk.shape == (0, 2, 3) and dv.shape == (0, 2, 3)
+
+
+def test_lse_gradient_matches_finite_differences():
+    """With dlse, the backward is the gradient of sum(out * G) + sum(lse * g) (finite rows only)."""
+    rng = np.random.default_rng(7)
+    cu_q, cu_k = np.array([0, 6, 6, 15]), np.array([0, 4, 9, 20])
+    q, k, v = rng.normal(size=(15, 2, 8)), rng.normal(size=(20, 2, 8)), rng.normal(size=(20, 2, 8))
+    G, g = rng.normal(size=(15, 2, 8)), rng.normal(size=(15, 2))
+    kw = dict(causal=True)
+
+    def loss(qq):
+        o, lse = attention_forward(qq, k, v, cu_q, cu_k, **kw)
+        return float((o * G).sum() + np.where(np.isfinite(lse), lse * g, 0.0).sum())
+
+    o, lse = attention_forward(q, k, v, cu_q, cu_k, **kw)
+    dq, _, _ = attention_backward(q, k, v, o, lse, G, cu_q, cu_k, dlse=np.where(np.isfinite(lse), g, 0.0), **kw)
+    eps, fd = 1e-6, np.zeros_like(q)
+    for idx in np.ndindex(q.shape):
+        qp, qm = q.copy(), q.copy()
+        qp[idx] += eps
+        qm[idx] -= eps
+        fd[idx] = (loss(qp) - loss(qm)) / (2 * eps)
+    assert np.abs(dq - fd).max() <= 1e-6 * max(1.0, np.abs(fd).max())

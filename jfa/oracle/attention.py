@@ -139,13 +139,14 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
 
 
 def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                       softmax_scale=None, broadcast_q=False):
+                       softmax_scale=None, broadcast_q=False, dlse=None):
     """Analytic float64 jagged attention backward.
 
     Uses the ``out`` and ``lse`` passed in (as a kernel's backward would): ``P = exp(scale*S - lse)``
     on visible entries (0 elsewhere and on ``lse = -inf`` rows), ``dV = P^T dO``, ``dP = dO V^T``,
     ``delta = rowsum(dO * O)``, ``dS = P * (dP - delta)``, ``dQ = scale * dS K``,
-    ``dK = scale * dS^T Q``. Returns ``(dq, dk, dv)`` float64 shaped like ``q``, ``k``, ``v``;
+    ``dK = scale * dS^T Q``. ``dlse`` (optional, shaped like ``lse``): a gradient reaching the lse
+    output too; since d lse_i / d S_ij = P_ij it enters as ``delta - dlse``. Returns ``(dq, dk, dv)`` float64 shaped like ``q``, ``k``, ``v``;
     with ``broadcast_q`` ``dq`` is ``[Lq, H, D]`` summed over all sequences.
     """
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -155,8 +156,9 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
     out = _as_f64(out, "out", 3)
     dout = _as_f64(dout, "dout", 3)
     lse = _as_f64(lse, "lse", 2)
+    dlse = np.zeros_like(lse) if dlse is None else _as_f64(dlse, "dlse", 2)
     for name, a, shape in (("out", out, (total_out, H, D)), ("dout", dout, (total_out, H, D)),
-                           ("lse", lse, (total_out, H))):
+                           ("lse", lse, (total_out, H)), ("dlse", dlse, (total_out, H))):
         if a.shape != shape:
             raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
     dq = np.zeros_like(q)
@@ -176,7 +178,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         p = np.where(vis, np.exp(np.where(vis, s - lse_safe, 0.0)), 0.0)
         dv[ks] += np.einsum("hij,ihd->jhd", p, dob)
         dp = np.einsum("ihd,jhd->hij", dob, vb)
-        delta = np.einsum("ihd,ihd->hi", dob, ob)[..., None]            # [H, lq, 1]
+        delta = np.einsum("ihd,ihd->hi", dob, ob)[..., None] - dlse[oq].T[..., None]  # [H, lq, 1]
         ds = p * (dp - delta)
         dq[qs] += scale * np.einsum("hij,jhd->ihd", ds, kb)
         dk[ks] += scale * np.einsum("hij,ihd->jhd", ds, qb)

@@ -133,7 +133,11 @@ def jagged_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for i in range(first, diag_end):
+    # the causal diagonal tiles and the last partial tile share one masked loop: a third loop (one
+    # more inlined copy of the step) pushes D=128 causal past 255 registers and spills
+    num_diag = diag_end - first
+    for j in range(0, num_diag + num_q_tiles - bulk_end):
+        i = tl.where(j < num_diag, first + j, bulk_end + j - num_diag)
         dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
                               stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
                               MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
@@ -141,10 +145,6 @@ def jagged_dkdv_kernel(
         dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
                               stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
                               MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
-    for i in range(bulk_end, num_q_tiles):
-        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
-                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
-                              MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
     dk = dk * sm_scale
     tl.store(DK + hk * stride_dkh + k_rows[:, None] * stride_dkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + hk * stride_dvh + k_rows[:, None] * stride_dvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)

@@ -1,0 +1,31 @@
+"""Hypothesis profiles for the property suite, registered once (conftest and ``jfa fuzz`` both use them).
+
+- ``ci``: derandomised (same examples every run), bounded, no example database: fits the CI budget
+  and never flakes; the default.
+- ``dev``: random, more examples, with the local example database (failures replay first).
+- ``nightly``: random and effectively unbounded; ``jfa fuzz`` bounds it by wall time instead.
+Select with ``--hypothesis-profile NAME`` or ``JFA_FUZZ_PROFILE=NAME``.
+"""
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = ("ci", "dev", "nightly")
+_common = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+
+def register_profiles() -> None:
+    settings.register_profile("ci", max_examples=40, derandomize=True, database=None, **_common)
+    settings.register_profile("dev", max_examples=300, **_common)
+    settings.register_profile("nightly", max_examples=10_000_000, **_common)
+
+
+def load_default_profile() -> str:
+    name = os.environ.get("JFA_FUZZ_PROFILE", "ci")
+    if name not in PROFILES:
+        raise ValueError(f"JFA_FUZZ_PROFILE: must be one of {PROFILES}, got {name!r}")
+    settings.load_profile(name)
+    return name

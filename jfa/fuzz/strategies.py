@@ -1,0 +1,113 @@
+"""Hypothesis strategies that draw whole jagged attention problems (:class:`jfa.testing.Case`).
+
+Lengths come from a mixture of distributions chosen to break jagged kernels: uniform, log-normal long
+tail, one giant among many tiny, all equal, powers of two, lengths at k*BLOCK-1 / k*BLOCK / k*BLOCK+1
+for every tile size the kernels use (read from their configs), empty sequences anywhere (runs, all
+empty, B = 0), length 1. On top: cross attention (Lq != Lk both ways), causal with Lq > Lk (fully
+masked rows), broadcast-Q, value recipes (normal, saturated Q, near ties, equal keys, one dominant
+key, subnormal), strided views, head dims, dtypes, explicit softmax scales, int32/int64 offsets.
+
+Every draw shrinks towards the simplest problem (few short sequences, bf16, D=32, normal values), so a
+failure ends as a small, readable case. ``max_tokens`` bounds the size per side: small for the CPU
+interpreter, large for GPU fuzzing.
+"""
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from jfa.kernels.triton.configs import tile_sizes
+from jfa.testing import DTYPES, VALUE_RECIPES, Case
+
+CPU_MAX_TOKENS = 640
+GPU_MAX_TOKENS = 24_000
+
+
+def _boundary_lengths(blocks, max_len: int) -> list:
+    values = {b * m + d for b in blocks for m in (1, 2, 3) for d in (-1, 0, 1)}
+    return sorted(x for x in values if 0 <= x <= max_len)
+
+
+@st.composite
+def sequence_lengths(draw, blocks=(64, 128), max_batch: int = 8, max_tokens: int = CPU_MAX_TOKENS):
+    """A list of sequence lengths (possibly empty) whose sum stays within ``max_tokens``."""
+    if max_batch == 0:
+        return ()
+    max_len = max(1, max_tokens // 2)
+    boundary = _boundary_lengths(blocks, max_len)
+    powers = [1 << i for i in range(0, int(math.log2(max_len)) + 1)]
+    one_length = st.one_of(
+        st.integers(0, max_len),                      # uniform
+        st.sampled_from(boundary),                    # tile tails: k*BLOCK-1, k*BLOCK, k*BLOCK+1
+        st.sampled_from([0, 0, 1]),                   # empty and length-1 sequences, often
+        st.sampled_from(powers),                      # powers of two
+        st.floats(0.0, math.log(max_len)).map(lambda x: int(math.exp(x))),  # log-normal-ish long tail
+    )
+    shape = draw(st.sampled_from(["mixed", "equal", "giant-among-tiny", "all-empty"]))
+    if shape == "mixed":
+        lengths = draw(st.lists(one_length, min_size=0, max_size=max_batch))
+    elif shape == "equal":
+        lengths = [draw(one_length)] * draw(st.integers(1, max_batch))
+    elif shape == "giant-among-tiny":
+        tiny = draw(st.lists(st.integers(0, 3), min_size=0, max_size=max_batch - 1))
+        lengths = tiny[:]
+        lengths.insert(draw(st.integers(0, len(tiny))), draw(st.integers(max_len // 2, max_len)))
+    else:
+        lengths = [0] * draw(st.integers(0, max_batch))
+    # keep the problem within budget by trimming the longest sequences (keeps the shape of the draw)
+    while sum(lengths) > max_tokens:
+        i = max(range(len(lengths)), key=lengths.__getitem__)
+        lengths[i] = lengths[i] // 2
+    return tuple(lengths)
+
+
+def _relate(draw, lengths_k, blocks, max_tokens):
+    """Query lengths for the same batch: equal, shorter, longer or independent of the key lengths."""
+    relation = draw(st.sampled_from(["same", "shorter", "longer", "independent"]))
+    if relation == "same":
+        return tuple(lengths_k)
+    if relation == "independent":
+        other = draw(sequence_lengths(blocks, max_batch=len(lengths_k), max_tokens=max_tokens))
+        return tuple((list(other) + [0] * len(lengths_k))[:len(lengths_k)])
+    delta = draw(st.integers(1, max(blocks) + 1))
+    if relation == "shorter":
+        return tuple(max(0, n - delta) for n in lengths_k)
+    out = [n + delta for n in lengths_k]
+    while sum(out) > max_tokens:
+        i = max(range(len(out)), key=out.__getitem__)
+        out[i] //= 2
+    return tuple(out)
+
+
+@st.composite
+def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 128, 256),
+             dtypes=("bf16", "fp16", "fp32"), max_batch: int = 8):
+    """A whole problem: lengths, flags, shapes, values, scale, layout. Shrinks toward simple."""
+    head_dim = draw(st.sampled_from(head_dims))
+    dtype = draw(st.sampled_from(dtypes))
+    blocks = tile_sizes(head_dim, DTYPES[dtype])
+    budget = max_tokens if head_dim <= 64 else max_tokens // 2
+    broadcast_q = draw(st.booleans())
+    lengths_k = draw(sequence_lengths(blocks, max_batch=max_batch, max_tokens=budget))
+    if broadcast_q:
+        lq = draw(st.one_of(st.integers(0, max(1, budget // 4)), st.sampled_from(_boundary_lengths(blocks, budget))))
+        lengths_q = (min(lq, max(1, budget // 2)),)
+    else:
+        lengths_q = _relate(draw, lengths_k, blocks, budget)
+    scale = draw(st.one_of(st.none(), st.floats(-2.0, 2.0, allow_nan=False).filter(lambda x: abs(x) > 1e-3)))
+    return Case(
+        lengths_q=lengths_q,
+        lengths_k=lengths_k,
+        heads=draw(st.integers(1, 3)),
+        head_dim=head_dim,
+        dtype=dtype,
+        causal=draw(st.booleans()),
+        broadcast_q=broadcast_q,
+        softmax_scale=scale,
+        q_scale=draw(st.sampled_from([1.0, 1.0, 1.0, 20.0])),
+        values=draw(st.sampled_from(VALUE_RECIPES)),
+        strided=draw(st.booleans()),
+        offsets_dtype=draw(st.sampled_from(["int32", "int64"])),
+        seed=draw(st.integers(0, 2 ** 16)),
+    )

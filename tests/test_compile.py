@@ -1,0 +1,31 @@
+"""Offline compile gate (no GPU needed): every shipped kernel config builds for sm_90a with wgmma, no
+register spills and shared memory within the SM limit. The compile runs in a child process because
+this test process has Triton's interpreter switched on."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jfa.kernels.compile_check import shipped_targets
+
+TARGETS = [t.name for t in shipped_targets()]
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "jfa.kernels.compile_check", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows, f"compile_check produced nothing:\n{proc.stderr[-3000:]}"
+    return {row["target"]["name"]: row for row in rows}
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_kernel_compiles_for_sm90a_with_wgmma_no_spills(name, results, record_property):
+    row = results[name]
+    record_property("resources", json.dumps({k: row[k] for k in ("registers", "local_bytes", "shared_bytes")}))
+    assert row["tensor_core_ops"] > 0, "no wgmma"
+    assert row["ok"], "; ".join(row["problems"])

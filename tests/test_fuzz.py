@@ -1,0 +1,27 @@
+"""Property: every problem the strategies can draw meets the oracle rule, forward and backward.
+
+Runs under the active hypothesis profile (``ci`` by default: derandomised and bounded).
+``hypothesis.target`` steers the search toward the largest error/allowed ratio, so it climbs toward
+numerical trouble, not only crashes. The size budget follows the device (small in the interpreter).
+"""
+import json
+
+import pytest
+from hypothesis import given, target
+from hypothesis import strategies as st
+
+from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS, problems
+from jfa.testing import run_case
+
+
+@pytest.fixture(scope="session")
+def max_tokens(device):
+    return CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS
+
+
+@given(data=st.data())
+def test_random_problems_meet_the_oracle(data, backend, device, max_tokens):
+    case = data.draw(problems(max_tokens=max_tokens), label="case")
+    report = run_case(case, backend=backend, device=device)
+    target(min(report.worst.ratio, 1e6), label="worst error / allowed")
+    assert report.ok, str(report) + "\ncase: " + json.dumps(case.__dict__)

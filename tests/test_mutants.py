@@ -1,0 +1,182 @@
+"""Mutation check: the verification harness catches realistic kernel bugs (jfa/fuzz/mutants.py).
+
+Every mutant must still fit the current kernel source (so the list cannot rot), applying one must put
+the original modules back afterwards, and the hand-written adversarial catalogue must kill every
+mutant. A second kill test runs the hypothesis strategy ``jfa.fuzz.strategies.problems()`` under the
+``ci`` profile against every mutant (skipped where that module or profile is missing).
+"""
+import importlib
+import inspect
+import sys
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from jfa.fuzz.catalog import default_suite
+from jfa.fuzz.mutants import (
+    BACKWARD,
+    BY_NAME,
+    FORWARD,
+    MODULES,
+    MUTANTS,
+    SCHEDULE,
+    Mutant,
+    MutantError,
+    applied,
+    kill,
+    original_source,
+)
+from jfa.testing import Case, run_case
+
+# mutants produce NaN/inf on purpose: numpy's warnings from inside the interpreter are expected noise
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+# the killing set: the whole hand-written catalogue (structure per dtype, every head dim); stops at the first kill
+KILL_SET = default_suite()
+CASES_BY_ID = {c.id: c for c in KILL_SET}
+IDS = [m.name for m in MUTANTS]
+
+# a quick case with empty sequences, Lq != Lk and a partial tile (fails under several mutants)
+QUICK = Case((0, 17, 40), (0, 23, 40), causal=True, dtype="fp32", head_dim=32, name="quick-empty-leading")
+
+# a mutant that changes nothing: the control that swapping the modules in is not itself a "kill"
+IDENTITY = Mutant("identity", FORWARD, "causal_shift = len_k - len_q", "causal_shift = len_k - len_q",
+                  "no bug: control for the module swap")
+
+
+@pytest.fixture(autouse=True)
+def _triton_backend_only(backend):
+    if backend != "triton":
+        pytest.skip(f"mutants change the portable Triton kernels; --backend {backend} does not run them")
+
+
+def _originals():
+    return {name: importlib.import_module(name) for name in MODULES}
+
+
+def _assert_restored(originals):
+    for name, module in originals.items():
+        assert sys.modules[name] is module, f"{name} was not restored in sys.modules"
+        parent_name, _, attr = name.rpartition(".")
+        assert getattr(sys.modules[parent_name], attr) is module, f"{parent_name}.{attr} was not restored"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the mutants fit the source, apply, and are undone
+# ----------------------------------------------------------------------------------------------------
+def test_mutant_names_and_count():
+    assert len(MUTANTS) >= 12
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
+    assert {m.module for m in MUTANTS} == set(MODULES)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+def test_mutant_applies_and_is_restored(mutant, device):
+    source = original_source(mutant.module)
+    mutated = mutant.apply_to(source)  # raises MutantError unless the find text occurs exactly once
+    assert mutated != source
+    compile(mutated, f"<mutant {mutant.name}>", "exec")
+    originals = _originals()
+    with applied(mutant) as fresh:
+        target = fresh[mutant.module]
+        for name in MODULES:
+            assert sys.modules[name] is fresh[name] is not originals[name]
+        # Triton re-reads jit functions with inspect: it must see the mutated text, not the file on disk
+        assert inspect.getsource(target) == mutated
+        jit_fns = [v.fn for v in vars(target).values()
+                   if inspect.isfunction(getattr(v, "fn", None)) and v.fn.__module__ == mutant.module]
+        assert jit_fns or mutant.module == SCHEDULE, "no jit function found in the mutated module"
+        for fn in jit_fns:
+            assert inspect.getsourcefile(fn) == target.__file__
+            lines, first = inspect.getsourcelines(fn)
+            assert "".join(lines) == "".join(mutated.splitlines(True)[first - 1:first - 1 + len(lines)])
+    _assert_restored(originals)
+    report = run_case(QUICK, backend="triton", device=device)
+    assert report.ok, str(report)
+
+
+def test_restored_after_exception():
+    originals = _originals()
+    with pytest.raises(ZeroDivisionError):
+        with applied(BY_NAME["fwd-lse-base2"]):
+            1 / 0
+    _assert_restored(originals)
+
+
+def test_stale_mutants_are_rejected():
+    originals = _originals()
+    gone = Mutant("gone", FORWARD, "this text is not in the kernel", "x", "stale")
+    with pytest.raises(MutantError, match="does not occur"):
+        with applied(gone):
+            pass
+    twice = Mutant("twice", BACKWARD, "causal_shift = len_k - len_q", "causal_shift = 0", "ambiguous")
+    with pytest.raises(MutantError, match="occurs 2 times"):
+        with applied(twice):
+            pass
+    _assert_restored(originals)
+
+
+def test_not_reentrant():
+    originals = _originals()
+    with applied(IDENTITY):
+        with pytest.raises(RuntimeError, match="not re-entrant"):
+            with applied(BY_NAME["fwd-lse-base2"]):
+                pass
+    _assert_restored(originals)
+
+
+# ----------------------------------------------------------------------------------------------------
+# kill(): controls and the strategy path
+# ----------------------------------------------------------------------------------------------------
+CONTROL_CASES = [CASES_BY_ID[i] for i in ("empty-leading-bf16-D32", "causal-lq-lt-lk-bf16-D32",
+                                          "bcastq-lq1-bf16-D32", "tails-32-causal-fp32-D64")]
+
+
+def test_identity_mutant_survives(device):
+    result = kill(IDENTITY, CONTROL_CASES, device=device)
+    assert not result.killed, result.detail
+    assert result.examples == len(CONTROL_CASES)
+
+
+def test_kill_with_a_strategy(device):
+    cases = [CASES_BY_ID["empty-leading-bf16-D32"], CASES_BY_ID["causal-lq-gt-lk-bf16-D32"]]
+    strategy = st.sampled_from(cases)
+    quick = settings(max_examples=10, derandomize=True)
+    result = kill(BY_NAME["fwd-causal-top-left"], strategy, quick, device=device)
+    assert result.killed
+    assert result.case_id == "causal-lq-gt-lk-bf16-D32"
+    assert 1 <= result.examples <= 10
+    survived = kill(IDENTITY, strategy, quick, device=device)
+    assert not survived.killed and survived.examples >= 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# the suites kill every mutant
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+def test_catalog_kills(mutant, device, record_property):
+    result = kill(mutant, KILL_SET, device=device)
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, (f"mutant {mutant.name} ({mutant.why}) survived all {result.examples} catalog cases: "
+                           f"a gap in the adversarial suite")
+    # the same case passes once the mutant is gone: the kill was the mutation, and it was undone
+    report = run_case(CASES_BY_ID[result.case_id], backend="triton", device=device)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+def test_fuzzer_kills(mutant, device, record_property):
+    strategies = pytest.importorskip("jfa.fuzz.strategies")
+    try:
+        profile = settings.get_profile("ci")
+    except Exception:
+        pytest.skip("no hypothesis profile 'ci' registered")
+    result = kill(mutant, strategies.problems(), profile, device=device)
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, (f"mutant {mutant.name} ({mutant.why}) survived {result.examples} generated problems "
+                           f"(hypothesis profile 'ci')")

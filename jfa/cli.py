@@ -45,6 +45,23 @@ def _run_suite(device: str, out_dir: Path, workers: str) -> tuple[int, Path, flo
     return rc, junit, time.time() - start
 
 
+def _mutation_rows(device: str, junit: Path) -> list:
+    """Per mutant: whether the catalogue and the ci fuzzer killed it, with examples and seconds to kill."""
+    kills: dict[str, dict] = {}
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        name = tc.get("name", "")
+        for kind in ("test_catalog_kills", "test_fuzzer_kills"):
+            if not name.startswith(kind + "["):
+                continue
+            props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+            failed = tc.find("failure") is not None or tc.find("error") is not None
+            skipped = tc.find("skipped") is not None
+            cell = "skipped" if skipped else ("SURVIVED" if failed else
+                                              f"{props.get('examples_to_kill', '?')} ex / {props.get('seconds_to_kill', '?')} s")
+            kills.setdefault(name[len(kind) + 1:-1], {})[kind] = cell
+    return [[device, m, k.get("test_catalog_kills", "-"), k.get("test_fuzzer_kills", "-")] for m, k in sorted(kills.items())]
+
+
 def _summarise(device: str, junit: Path, seconds: float) -> tuple[list, dict]:
     """Per test file: passed/failed/skipped; per tensor: the worst error/allowed over the kernel cases."""
     rows: dict[str, list] = {}
@@ -91,22 +108,29 @@ def cmd_gate(args) -> int:
         devices = ["cuda"]
     if args.device == "cpu":
         devices = ["cpu"]
-    results, all_rows, worst_rows, failed = [], [], [], False
+    results, all_rows, worst_rows, mutant_rows, failed = [], [], [], [], False
     for device in devices:
         rc, junit, seconds = _run_suite(device, out_dir, args.workers)
         rows, worst = _summarise(device, junit, seconds)
         failed |= rc != 0
         results.append({"device": device, "exit_code": rc, "seconds": round(seconds, 1)})
         all_rows += rows
+        if junit.exists():
+            mutant_rows += _mutation_rows(device, junit)
         for tensor, (ratio, err, allowed, case) in sorted(worst.items()):
             worst_rows.append([device, tensor, f"{err:.2e}", f"{allowed:.2e}", f"{ratio:.2f}", case])
     print("\njfa gate summary")
     text = _print_table(["device", "suite", "passed", "failed", "skipped", "seconds"], all_rows)
     print("\nworst error per tensor over the kernel cases (ratio = error / allowed; > 1 fails)")
     text2 = _print_table(["device", "tensor", "error", "allowed", "ratio", "case"], worst_rows)
+    text3 = ""
+    if mutant_rows:
+        killed = sum(1 for r in mutant_rows if "SURVIVED" not in r[2:] and "skipped" not in r[2:])
+        print(f"\nmutation check: {killed}/{len(mutant_rows)} mutants killed by both the catalogue and the ci fuzzer")
+        text3 = _print_table(["device", "mutant", "catalogue kill", "ci fuzzer kill"], mutant_rows)
     verdict = "FAILED" if failed else "PASSED"
     print(f"\ngate {verdict}")
-    (out_dir / "summary.md").write_text(f"# jfa gate: {verdict}\n\n```\n{text}\n\n{text2}\n```\n")
+    (out_dir / "summary.md").write_text(f"# jfa gate: {verdict}\n\n```\n{text}\n\n{text2}\n\n{text3}\n```\n")
     (out_dir / "summary.json").write_text(json.dumps(results, indent=2))
     return 1 if failed else 0
 

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from jfa.kernels.cache import IdentityCache
 from jfa.kernels.triton.configs import MAX_HEAD_DIM
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -63,8 +64,20 @@ def _check_hint(name: str, hint) -> None:
         raise ValueError(f"{name}: must be >= 0, got {hint}")
 
 
+_validated_offsets = IdentityCache()
+
+
 def _check_offsets_values(name: str, cu: torch.Tensor, total: int, hint: Optional[int]) -> None:
-    """One device read of the offsets: first 0, non-decreasing, last = total, max length <= hint."""
+    """First 0, non-decreasing, last = total, max length <= hint. One device read per offsets tensor:
+    the layers of a model (and later calls) passing the same unmodified tensor reuse the result."""
+    longest = _validated_offsets.get_or_build((cu,), (name, total), lambda: _read_offsets(name, cu, total))
+    if hint is not None and hint < longest:
+        hint_name = "max_seqlen_q" if name.endswith("_q") else "max_seqlen_k"
+        raise ValueError(f"{hint_name}: hint {hint} is smaller than the longest sequence ({longest})")
+
+
+def _read_offsets(name: str, cu: torch.Tensor, total: int) -> int:
+    """Validate the offset values (a device read); returns the longest sequence length."""
     values = cu.to(device="cpu", dtype=torch.int64)
     if int(values[0]) != 0:
         raise ValueError(f"{name}: first offset must be 0, got {int(values[0])}")
@@ -74,10 +87,7 @@ def _check_offsets_values(name: str, cu: torch.Tensor, total: int, hint: Optiona
         raise ValueError(f"{name}: offsets must be non-decreasing, but {name}[{b + 1}] < {name}[{b}]")
     if int(values[-1]) != total:
         raise ValueError(f"{name}: last offset must equal the token count {total}, got {int(values[-1])}")
-    longest = int(lengths.max()) if lengths.numel() else 0
-    if hint is not None and hint < longest:
-        hint_name = "max_seqlen_q" if name.endswith("_q") else "max_seqlen_k"
-        raise ValueError(f"{hint_name}: hint {hint} is smaller than the longest sequence ({longest})")
+    return int(lengths.max()) if lengths.numel() else 0
 
 
 def _trust_offsets() -> bool:

@@ -38,9 +38,9 @@ def test_slot_bound_holds_for_worst_case_lengths():
 
 def test_longest_work_first():
     lengths = [10, 10, 10, 10]
-    work = torch.tensor([5, 500, 50, 0])
+    work = torch.tensor([0, 5, 505, 555, 555])  # offsets of the streamed operand: lengths 5, 500, 50, 0
     cu = torch.tensor([0, 10, 20, 30, 40])
-    tl = build_tile_list(cu, 40, 16, work_lengths=work)
+    tl = build_tile_list(cu, 40, 16, work_offsets=work)
     seqs = [s for s in tl.tiles[0].tolist() if s < len(lengths)]
     assert seqs == [1, 2, 0, 3]
 
@@ -48,3 +48,14 @@ def test_longest_work_first():
 def test_no_sequences():
     tl = build_tile_list(torch.tensor([0]), 0, 64)
     assert tl.num_slots == 0 and tl.tiles.shape == (2, 0)
+
+
+def test_cached_list_is_reused_until_the_offsets_change():
+    cu = torch.tensor([0, 10, 30])
+    first = build_tile_list(cu, 30, 16)
+    assert build_tile_list(cu, 30, 16) is first, "same unmodified tensor: the list is reused"
+    assert build_tile_list(cu.clone(), 30, 16) is not first, "another tensor: built afresh"
+    cu[2] = 40  # in-place write bumps the version counter
+    rebuilt = build_tile_list(cu, 40, 16)
+    assert rebuilt is not first
+    assert rebuilt.tiles[0].tolist().count(1) == 2  # sequence 1 now has 30 rows: two tiles of 16

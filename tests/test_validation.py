@@ -87,3 +87,18 @@ def test_offsets_on_another_device_rejected():
 def test_valid_hints_accepted():
     out = call(max_seqlen_q=6, max_seqlen_k=100)
     assert out.shape == (10, 2, 16)
+
+
+def test_offsets_are_read_once_per_tensor_and_again_after_a_write(monkeypatch):
+    import jfa.api as api
+
+    reads = []
+    real = api._read_offsets
+    monkeypatch.setattr(api, "_read_offsets", lambda *a: reads.append(a[0]) or real(*a))
+    args = good()
+    for _ in range(3):
+        jfa.jagged_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"])
+    assert sorted(reads) == ["cu_seqlens_k", "cu_seqlens_q"], "each offsets tensor is read once"
+    args["cu_seqlens_k"][1] = 11  # now decreasing: the in-place write must be seen
+    with pytest.raises(ValueError, match="non-decreasing"):
+        jfa.jagged_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"])

@@ -7,7 +7,8 @@ A jagged batch is cut into tiles of ``block`` rows, tile ``t`` of sequence ``b``
 The list is built with device-side torch ops only: its length is an upper bound known on the host
 (``total // block + B``), never a value read back from the GPU, so building it forces no host sync.
 Slots past the real tile count hold the sentinel sequence index ``B``; a kernel that reads the
-sentinel returns at once (at most ``B`` such programs, each a couple of loads).
+sentinel returns at once (at most ``B`` such programs, each a couple of loads). Lists are cached per
+offsets tensor (``jfa.kernels.cache``): the layers of a model and the backward reuse one build.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from jfa.kernels.cache import IdentityCache
+
+_tile_lists = IdentityCache()
 
 @dataclass(frozen=True)
 class TileList:
@@ -37,14 +41,27 @@ def build_tile_list(
     total: int,
     block: int,
     *,
-    work_lengths: torch.Tensor | None = None,
+    work_offsets: torch.Tensor | None = None,
 ) -> TileList:
     """Tiles of every non-empty sequence in ``cu_seqlens`` (``[B+1]``, on the kernel's device).
 
-    ``work_lengths`` (``[B]``, optional): per-sequence work of one tile (the length of the other
-    operand, e.g. ``Lk`` for a query tile). When given, tiles are ordered by decreasing work so the
-    longest tiles start first (a device-side stable sort: no host sync). Empty sequences yield no tile.
+    ``work_offsets`` (``[B+1]``, optional): offsets of the operand one tile streams over (e.g. the key
+    offsets for a query tile); tiles are then ordered by decreasing work so the longest start first
+    (a device-side stable sort: no host sync). Empty sequences yield no tile. Cached per tensors.
     """
+    tensors = (cu_seqlens,) if work_offsets is None else (cu_seqlens, work_offsets)
+    return _tile_lists.get_or_build(
+        tensors, (total, block, work_offsets is None),
+        lambda: _build_tile_list(cu_seqlens, total, block,
+                                 None if work_offsets is None else work_offsets[1:] - work_offsets[:-1]))
+
+
+def _build_tile_list(
+    cu_seqlens: torch.Tensor,
+    total: int,
+    block: int,
+    work_lengths: torch.Tensor | None = None,
+) -> TileList:
     num_seqs = cu_seqlens.numel() - 1
     slots = num_tile_slots(total, num_seqs, block)
     device = cu_seqlens.device

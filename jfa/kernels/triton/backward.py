@@ -24,7 +24,6 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
-    cu_lengths,
     virtual_cu_seqlens,
 )
 
@@ -268,7 +267,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
 
     total_k = k.shape[0]
     kv_tiles = build_tile_list(cu_k, total_k, cfgs.dkdv.block_n,
-                               work_lengths=None if broadcast_q else cu_lengths(cu_q))
+                               work_offsets=None if broadcast_q else cu_q)
     if kv_tiles.num_slots > 0:
         jagged_dkdv_kernel[(kv_tiles.num_slots * num_heads,)](
             q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, kv_tiles.tiles,
@@ -278,7 +277,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
             BLOCK_M=cfgs.dkdv.block_m, BLOCK_N=cfgs.dkdv.block_n,
             num_warps=cfgs.dkdv.num_warps, num_stages=cfgs.dkdv.num_stages, **common)
 
-    q_tiles = build_tile_list(out_cu, rows, cfgs.dq.block_m, work_lengths=cu_lengths(cu_k))
+    q_tiles = build_tile_list(out_cu, rows, cfgs.dq.block_m, work_offsets=cu_k)
     if q_tiles.num_slots > 0:
         jagged_dq_kernel[(q_tiles.num_slots * num_heads,)](
             q, k, v, dout, lse, delta, dq_rows, out_cu, cu_k, q_tiles.tiles,

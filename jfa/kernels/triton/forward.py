@@ -9,6 +9,8 @@ elements are addressed correctly.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -154,13 +156,11 @@ def _head_strides(t: torch.Tensor) -> tuple[int, int]:
     return t.stride(0), t.stride(1)
 
 
+@functools.lru_cache(maxsize=16)
 def virtual_cu_seqlens(num_seqs: int, len_q: int, device) -> torch.Tensor:
-    """Offsets of the output rows of a broadcast Q: sequence b owns rows [b * Lq, (b + 1) * Lq)."""
+    """Offsets of the output rows of a broadcast Q: sequence b owns rows [b * Lq, (b + 1) * Lq).
+    Cached (never written to), so the tile lists built from it are cached too."""
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int64) * len_q
-
-
-def cu_lengths(cu: torch.Tensor) -> torch.Tensor:
-    return cu[1:] - cu[:-1]
 
 
 def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
@@ -176,7 +176,7 @@ def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     lse = alloc.empty((rows, num_heads), torch.float32, q.device)
     if rows == 0 or num_heads == 0:
         return out, lse
-    tiles = build_tile_list(out_cu, rows, cfg.block_m, work_lengths=cu_lengths(cu_k))
+    tiles = build_tile_list(out_cu, rows, cfg.block_m, work_offsets=cu_k)
     if tiles.num_slots == 0:
         return out, lse
     jagged_fwd_kernel[(tiles.num_slots * num_heads,)](

@@ -1,13 +1,23 @@
-"""CPU tests of the benchmark module: suite data, FLOP counts, CLI behaviour without a GPU."""
+"""CPU tests of the benchmark module: suite data, FLOP counts, CLI behaviour without a GPU,
+report writers (CSV, markdown, PNG, BENCHMARKS.md), the padded / nested-tensor SDPA adapters
+against the float64 oracle, and the broadcast-Q dq-summing of the peers."""
 
+import csv
 import inspect
+import io
+import json
 import math
+import os
+import sys
+import types
 
+import numpy as np
 import pytest
 import torch
 
-from jfa.bench import impls, runner, suites
+from jfa.bench import impls, report, runner, suites
 from jfa.bench.suites import flops, get_suite, make_lengths, q_lengths, visible_pairs
+from jfa.oracle import attention_backward, attention_forward
 
 GEM_NAMES = [
     "uniform-B512-L1024-H4-D128",
@@ -227,3 +237,513 @@ def test_markdown_report_layout():
     assert "| p | 330 / 330 | 300 / 300 | skipped /  |" in md
     assert "1.10 / 1.10" in md and "no TLX" in md
     assert "jfa-triton" in runner.format_table(rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Reports: CSV, markdown, plots, BENCHMARKS.md
+# ---------------------------------------------------------------------------------------
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NEW_IMPLS = ("sdpa-padded", "sdpa-njt", "fa4-varlen")
+
+
+def _synthetic_rows(suite="gem", sweep=False):
+    """Result rows as the runner makes them, for two problems, three impls, three passes."""
+    rows = []
+    problems = ([("sweep-L1000-s0.5-B1152-H4-D128", 1000, 0.5), ("sweep-L1000-s0.9-B1152-H4-D128", 1000, 0.9),
+                 ("sweep-L4096-s0.5-B1152-H4-D128", 4096, 0.5)] if sweep else
+                [("uniform-B512-L1024-H4-D128", 1024, 0.51), ("full-B8-L4096-H16-D128", 4096, 0.0)])
+    for pi, (problem, max_len, s) in enumerate(problems):
+        for impl, base in (("jfa-triton", 300.0), ("torch-varlen", 250.0), ("sdpa-njt", None)):
+            for pass_, f in (("fwd", 1.0), ("bwd", 2.5), ("fwd_bwd", 3.5)):
+                ok = base is not None
+                tflop = 0.5 * f
+                tf = base * (1 + 0.1 * pi) * (0.9 if pass_ != "fwd" else 1) if ok else None
+                rows.append({
+                    "suite": suite, "problem": problem, "impl": impl, "pass": pass_,
+                    "status": "ok" if ok else "n/a", "ms": tflop / tf * 1e3 if ok else None,
+                    "tflops": tf, "ratio_vs_torch_varlen": None,
+                    "peak_mem_mib": (100.0 if pass_ == "fwd" else 300.0) if ok else None,
+                    "tflop": tflop, "max_abs_err": 0.01 if ok else None, "setup_ms": None,
+                    "note": "" if ok else "causal: not covered", "B": 512, "H": 4, "D": 128,
+                    "causal": False, "broadcast_q": False, "max_len": max_len, "sparsity": s,
+                })
+    report.add_ratios(rows)
+    return rows
+
+
+META = {"date": "2026-11-29 10:00 UTC", "device": "NVIDIA H200", "sm": "90", "torch": "2.11.0+cu130",
+        "triton": "3.8.0", "timing": "triton do_bench median, warmup 25 ms, rep 100 ms"}
+
+
+def test_csv_writer_round_trips(tmp_path):
+    rows = _synthetic_rows()
+    path = report.write_csv(str(tmp_path / "gem.csv"), rows)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        got = list(reader)
+        header = reader.fieldnames
+    assert len(got) == len(rows)
+    assert header[:5] == ["suite", "problem", "impl", "pass", "status"]
+    assert set(report.CSV_COLUMNS) <= set(header) | {"n_copies", "total_q", "total_k"}
+    first = got[0]
+    assert first["impl"] == "jfa-triton" and first["pass"] == "fwd"
+    assert float(first["tflops"]) == pytest.approx(300.0)
+    assert float(first["ratio_vs_torch_varlen"]) == pytest.approx(1.2)
+    assert float(first["peak_mem_mib"]) == 100.0
+    na = next(r for r in got if r["impl"] == "sdpa-njt")
+    assert na["status"] == "n/a" and na["tflops"] == "" and na["note"] == "causal: not covered"
+
+
+def test_markdown_report_has_ms_ratio_memory_and_fwd_bwd():
+    md = runner.markdown_report(_synthetic_rows())
+    assert "TFLOP/s, fwd / bwd / fwd+bwd:" in md
+    assert "ms, fwd / bwd / fwd+bwd:" in md
+    assert "ratio to torch-varlen, fwd / bwd / fwd+bwd:" in md
+    assert "peak extra GPU memory, MiB, fwd / fwd+bwd:" in md
+    assert "| uniform-B512-L1024-H4-D128 | 300 / 270 / 270 | 250 / 225 / 225 | n/a / n/a / n/a |" in md
+    assert "1.20 / 1.20 / 1.20" in md
+    assert "100 / 300" in md
+    assert "sdpa-njt on full-B8-L4096-H16-D128: n/a: causal: not covered" in md
+    table = runner.format_table(_synthetic_rows())
+    assert "peak MiB" in table and "fwd_bwd" in table
+
+
+def test_plots_are_pngs(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (the optional 'bench' extra)")
+    paths = report.write_plots(str(tmp_path), "gem", _synthetic_rows(), META)
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "gem-tflops-bwd.png", "gem-tflops-fwd.png", "gem-tflops-fwd_bwd.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+    sweep = report.write_plots(str(tmp_path), "sweep", _synthetic_rows("sweep", sweep=True), META)
+    names = sorted(os.path.basename(p) for p in sweep)
+    assert "sweep-sparsity-fwd.png" in names and "sweep-tflops-fwd_bwd.png" in names and len(names) == 6
+    with open(os.path.join(str(tmp_path), "sweep-sparsity-fwd.png"), "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+
+
+def test_plots_skipped_with_note_without_matplotlib(tmp_path, monkeypatch):
+    for mod in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, mod, None)  # makes "import matplotlib..." raise ImportError
+    notes = []
+    assert report.write_plots(str(tmp_path), "gem", _synthetic_rows(), META, log=notes.append) == []
+    assert len(notes) == 1 and "matplotlib" in notes[0] and "skipped" in notes[0]
+    paths = runner.write_reports("gem", _synthetic_rows(), META, out_dir=str(tmp_path / "o"), log=notes.append)
+    assert paths["png"] == [] and os.path.exists(paths["csv"]) and os.path.exists(paths["json"])
+
+
+def test_write_reports_and_benchmarks_md(tmp_path):
+    rows = _synthetic_rows()
+    bench_md = tmp_path / "docs" / "BENCHMARKS.md"
+    bench_md.parent.mkdir()
+    cmd = "python3 -m jfa.bench --suite gem --out out/bench --write-benchmarks docs/BENCHMARKS.md"
+    paths = runner.write_reports("gem", rows, META, out_dir=str(tmp_path / "out"),
+                                 benchmarks_path=str(bench_md), command=cmd, log=lambda s: None)
+    for key in ("json", "md", "csv"):
+        assert os.path.exists(paths[key])
+    with open(paths["json"]) as f:
+        assert json.load(f)["meta"]["device"] == "NVIDIA H200"
+    text = bench_md.read_text()
+    assert text.startswith("# Benchmarks")
+    for needle in ("2026-11-29 10:00 UTC", "NVIDIA H200 (sm_90)", "torch 2.11.0+cu130, Triton 3.8.0",
+                   "```\n" + cmd + "\n```", "## Suite gem", "TFLOP/s, fwd / bwd / fwd+bwd:",
+                   "| full-B8-L4096-H16-D128 |"):
+        assert needle in text, needle
+    if paths["png"]:  # matplotlib installed: relative links to each PNG
+        assert "![gem-tflops-fwd](../out/gem-tflops-fwd.png)" in text
+    else:
+        assert "## Plots" not in text
+
+
+def test_write_benchmarks_default_files_dir(tmp_path):
+    path = str(tmp_path / "B.md")
+    paths = runner.write_reports("gem", _synthetic_rows(), META, benchmarks_path=path, command="x",
+                                 plots=False, log=lambda s: None)
+    assert os.path.dirname(paths["csv"]) == str(tmp_path / "B-files")
+    assert os.path.exists(path)
+
+
+def test_command_line(monkeypatch):
+    assert runner.command_line(["--suite", "gem", "--out", "a b"]) == "jfa bench --suite gem --out 'a b'"
+    monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", "-m", "jfa.bench", "--suite", "sweep"])
+    monkeypatch.setattr(sys, "argv", ["/repo/jfa/bench/__main__.py", "--suite", "sweep"])
+    assert runner.command_line(None) == "python3 -m jfa.bench --suite sweep"
+    monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python3", "/venv/bin/jfa", "bench", "--suite", "gem"])
+    assert runner.command_line(["--suite", "gem"]) == "jfa bench --suite gem"
+
+
+def test_cli_passes_write_benchmarks(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_suite(suite, impls, passes, out, **kw):
+        seen.update(suite=suite, impls=impls, passes=passes, out=out, **kw)
+        return _synthetic_rows()
+
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "run_suite", fake_run_suite)
+    argv = ["--suite", "sweep", "--impls", "sdpa-padded,torch-varlen", "--write-benchmarks", str(tmp_path / "B.md")]
+    assert runner.main(argv) == 0
+    assert seen["suite"] == "sweep" and seen["impls"] == ["sdpa-padded", "torch-varlen"]
+    assert seen["passes"] == ["fwd", "bwd", "fwd_bwd"]
+    assert seen["benchmarks_path"] == str(tmp_path / "B.md")
+    assert seen["command"].startswith("jfa bench --suite sweep") and seen["plots"] is True
+
+
+def test_progress_lines_without_tqdm():
+    buf = io.StringIO()
+    p = runner.Progress(2, use_tqdm=False, file=buf)
+    p.log("# first")
+    line = p.finish("first", 1.25)
+    p.finish("second", 0.5)
+    p.close()
+    out = buf.getvalue()
+    assert "# first" in out and line in out
+    assert line.startswith("[1/2] first done in 1.2 s (elapsed") and "[2/2] second done in 0.5 s" in out
+    quiet = io.StringIO()
+    q = runner.Progress(1, enabled=False, file=quiet)
+    q.finish("x", 1.0)
+    assert quiet.getvalue() == ""
+
+
+def test_progress_uses_tqdm_when_installed(monkeypatch):
+    calls = []
+
+    class FakeBar:
+        def __init__(self, total, **kw):
+            calls.append(("init", total))
+
+        def write(self, msg, file=None):
+            calls.append(("write", msg))
+
+        def set_description(self, s):
+            calls.append(("desc", s))
+
+        def set_postfix_str(self, s):
+            calls.append(("postfix", s))
+
+        def update(self, n):
+            calls.append(("update", n))
+
+        def close(self):
+            calls.append(("close",))
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+    buf = io.StringIO()
+    p = runner.Progress(3, file=buf)
+    p.start("a")
+    p.log("row")
+    p.finish("a", 2.0)
+    p.close()
+    assert calls == [("init", 3), ("desc", "a"), ("write", "row"), ("postfix", "last 2.0 s"),
+                     ("update", 1), ("close",)]
+    assert buf.getvalue() == ""  # the bar replaces the per-problem lines
+
+
+def test_peak_memory_is_none_without_cuda():
+    if torch.cuda.is_available():
+        assert runner.peak_extra_mib(lambda: torch.empty(2**20, device="cuda")) >= 3.9
+    else:
+        assert runner.peak_extra_mib(lambda: torch.empty(4)) is None
+
+
+def test_dry_run_lists_new_impls_with_reasons(capsys):
+    assert runner.main(["--suite", "gem", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    for name in NEW_IMPLS:
+        assert name in lines, name
+    assert "n/a for bcastq-Lq256-B1152-L1000-H4-D128: broadcast-Q" in out  # sdpa-njt
+    if not torch.cuda.is_available():
+        for name in NEW_IMPLS:
+            assert "unavailable: needs a CUDA GPU" in lines[name], lines[name]
+        try:
+            import flash_attn.cute  # noqa: F401
+        except Exception:  # noqa: BLE001
+            assert "flash_attn.cute not importable" in lines["fa4-varlen"]
+    dense = io.StringIO()
+    runner.dry_run("dense", ["sdpa-njt"], file=dense)
+    assert "n/a for dense-B4-L8192-H16-D128-causal: causal" in dense.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# Padded and nested-tensor SDPA adapters on CPU, against the float64 oracle
+# ---------------------------------------------------------------------------------------
+
+H_T, D_T = 2, 8
+
+
+def _cu(lengths):
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return cu
+
+
+def _batch(lengths_k, lengths_q=None, causal=False, Lq=None, seed=0):
+    """A float32 CPU PackedBatch; broadcast-Q when Lq is given."""
+    g = torch.Generator().manual_seed(seed)
+    lk = torch.tensor(lengths_k, dtype=torch.long)
+    bcast = Lq is not None
+    if bcast:
+        lq, q, cu_q = torch.full_like(lk, Lq), torch.randn(Lq, H_T, D_T, generator=g), None
+    else:
+        lq = torch.tensor(lengths_q if lengths_q is not None else lengths_k, dtype=torch.long)
+        q, cu_q = torch.randn(int(lq.sum()), H_T, D_T, generator=g), _cu(lq.tolist())
+    k = torch.randn(int(lk.sum()), H_T, D_T, generator=g)
+    v = torch.randn(int(lk.sum()), H_T, D_T, generator=g)
+    return impls.PackedBatch(q=q, k=k, v=v, cu_q=cu_q, cu_k=_cu(lk.tolist()), max_q=int(lq.max()),
+                             max_k=int(lk.max()), lengths_q=lq, lengths_k=lk, causal=causal, broadcast_q=bcast)
+
+
+def _out_rows(b):
+    return b.B * b.Lq if b.broadcast_q else b.q.shape[0]
+
+
+def _oracle(b, dout=None):
+    args = [t.double().numpy() for t in (b.q, b.k, b.v)]
+    cu_q = None if b.broadcast_q else b.cu_q.numpy()
+    out, lse = attention_forward(*args, cu_q, b.cu_k.numpy(), causal=b.causal, broadcast_q=b.broadcast_q)
+    if dout is None:
+        return out
+    return out, attention_backward(*args, out, lse, dout.double().numpy(), cu_q, b.cu_k.numpy(),
+                                   causal=b.causal, broadcast_q=b.broadcast_q)
+
+
+PADDED_CASES = {
+    "self-empty": dict(lengths_k=[3, 0, 5, 2]),
+    "self-empty-causal": dict(lengths_k=[3, 0, 5, 2], causal=True),
+    "cross-causal-blind-rows": dict(lengths_k=[2, 5, 3, 0], lengths_q=[4, 2, 0, 3], causal=True),
+    "cross-blind-at-max-k": dict(lengths_k=[8, 1], lengths_q=[10, 0], causal=True),  # needs the extra column
+    "bcast-causal-empty-k": dict(lengths_k=[3, 0, 5], Lq=4, causal=True),
+    "bcast": dict(lengths_k=[3, 0, 5, 8], Lq=4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PADDED_CASES))
+def test_padded_sdpa_matches_oracle(case):
+    b = _batch(**PADDED_CASES[case])
+    impl = impls.get_impl("sdpa-padded")
+    assert impl.applies(b.causal, b.broadcast_q, b.lengths_q, b.lengths_k) == (True, "")
+    p = impl.prepare(b, torch.zeros(_out_rows(b), H_T, D_T))
+    with torch.no_grad():
+        out = p.packed(p.fwd())
+    assert out.shape == (_out_rows(b), H_T, D_T)
+    np.testing.assert_allclose(out.double().numpy(), _oracle(b), atol=2e-6, rtol=0)
+    assert p.fwd_bwd is not None and "pad/unpad not timed" in p.note
+
+
+def test_padded_sizes_align_and_leave_a_zero_key():
+    assert impls.padded_sizes(torch.tensor([3, 5]), torch.tensor([3, 5]), causal=False) == (5, 8)
+    assert impls.padded_sizes(torch.tensor([3, 5]), torch.tensor([3, 16]), causal=False) == (5, 16)
+    # causal Lq > Lk at the longest key sequence: one padding column is needed for the blind rows
+    assert impls.padded_sizes(torch.tensor([17]), torch.tensor([16]), causal=True) == (17, 24)
+    mask = impls.padded_attention_mask(torch.tensor([4]), torch.tensor([2]), True, 4, 8, torch.float32, "cpu")
+    assert mask.shape == (1, 1, 4, 8)
+    assert torch.isfinite(mask).any(dim=-1).all()  # no row is all -inf
+    assert torch.isfinite(mask[0, 0, 0]).tolist() == [False, False, True] + [False] * 5  # blind row -> zero key 2
+    assert torch.isfinite(mask[0, 0, 3]).tolist() == [True, True] + [False] * 6
+
+
+def test_padded_sdpa_gradients_match_oracle():
+    b = _batch([3, 0, 5, 2], causal=True, seed=3)
+    dout = torch.randn(_out_rows(b), H_T, D_T, generator=torch.Generator().manual_seed(4))
+    p = impls.get_impl("sdpa-padded").prepare(b, dout)
+    q, k, v = p.leaves
+    out = p.forward(q, k, v)  # padded [B, H, Lq_pad, D]
+    out.backward(_padded_grad(b, dout))
+    _, (dq, dk, dv) = _oracle(b, dout)
+    unpad_q = p.to_packed(q.grad.transpose(1, 2))
+    kb, kpos = impls._pad_index(b.lengths_k, "cpu")
+    np.testing.assert_allclose(unpad_q.double().numpy(), dq, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(k.grad[kb, kpos].double().numpy(), dk, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(v.grad[kb, kpos].double().numpy(), dv, atol=1e-5, rtol=0)
+
+
+def _padded_grad(b, dout):
+    """dout in the padded [B, H, Lq_pad, D] layout of the adapter's output."""
+    qb, qpos = impls._pad_index(b.lengths_q, "cpu")
+    lq_pad = impls.padded_sizes(b.lengths_q, b.lengths_k, b.causal)[0]
+    g = torch.zeros(b.B, lq_pad, H_T, D_T)
+    g[qb, qpos] = dout
+    return g.transpose(1, 2)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_sdpa_matches_oracle_with_empty_sequence():
+    b = _batch([3, 0, 5, 2], seed=1)
+    impl = impls.get_impl("sdpa-njt")
+    assert impl.applies(False, False, b.lengths_q, b.lengths_k) == (True, "")
+    dout = torch.randn(_out_rows(b), H_T, D_T, generator=torch.Generator().manual_seed(2))
+    p = impl.prepare(b, dout)
+    assert "1 empty sequences dropped" in p.note
+    with torch.no_grad():
+        out = p.packed(p.fwd())
+    ref, (dq, dk, dv) = _oracle(b, dout)
+    np.testing.assert_allclose(out.double().numpy(), ref, atol=2e-6, rtol=0)
+    q, k, v = p.leaves
+    p.forward(q, k, v).backward(dout)
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        np.testing.assert_allclose(got.double().numpy(), want, atol=1e-5, rtol=0)
+    p.fwd_bwd()  # the timed callable runs and drops its grads
+    assert all(t.grad is None for t in p.leaves)
+
+
+def test_nested_sdpa_not_applicable_with_reasons():
+    impl = impls.get_impl("sdpa-njt")
+    lk = torch.tensor([3, 4])
+    ok, why = impl.applies(True, False, lk, lk)
+    assert not ok and why.startswith("causal")
+    ok, why = impl.applies(False, True, torch.full_like(lk, 4), lk)
+    assert not ok and why.startswith("broadcast-Q")
+    ok, why = impl.applies(False, False, torch.tensor([0, 4]), lk)
+    assert not ok and "length 0" in why
+    with pytest.raises(impls.NotApplicable, match="causal"):
+        impl.prepare(_batch([3, 4], causal=True), torch.zeros(7, H_T, D_T))
+
+
+# ---------------------------------------------------------------------------------------
+# Broadcast-Q: peers' dq is the sum over the repeats
+# ---------------------------------------------------------------------------------------
+
+def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), **_):
+    """A CPU stand-in for torch's varlen_attn (CUDA only), through jfa's PyTorch reference."""
+    from jfa.reference import attention_reference
+    return attention_reference(q, k, v, cu_q, cu_k, causal=tuple(window_size) == (-1, 0))[0]
+
+
+def _fake_fa4(monkeypatch):
+    """Install a fake ``flash_attn.cute`` whose varlen function returns ``(out, lse)`` as FA4's does."""
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, seqused_q=None, seqused_k=None, causal=False, **_):
+        from jfa.reference import attention_reference
+        return attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal)
+
+    root, cute, iface = (types.ModuleType(n) for n in ("flash_attn", "flash_attn.cute", "flash_attn.cute.interface"))
+    iface.flash_attn_varlen_func = flash_attn_varlen_func
+    cute.interface = iface
+    root.cute = cute
+    for name, mod in (("flash_attn", root), ("flash_attn.cute", cute), ("flash_attn.cute.interface", iface)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("name", ["sdpa-padded", "torch-varlen", "fa4-varlen"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_broadcast_q_peer_dq_is_sum_over_repeats(name, causal, monkeypatch):
+    if name == "torch-varlen":
+        from torch.nn.attention import varlen as varlen_mod
+        monkeypatch.setattr(varlen_mod, "varlen_attn", _reference_varlen)
+    if name == "fa4-varlen":
+        _fake_fa4(monkeypatch)
+        assert impls.find_fa4_varlen()[1] == "flash_attn.cute.interface.flash_attn_varlen_func"
+    lengths_k, Lq = [3, 0, 5, 6], 4
+    b = _batch(lengths_k, Lq=Lq, causal=causal, seed=5)
+    B = b.B
+    dout = torch.randn(B * Lq, H_T, D_T, generator=torch.Generator().manual_seed(6))
+    impl = impls.get_impl(name)
+
+    # The peer's own graph: the leaf is the shared [Lq, H, D] Q, repeated inside the graph.
+    p = impl.prepare(b, dout)
+    q = p.leaves[0]
+    assert q.shape == (Lq, H_T, D_T)
+    out = p.forward(*p.leaves)
+    grad = _padded_grad_bcast(dout, B, Lq) if name == "sdpa-padded" else dout
+    out.backward(grad)
+    assert "dq summed" in p.note
+
+    # The same problem with Q repeated by hand (an independent leaf per copy): per-copy dq, summed.
+    flat = impls.PackedBatch(q=b.q.repeat(B, 1, 1), k=b.k, v=b.v, cu_q=_cu([Lq] * B), cu_k=b.cu_k,
+                             max_q=Lq, max_k=b.max_k, lengths_q=torch.full((B,), Lq),
+                             lengths_k=b.lengths_k, causal=causal, broadcast_q=False)
+    pf = impl.prepare(flat, dout)
+    pf.forward(*pf.leaves).backward(grad)
+    per_copy = pf.leaves[0].grad  # [B * Lq, H, D], or padded [B, Lq, H, D] (every sequence full)
+    summed = per_copy.reshape(B, Lq, H_T, D_T).sum(0)
+    torch.testing.assert_close(q.grad, summed, atol=1e-5, rtol=1e-5)
+    # ... and both equal the oracle's broadcast-Q dq (summed over all sequences).
+    _, (dq, _, _) = _oracle(b, dout)
+    np.testing.assert_allclose(q.grad.double().numpy(), dq, atol=1e-5, rtol=0)
+    # The forward-only callable gives the same output as the graph.
+    with torch.no_grad():
+        np.testing.assert_allclose(p.packed(p.fwd()).double().numpy(), _oracle(b), atol=2e-6, rtol=0)
+
+
+def _padded_grad_bcast(dout, B, Lq):
+    return dout.view(B, Lq, H_T, D_T).transpose(1, 2)
+
+
+def test_expand_broadcast_q_sums_gradients():
+    q = torch.randn(3, 2, 4, requires_grad=True)
+    rep = impls.expand_broadcast_q(q, 5)
+    assert rep.shape == (15, 2, 4) and torch.equal(rep.detach(), q.detach().repeat(5, 1, 1))
+    w = torch.randn(15, 2, 4)
+    (rep * w).sum().backward()
+    torch.testing.assert_close(q.grad, w.view(5, 3, 2, 4).sum(0))
+    x = torch.randn(1, 2, 3, 4)
+    assert impls.expand_broadcast_q(x, 2, dim=2).shape == (1, 2, 6, 4)
+
+
+def test_find_fa4_varlen_reports_missing_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    fn, why = impls.find_fa4_varlen()
+    assert fn is None and "flash_attn.cute not importable" in why
+    ok, why = impls.get_impl("fa4-varlen").available()
+    assert not ok and "flash_attn.cute not importable" in why
+
+
+# ---------------------------------------------------------------------------------------
+# The runner's per-implementation flow, on CPU with a stand-in timer
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cpu_runner(monkeypatch):
+    """_bench_impl on CPU: no-op synchronize, a timer that calls once and says 1 ms (fwd) / 3 ms."""
+    monkeypatch.setattr(runner.torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+
+    def fake_time_ms(fn, warmup, rep):
+        fn()
+        calls.append(fn)
+        return 1.0 if len(calls) == 1 else 3.0
+
+    monkeypatch.setattr(runner, "time_ms", fake_time_ms)
+    return calls
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("name", ["sdpa-padded", "sdpa-njt"])
+def test_bench_impl_flow_on_cpu(name, cpu_runner, monkeypatch):
+    impl = impls.get_impl(name)
+    monkeypatch.setattr(impl, "available", lambda: (True, ""))
+    b = _batch([3, 0, 5, 2], seed=7)
+    grad = torch.randn(_out_rows(b), H_T, D_T)
+    idx = runner.check_indices(b.lengths_q, b.lengths_k)
+    res = runner._bench_impl(impl, [b], grad, suites.PASSES, idx, 0, 0)
+    assert res["status"] == "ok", res
+    assert res["err"] < 1e-5 and res["fwd_ms"] == 1.0 and res["fwd_bwd_ms"] == 3.0 and res["bwd_ms"] == 2.0
+    assert res["fwd_mem"] is None  # no CUDA: not measured
+    # n/a, with the adapter's reason, before anything is prepared (NJT on a causal problem).
+    njt = impls.get_impl("sdpa-njt")
+    monkeypatch.setattr(njt, "available", lambda: (True, ""))
+    c = _batch([3, 4], causal=True)
+    res = runner._bench_impl(njt, [c], torch.zeros(7, H_T, D_T), suites.PASSES, None, 0, 0)
+    assert res["status"] == "n/a" and res["note"].startswith("causal")
+
+
+def test_bench_impl_reports_wrong_output(cpu_runner, monkeypatch):
+    impl = impls.get_impl("sdpa-padded")
+    monkeypatch.setattr(impl, "available", lambda: (True, ""))
+    real_prepare = impl.prepare
+
+    def broken_prepare(batch, grad):
+        p = real_prepare(batch, grad)
+        fwd = p.fwd
+        p.fwd = lambda: fwd() * 1.5
+        return p
+
+    monkeypatch.setattr(impl, "prepare", broken_prepare)
+    b = _batch([3, 5], seed=8)
+    res = runner._bench_impl(impl, [b], torch.zeros(8, H_T, D_T), suites.PASSES,
+                             runner.check_indices(b.lengths_q, b.lengths_k), 0, 0)
+    assert res["status"] == "wrong" and res["fwd_ms"] is None and not cpu_runner

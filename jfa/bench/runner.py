@@ -1,15 +1,19 @@
 """Run a benchmark suite: build inputs, check each implementation, time it, report.
 
-Usage (also the body of the future ``jfa bench`` command)::
+Usage (the body of ``jfa bench``)::
 
-    python -m jfa.bench --suite gem --impls jfa-triton,torch-varlen --pass fwd,bwd --out DIR
+    python -m jfa.bench --suite gem --impls jfa-triton,torch-varlen --pass fwd,bwd,fwd_bwd --out DIR
+    python -m jfa.bench --suite sweep --out DIR --write-benchmarks BENCHMARKS.md
     python -m jfa.bench --suite gem --dry-run        # list problems and impls, no GPU needed
 
 Per problem: bf16 packed Q/K/V with fresh normal data on the GPU, in as many copies as it
 takes to exceed 2x the L2 cache (memory permitting), rotated between calls; every
 implementation's forward output is compared with a float32 PyTorch reference on a subsample
 of sequences before it is timed (``wrong`` and not timed above 5e-2 absolute); times are
-``triton.testing.do_bench`` medians; backward = (forward + backward) - forward.
+``triton.testing.do_bench`` medians; backward = (forward + backward) - forward. After timing,
+one untimed call per pass measures the peak extra GPU memory. Progress: one line per finished
+problem (a tqdm bar when tqdm is installed). Reports (:mod:`jfa.bench.report`): terminal table,
+JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file.
 Nothing touches CUDA at import time.
 """
 
@@ -19,17 +23,20 @@ import argparse
 import contextlib
 import datetime
 import itertools
-import json
 import math
 import os
+import shlex
 import sys
+import time
 import zlib
 from typing import Callable, Iterable, Sequence
 
 import torch
 
-from .impls import BASELINE, IMPLS, Impl, PackedBatch, Prepared, get_impl
-from .suites import SUITES, Problem, flops, get_suite, make_lengths, q_lengths
+from .impls import BASELINE, IMPLS, Impl, NotApplicable, PackedBatch, Prepared, get_impl
+from .report import (_columns, add_ratios, format_table, markdown_report, write_benchmarks,
+                     write_outputs)
+from .suites import PASSES, SUITES, Problem, flops, get_suite, make_lengths, q_lengths
 
 __all__ = [
     "run_suite",
@@ -40,8 +47,13 @@ __all__ = [
     "markdown_report",
     "dry_run",
     "main",
+    "write_reports",
+    "peak_extra_mib",
+    "Progress",
+    "command_line",
     "L2_BYTES",
     "ATOL",
+    "PASSES",
 ]
 
 #: L2 cache size assumed when the device does not report a larger one (H200: 60 MB class).
@@ -54,8 +66,7 @@ COPY_MEMORY_FRACTION = 0.25
 #: Sequences per problem checked against the reference.
 CHECK_SEQUENCES = 6
 #: Implementations whose failures are reported as "skipped" rather than "error".
-OPTIONAL_IMPLS = ("jfa-tlx", "flex-docmask")
-PASSES = ("fwd", "bwd")
+OPTIONAL_IMPLS = ("jfa-tlx", "flex-docmask", "sdpa-padded", "sdpa-njt", "fa4-varlen")
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,7 +219,7 @@ def check_forward(out: torch.Tensor, batch: PackedBatch, indices: Iterable[int])
 
 
 # ---------------------------------------------------------------------------------------
-# Timing
+# Timing and memory
 # ---------------------------------------------------------------------------------------
 
 def _rotating(fns: Sequence[Callable]) -> Callable:
@@ -226,6 +237,25 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def peak_extra_mib(fn: Callable) -> float | None:
+    """Peak GPU memory that one call of ``fn`` allocates beyond what is already allocated, MiB.
+
+    ``torch.cuda.reset_peak_memory_stats`` and ``max_memory_allocated`` around one untimed call,
+    minus ``memory_allocated`` before it (the inputs, already there). Whatever ``fn`` returns is
+    alive at the peak and counts. None without CUDA.
+    """
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return max(peak - base, 0) / 2**20
+
+
 def _tflops(flop: float, ms: float | None) -> float | None:
     return None if ms is None or ms <= 0 else flop / (ms * 1e-3) / 1e12
 
@@ -236,6 +266,63 @@ def _short(e: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------------------
+
+class Progress:
+    """Progress of a suite: a tqdm bar when tqdm is installed, else one line per problem.
+
+    The line is ``[i/n] <problem> done in X s (elapsed Y s, about Z s left)``. ``log`` prints
+    a message without breaking the bar. tqdm is optional and never a dependency.
+    """
+
+    def __init__(self, total: int, enabled: bool = True, use_tqdm: bool | None = None, file=None):
+        self.total, self.enabled, self.done = total, enabled, 0
+        self.file = file
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if enabled and use_tqdm is not False:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, unit="problem", file=file or sys.stderr, dynamic_ncols=True)
+
+    def log(self, msg: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=self.file or sys.stdout)
+        else:
+            print(msg, file=self.file or sys.stdout, flush=True)
+
+    def start(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(name)
+
+    def finish(self, name: str, seconds: float) -> str:
+        """Count one finished problem; returns the progress line (printed without tqdm)."""
+        self.done += 1
+        elapsed = time.perf_counter() - self.t0
+        left = elapsed / self.done * (self.total - self.done)
+        line = (f"[{self.done}/{self.total}] {name} done in {seconds:.1f} s "
+                f"(elapsed {elapsed:.0f} s, about {left:.0f} s left)")
+        if not self.enabled:
+            return line
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"last {seconds:.1f} s")
+            self.bar.update(1)
+        else:
+            print(line, file=self.file or sys.stdout, flush=True)
+        return line
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------------------------
 # One problem
 # ---------------------------------------------------------------------------------------
 
@@ -243,9 +330,9 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
     row = {
         "suite": suite, "problem": problem.name, "impl": impl, "pass": pass_,
         "status": "ok", "ms": None, "tflops": None, "ratio_vs_torch_varlen": None,
-        "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None, "note": "",
-        "B": problem.B, "H": problem.H, "D": problem.D, "causal": problem.causal,
-        "broadcast_q": problem.broadcast_q,
+        "peak_mem_mib": None, "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None,
+        "note": "", "B": problem.B, "H": problem.H, "D": problem.D, "causal": problem.causal,
+        "broadcast_q": problem.broadcast_q, "max_len": problem.max_len, "sparsity": None,
     }
     row.update(extra)
     return row
@@ -253,16 +340,26 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
 
 def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, passes, check_idx,
                 warmup: int, rep: int) -> dict:
-    """Check then time one implementation. Returns {status, note, err, setup_ms, fwd_ms, bwd_ms}."""
+    """Check, time and measure one implementation.
+
+    Returns {status, note, err, setup_ms, fwd_ms, fwd_bwd_ms, bwd_ms, fwd_mem, fwd_bwd_mem,
+    bwd_status}; fwd+bwd is timed (and measured) when "bwd" or "fwd_bwd" is asked for.
+    """
     res = {"status": "ok", "note": "", "err": None, "setup_ms": None, "fwd_ms": None, "bwd_ms": None,
-           "bwd_status": None}
+           "fwd_bwd_ms": None, "fwd_mem": None, "fwd_bwd_mem": None, "bwd_status": None}
     ok, why = impl.available()
     if not ok:
         res.update(status="skipped", note=why)
         return res
+    b0 = batches[0]
+    ok, why = impl.applies(b0.causal, b0.broadcast_q, b0.lengths_q, b0.lengths_k)
+    if not ok:
+        res.update(status="n/a", note=why)
+        return res
     stage = "prepare"
+    prepared: list[Prepared] | None = None
     try:
-        prepared: list[Prepared] = [impl.prepare(b, grad) for b in batches]
+        prepared = [impl.prepare(b, grad) for b in batches]
         p0 = prepared[0]
         res["setup_ms"] = p0.setup_ms
         res["note"] = p0.note
@@ -271,7 +368,7 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
             return res
         stage = "check"
         with torch.no_grad():
-            out = p0.fwd()
+            out = p0.packed(p0.fwd())
             torch.cuda.synchronize()
             if check_idx is not None:
                 res["err"] = check_forward(out, batches[0], check_idx)
@@ -282,20 +379,28 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
         stage = "fwd timing"
         with torch.no_grad():
             res["fwd_ms"] = time_ms(_rotating([p.fwd for p in prepared]), warmup, rep)
-        if "bwd" in passes:
+            stage = "fwd memory"
+            res["fwd_mem"] = peak_extra_mib(p0.fwd)
+        if "bwd" in passes or "fwd_bwd" in passes:
             if p0.fwd_bwd is None:
                 res["bwd_status"] = "n/a"
             else:
                 stage = "fwd+bwd timing"
                 total = time_ms(_rotating([p.fwd_bwd for p in prepared]), warmup, rep)
+                res["fwd_bwd_ms"] = total
                 res["bwd_ms"] = max(total - res["fwd_ms"], 0.0)
+                stage = "fwd+bwd memory"
+                res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd)
+    except NotApplicable as e:
+        res.update(status="n/a", note=str(e))
     except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the suite
         status = "skipped" if impl.name in OPTIONAL_IMPLS else "error"
         res.update(status=status, note=f"{stage}: {_short(e)}")
     finally:
         prepared = None
         impl.clear_cache()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return res
 
 
@@ -306,6 +411,7 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
     lengths_k = make_lengths(problem)
     lengths_q = q_lengths(problem, lengths_k)
     flop = {p: flops(problem, lengths_q, lengths_k, p) for p in PASSES}
+    sparsity = 1 - float(lengths_k.float().mean()) / problem.max_len if problem.max_len else None
 
     l2 = max(L2_BYTES, getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
     free, _ = torch.cuda.mem_get_info(device)
@@ -320,14 +426,16 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
     for impl in impls:
         r = _bench_impl(impl, batches, grad, passes, check_idx, warmup, rep)
         for pass_ in passes:
-            ms = r["fwd_ms"] if pass_ == "fwd" else r["bwd_ms"]
+            ms = {"fwd": r["fwd_ms"], "bwd": r["bwd_ms"], "fwd_bwd": r["fwd_bwd_ms"]}[pass_]
+            mem = r["fwd_mem"] if pass_ == "fwd" else r["fwd_bwd_mem"]
             status = r["status"]
-            if pass_ == "bwd" and status == "ok" and r["bwd_status"]:
+            if pass_ != "fwd" and status == "ok" and r["bwd_status"]:
                 status = r["bwd_status"]
             row = _row(suite, problem, impl.name, pass_, flop[pass_], status=status, ms=ms,
                        tflops=_tflops(flop[pass_], ms) if status == "ok" else None,
+                       peak_mem_mib=mem if status == "ok" else None,
                        max_abs_err=r["err"], setup_ms=r["setup_ms"], note=r["note"], n_copies=n,
-                       total_q=out_rows, total_k=int(lengths_k.sum()))
+                       total_q=out_rows, total_k=int(lengths_k.sum()), sparsity=sparsity)
             rows.append(row)
             if log:
                 log(format_table([row], header=False))
@@ -337,82 +445,12 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
     return rows
 
 
-def _add_ratios(rows: list[dict]) -> None:
-    """Fill ``ratio_vs_torch_varlen`` (TFLOP/s over the baseline's, same problem and pass)."""
-    base = {(r["problem"], r["pass"]): r["tflops"] for r in rows
-            if r["impl"] == BASELINE and r["tflops"]}
-    for r in rows:
-        b = base.get((r["problem"], r["pass"]))
-        if b and r["tflops"]:
-            r["ratio_vs_torch_varlen"] = r["tflops"] / b
+_add_ratios = add_ratios
 
 
 # ---------------------------------------------------------------------------------------
-# Reports
+# Suite
 # ---------------------------------------------------------------------------------------
-
-def _fmt(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _columns(header: Sequence[str], rows: Sequence[Sequence[str]], show_header=True) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    lines = [line(header), line(["-" * w for w in widths])] if show_header else []
-    return "\n".join(lines + [line(r) for r in rows])
-
-
-def _clip(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def format_table(results: Sequence[dict], header: bool = True) -> str:
-    """Plain-text table of result rows, one line per (problem, impl, pass)."""
-    head = ["problem", "impl", "pass", "status", "ms", "TFLOP/s", "vs varlen", "err", "note"]
-    body = [[r["problem"], r["impl"], r["pass"], r["status"], _fmt(r["ms"], ".3f"),
-             _fmt(r["tflops"], ".1f"), _fmt(r["ratio_vs_torch_varlen"], ".2f") + ("x" if r["ratio_vs_torch_varlen"] else ""),
-             _fmt(r["max_abs_err"], ".1e"), _clip(r["note"], 90)] for r in results]
-    return _columns(head, body, show_header=header)
-
-
-def _cell(results: Sequence[dict], problem: str, impl: str, key: str, spec: str, passes) -> str:
-    parts = []
-    for pass_ in passes:
-        r = next((x for x in results if x["problem"] == problem and x["impl"] == impl and x["pass"] == pass_), None)
-        if r is None:
-            parts.append("")
-        elif r["status"] != "ok":
-            parts.append(r["status"])
-        else:
-            parts.append(_fmt(r[key], spec))
-    return " / ".join(parts)
-
-
-def markdown_report(results: Sequence[dict], meta: dict | None = None) -> str:
-    """Markdown: TFLOP/s and ratio-to-torch-varlen tables (cells ``fwd / bwd``), then notes."""
-    problems = list(dict.fromkeys(r["problem"] for r in results))
-    impls = list(dict.fromkeys(r["impl"] for r in results))
-    passes = [p for p in PASSES if any(r["pass"] == p for r in results)]
-    out = []
-    if meta:
-        out.append("Run: " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n")
-    for title, key, spec in (("TFLOP/s", "tflops", ".0f"), (f"ratio to {BASELINE}", "ratio_vs_torch_varlen", ".2f")):
-        out.append(f"{title}, {' / '.join(passes)}:\n")
-        out.append("| shape | " + " | ".join(impls) + " |")
-        out.append("|---" * (len(impls) + 1) + "|")
-        for p in problems:
-            out.append(f"| {p} | " + " | ".join(_cell(results, p, i, key, spec, passes) for i in impls) + " |")
-        out.append("")
-    notes = sorted({f"{r['impl']} on {r['problem']}: {r['status']}: {r['note']}"
-                    for r in results if r["status"] != "ok" and r["note"]})
-    setups = sorted({f"{r['impl']} on {r['problem']}: set-up {r['setup_ms']:.1f} ms (not timed)"
-                     for r in results if r["setup_ms"] is not None})
-    if notes or setups:
-        out.append("Notes:\n")
-        out.extend(f"- {n}" for n in notes + setups)
-        out.append("")
-    return "\n".join(out)
-
 
 def _meta(warmup: int, rep: int) -> dict:
     import triton
@@ -428,27 +466,43 @@ def _meta(warmup: int, rep: int) -> dict:
     }
 
 
-def write_outputs(out_dir: str, suite: str, results: list[dict], meta: dict) -> tuple[str, str]:
-    """``<out_dir>/<suite>.json`` and ``<out_dir>/<suite>.md``; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    json_path = os.path.join(out_dir, f"{suite}.json")
-    md_path = os.path.join(out_dir, f"{suite}.md")
-    with open(json_path, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    with open(md_path, "w") as f:
-        f.write(f"## Suite {suite}\n\n" + markdown_report(results, meta))
-    return json_path, md_path
+def benchmarks_files_dir(benchmarks_path: str) -> str:
+    """Where a run with ``--write-benchmarks PATH`` and no ``--out`` puts its files: PATH's stem + -files."""
+    stem = os.path.splitext(os.path.abspath(benchmarks_path))[0]
+    return stem + "-files"
+
+
+def write_reports(suite: str, results: list[dict], meta: dict, out_dir: str | None = None,
+                  benchmarks_path: str | None = None, command: str = "", plots: bool = True,
+                  log: Callable[[str], None] = print) -> dict:
+    """Write JSON/markdown/CSV/PNG to ``out_dir`` and, if asked, a BENCHMARKS.md-style file.
+
+    With ``benchmarks_path`` and no ``out_dir`` the files go to :func:`benchmarks_files_dir`.
+    Returns the paths written ({"json", "md", "csv", "png", "benchmarks"} as applicable).
+    """
+    if benchmarks_path and not out_dir:
+        out_dir = benchmarks_files_dir(benchmarks_path)
+    paths: dict = {}
+    if out_dir:
+        paths = write_outputs(out_dir, suite, results, meta, plots=plots, log=log)
+    if benchmarks_path:
+        paths["benchmarks"] = write_benchmarks(benchmarks_path, suite, results, meta, command,
+                                               paths.get("png", []))
+    return paths
 
 
 def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASELINE),
               passes: Sequence[str] = PASSES, out_dir: str | None = None, check: bool = True,
               warmup: int = 25, rep: int = 100, problems: Sequence[str] | None = None,
-              verbose: bool = True) -> list[dict]:
+              verbose: bool = True, benchmarks_path: str | None = None, command: str = "",
+              plots: bool = True) -> list[dict]:
     """Benchmark every problem of a suite with every implementation; needs a CUDA GPU.
 
     ``impls`` are names from ``IMPLS`` or adapter objects; ``problems`` optionally keeps
     only problems whose name contains one of the given substrings. Returns the result
-    rows; writes JSON and markdown to ``out_dir`` if given and prints a table.
+    rows; prints progress (one line per finished problem, or a tqdm bar) and a final table;
+    writes JSON, markdown, CSV and PNG plots to ``out_dir`` if given, and a BENCHMARKS.md-style
+    file to ``benchmarks_path`` if given (``command`` is the command line it quotes).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("jfa bench needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -457,19 +511,26 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
         raise ValueError(f"unknown pass {bad}; known: {PASSES}")
     adapters = [get_impl(i) if isinstance(i, str) else i for i in impls]
     selected = [p for p in get_suite(suite_name) if not problems or any(s in p.name for s in problems)]
-    log = (lambda s: print(s, flush=True)) if verbose else None
+    progress = Progress(len(selected), enabled=verbose)
     results = []
-    for problem in selected:
-        if log:
-            log(f"# {problem.name}")
-        results += bench_problem(suite_name, problem, adapters, passes, check, warmup, rep, log)
+    try:
+        for problem in selected:
+            progress.start(problem.name)
+            progress.log(f"# {problem.name}")
+            t0 = time.perf_counter()
+            results += bench_problem(suite_name, problem, adapters, passes, check, warmup, rep,
+                                     progress.log if verbose else None)
+            progress.finish(problem.name, time.perf_counter() - t0)
+    finally:
+        progress.close()
     meta = _meta(warmup, rep)
+    log = (lambda s: print(s, flush=True)) if verbose else (lambda s: None)
     if verbose:
         print("\n" + format_table(results), flush=True)
-    if out_dir:
-        paths = write_outputs(out_dir, suite_name, results, meta)
-        if verbose:
-            print("wrote " + ", ".join(paths), flush=True)
+    paths = write_reports(suite_name, results, meta, out_dir, benchmarks_path, command, plots, log)
+    if paths:
+        flat = [p for v in paths.values() for p in (v if isinstance(v, list) else [v])]
+        log("wrote " + ", ".join(flat))
     return results
 
 
@@ -479,12 +540,15 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
 
 def dry_run(suite_name: str, impl_names: Sequence[str], passes: Sequence[str] = PASSES,
             file=None) -> None:
-    """Print the problems (shape, tokens, TFLOP per pass) and the impls with their availability."""
+    """Print the problems (shape, tokens, TFLOP per pass) and the impls with their availability
+    and the problems they do not apply to."""
     file = file or sys.stdout
     rows = []
+    shapes = []
     for p in get_suite(suite_name):
         lk = make_lengths(p)
         lq = q_lengths(p, lk)
+        shapes.append((p, lq, lk))
         total_q = p.B * p.Lq if p.broadcast_q else int(lq.sum())
         sparsity = 1 - float(lk.float().mean()) / p.max_len
         rows.append([p.name, str(p.B), str(p.H), str(p.D), "y" if p.causal else "n",
@@ -496,8 +560,34 @@ def dry_run(suite_name: str, impl_names: Sequence[str], passes: Sequence[str] = 
     print(_columns(head, rows), file=file)
     print("\nimpls:", file=file)
     for name in impl_names:
-        ok, why = get_impl(name).available()
+        impl = get_impl(name)
+        ok, why = impl.available()
         print(f"  {name}: {'available' if ok else 'unavailable: ' + why}", file=file)
+        reasons: dict[str, list[str]] = {}
+        for p, lq, lk in shapes:
+            applies, reason = impl.applies(p.causal, p.broadcast_q, lq, lk)
+            if not applies:
+                reasons.setdefault(reason, []).append(p.name)
+        for reason, names in reasons.items():
+            print(f"    n/a for {', '.join(names)}: {reason}", file=file)
+
+
+def command_line(argv: Sequence[str] | None) -> str:
+    """The command line of this run, as typed where it can be recovered from ``sys.orig_argv``.
+
+    ``python -m jfa.bench ...`` and ``jfa bench ...`` come back as typed (interpreter and script
+    by basename); when ``argv`` was passed programmatically, ``jfa bench <argv>``.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    orig = list(getattr(sys, "orig_argv", None) or [])
+    if orig and (not args or orig[-len(args):] == args):
+        prefix = orig[: len(orig) - len(args)]
+        if len(prefix) >= 3 and prefix[1] == "-m":
+            head = [os.path.basename(prefix[0]), "-m", *prefix[2:]]
+            return shlex.join(head + args)
+        if len(prefix) >= 2 and os.path.basename(prefix[1]) == "jfa":
+            return shlex.join(["jfa", *prefix[2:]] + args)
+    return shlex.join(["jfa", "bench"] + args)
 
 
 def _csv(s: str) -> list[str]:
@@ -509,10 +599,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--suite", default="gem", choices=sorted(SUITES))
     ap.add_argument("--impls", default=",".join(IMPLS), type=_csv,
                     help=f"comma-separated, from: {', '.join(IMPLS)} (default: all)")
-    ap.add_argument("--pass", dest="passes", default="fwd,bwd", type=_csv, help="fwd,bwd")
+    ap.add_argument("--pass", dest="passes", default=",".join(PASSES), type=_csv,
+                    help=f"comma-separated, from: {', '.join(PASSES)} (default: all; bwd = fwd_bwd - fwd)")
     ap.add_argument("--problems", default=None, type=_csv,
                     help="keep only problems whose name contains one of these substrings")
-    ap.add_argument("--out", default=None, help="directory for <suite>.json and <suite>.md")
+    ap.add_argument("--out", default=None,
+                    help="directory for <suite>.json, .md, .csv and the PNG plots")
+    ap.add_argument("--write-benchmarks", dest="write_benchmarks", default=None, metavar="PATH",
+                    help="also write a BENCHMARKS.md-style file of this run to PATH (date, GPU, "
+                         "versions, command line, tables, links to the PNGs; files go to --out, "
+                         "default PATH's stem + '-files'; ignored with --dry-run)")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     ap.add_argument("--no-check", action="store_true", help="skip the reference check")
@@ -538,7 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "use --dry-run to list the problems without one", file=sys.stderr)
         return 2
     results = run_suite(args.suite, args.impls, args.passes, args.out, check=not args.no_check,
-                        warmup=args.warmup, rep=args.rep, problems=args.problems)
+                        warmup=args.warmup, rep=args.rep, problems=args.problems,
+                        benchmarks_path=args.write_benchmarks, command=command_line(argv),
+                        plots=not args.no_plots)
     return 1 if any(r["status"] in ("wrong", "error") for r in results) else 0
 
 

@@ -25,10 +25,16 @@ __all__ = [
     "visible_pairs",
     "flops",
     "sweep_lengths",
+    "PASSES",
+    "PASS_FACTORS",
 ]
 
 #: Seed of the fresh generator every problem draws its lengths from (DESIGN.md section 6).
 LENGTHS_SEED = 1
+#: The timed passes: forward, backward (= fwd_bwd - fwd) and forward+backward.
+PASSES = ("fwd", "bwd", "fwd_bwd")
+#: FLOPs of each pass in units of the forward FLOPs (DESIGN.md section 6: backward 2.5x).
+PASS_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
 LengthsFn = Callable[[torch.Generator], torch.Tensor]
 
@@ -214,7 +220,6 @@ def flops(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor, pa
     including peers that receive a repeated Q under broadcast-Q.
     """
     fwd = 4.0 * float(visible_pairs(lengths_q, lengths_k, problem.causal).sum()) * problem.H * problem.D
-    factor = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
-    if pass_ not in factor:
-        raise ValueError(f"pass_ must be one of {sorted(factor)}, got {pass_!r}")
-    return fwd * factor[pass_]
+    if pass_ not in PASS_FACTORS:
+        raise ValueError(f"pass_ must be one of {sorted(PASS_FACTORS)}, got {pass_!r}")
+    return fwd * PASS_FACTORS[pass_]

@@ -7,6 +7,14 @@ shipped) reads registers, stack and local memory off the cubin. Needs a process 
 NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.kernels.compile_check``.
 Each target is one kernel with one shipped config and one set of compile-time flags; the runtime
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
+
+Two target sets: the portable Triton kernels (``shipped_targets``) and the TLX Hopper forward
+(``tlx_targets``, names ``tlx-...``; select them alone with ``--only tlx``). TLX targets get further
+checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with setmaxnreg, TMA
+(cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named barriers, no spill and no wgmma
+serialisation warning from ptxas; and the arguments its launcher builds are bound to the kernel (on
+CPU tensors, stopping before the compile) to check that a real launch specialises to the very
+signature compiled here.
 """
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 SM90_SHARED_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 
@@ -33,6 +41,7 @@ class Target:
     causal: bool
     broadcast_q: bool
     arch: int = 90
+    backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
 
 
 @dataclass
@@ -46,6 +55,7 @@ class Result:
     shared_bytes: int = -1
     tensor_core_ops: int = 0
     seconds: float = 0.0
+    details: dict = field(default_factory=dict)  # TLX targets: the structure read off PTX/TTGIR/ptxas
 
 
 def shipped_targets() -> list:
@@ -58,6 +68,23 @@ def shipped_targets() -> list:
                                       head_dim, causal, False))
     targets += [Target(f"{k}-bf16-D128-bcastq", k, "bf16", 128, False, True) for k in ("forward", "dkdv", "dq")]
     return targets
+
+
+def tlx_targets() -> list:
+    """The TLX Hopper forward: every shipped config (bf16, fp16 x D 64, 128) x causal x broadcast-Q."""
+    targets = []
+    for dtype in ("bf16", "fp16"):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                for broadcast_q in (False, True):
+                    flags = ("-causal" if causal else "") + ("-bcastq" if broadcast_q else "")
+                    name = f"tlx-forward-{dtype}-D{head_dim}{flags}"
+                    targets.append(Target(name, "forward", dtype, head_dim, causal, broadcast_q, backend="tlx"))
+    return targets
+
+
+def all_targets() -> list:
+    return shipped_targets() + tlx_targets()
 
 
 def _signature(fn, dtype: str) -> tuple[dict, dict]:
@@ -98,11 +125,32 @@ def _resource_usage(cubin: bytes) -> dict:
     return usage
 
 
-def check(target: Target) -> Result:
-    import torch
+def _compile(target: Target, fn, signature: dict, constants: dict, attrs: dict, options: dict):
+    """Compile one target and apply the checks every kernel must pass; returns (compiled, result)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    start = time.time()
+    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", target.arch, 32),
+                              options=options)
+    usage = _resource_usage(compiled.asm["cubin"])
+    mma = compiled.asm["ptx"].count("wgmma.mma_async")
+    result = Result(target, True, [], usage["REG"], usage["STACK"], usage["LOCAL"], compiled.metadata.shared, mma,
+                    round(time.time() - start, 2))
+    if mma == 0:
+        result.problems.append("no wgmma in the PTX: the dots fell back to a slower path")
+    if usage["LOCAL"] != 0 or usage["STACK"] != 0:
+        result.problems.append(f"spills: {usage['LOCAL']} B local memory, {usage['STACK']} B stack")
+    if compiled.metadata.shared > SM90_SHARED_LIMIT:
+        result.problems.append(f"shared memory {compiled.metadata.shared} B > sm_90 limit {SM90_SHARED_LIMIT} B")
+    return compiled, result
+
+
+def check(target: Target) -> Result:
+    if target.backend == "tlx":
+        return _check_tlx(target)
+    import torch
 
     from jfa.kernels.triton import backward, forward
     from jfa.kernels.triton.configs import configs_for, padded_head_dim
@@ -115,19 +163,145 @@ def check(target: Target) -> Result:
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=padded_head_dim(target.head_dim),
                      HEAD_DIM=target.head_dim)
     sig, attrs = _signature(fn, target.dtype)
-    start = time.time()
-    compiled = triton.compile(ASTSource(fn, sig, constants, attrs), target=GPUTarget("cuda", target.arch, 32),
-                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    usage = _resource_usage(compiled.asm["cubin"])
-    mma = compiled.asm["ptx"].count("wgmma.mma_async")
-    result = Result(target, True, [], usage["REG"], usage["STACK"], usage["LOCAL"], compiled.metadata.shared, mma,
-                    round(time.time() - start, 2))
-    if mma == 0:
-        result.problems.append("no wgmma in the PTX: the dots fell back to a slower path")
-    if usage["LOCAL"] != 0 or usage["STACK"] != 0:
-        result.problems.append(f"spills: {usage['LOCAL']} B local memory, {usage['STACK']} B stack")
-    if compiled.metadata.shared > SM90_SHARED_LIMIT:
-        result.problems.append(f"shared memory {compiled.metadata.shared} B > sm_90 limit {SM90_SHARED_LIMIT} B")
+    _, result = _compile(target, fn, sig, constants, attrs,
+                         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    result.ok = not result.problems
+    return result
+
+
+def _ptxas_log(ptx: str, arch: int) -> str:
+    """ptxas's verbose log for ``ptx`` with the flags Triton uses (Triton discards it): spill counts and
+    performance warnings such as C7513 (wgmma serialised)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run([tool, "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name=sm_{arch}a", src,
+                               "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+    return proc.stdout + proc.stderr
+
+
+def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
+    """What the TLX kernel turned into, read off its PTX, TTGIR and ptxas log."""
+    requested = re.search(r"requestedRegisters = array<i32: ([0-9, ]+)>", ttgir)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", ptxas_log)]
+    setmaxnreg = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    return {
+        "warp_specialize": ttgir.count("ttg.warp_specialize("),
+        "partitions": len(re.findall(r"^\s*partition\d+\(", ttgir, re.M)),
+        "requested_registers": [int(x) for x in requested.group(1).split(",")] if requested else [],
+        "setmaxnreg": {kind: sorted({int(n) for k, n in setmaxnreg if k == kind}) for kind in ("dec", "inc")},
+        "tma_loads": ptx.count("cp.async.bulk.tensor"),
+        "expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
+        "mbarrier_waits": ptx.count("mbarrier.try_wait"),
+        "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive\.shared", ptx)),
+        "named_barriers": sorted({int(n) for n in re.findall(r"\bbar\.(?:sync|arrive)\s+(\d+),\s*256;", ptx)}),
+        "wgmma_waits": ptx.count("wgmma.wait_group"),
+        "ptxas_spill_bytes": sum(spills) if spills else -1,
+        "ptxas_warnings": sorted(set(re.findall(r"ptxas (?:warning|info)\s*: \((C\d+)\)[^\n]*", ptxas_log))),
+    }
+
+
+class _OfflineDriver:
+    """Stands in for the CUDA driver while a launch is bound (never run) on a machine with no GPU."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def tlx_launch_binding(target: Target) -> dict:
+    """Bind the arguments the TLX launcher builds (``kernel_arguments``: TMA descriptors over a fused
+    [T, 3, H, D] projection, or a dense broadcast Q) to the kernel on CPU tensors, stopping before the
+    compile, and return the specialisation a real launch would compile: signature, constants and the
+    non-empty attributes. The gate checks it equals what it compiled, so a launch on the GPU runs the
+    very binary measured here."""
+    import torch
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    from jfa.kernels.schedule import build_tile_list
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.kernels.triton.forward import virtual_cu_seqlens
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
+    heads, head_dim = 4, target.head_dim
+    lengths = [300, 0, 700]
+    fused = torch.zeros(sum(lengths), 3, heads, head_dim, dtype=dtype)
+    q, k, v = fused[:, 0], fused[:, 1], fused[:, 2]
+    cu_k = torch.tensor([0, 300, 300, 1000], dtype=torch.int32)
+    len_q = 0
+    out_cu = cu_k
+    if target.broadcast_q:
+        len_q = 256
+        q = torch.zeros(len_q, heads, head_dim, dtype=dtype)
+        out_cu = virtual_cu_seqlens(len(lengths), len_q, "cpu")
+    rows = len(lengths) * len_q if target.broadcast_q else q.shape[0]
+    out = torch.empty(rows, heads, head_dim, dtype=dtype)
+    lse = torch.empty(rows, heads)
+    cfg = tlx_forward.config_for(head_dim)
+    tiles = build_tile_list(out_cu, rows, tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
+    args, kwargs, _ = tlx_forward.kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=target.causal,
+                                                   softmax_scale=head_dim ** -0.5, broadcast_q=target.broadcast_q,
+                                                   num_seqs=len(lengths), len_q_bcast=len_q)
+    seen = {}
+
+    def hook(**kw):
+        seen.update(kw["compile"])
+        return True  # stop before compiling
+
+    saved_hook = knobs.runtime.jit_cache_hook
+    saved_driver = driver._active  # None until something asks for the (CUDA) driver; no public getter
+    driver.set_active(_OfflineDriver())
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
+    finally:
+        knobs.runtime.jit_cache_hook = saved_hook
+        driver.set_active(saved_driver)
+    names = tlx_forward.jagged_fwd_tlx_kernel.arg_names
+    return {"signature": seen["signature"],
+            "constants": {names[path[0]]: value for path, value in seen["constants"].items()},
+            "attrs": {path: attr for path, attr in seen["configs"][0].items() if attr}}
+
+
+def _check_tlx(target: Target) -> Result:
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    fn, sig, constants, attrs, options = tlx_forward.compile_spec(
+        target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q)
+    compiled, result = _compile(target, fn, sig, constants, attrs, options)
+    launch = tlx_launch_binding(target)
+    structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
+                              _ptxas_log(compiled.asm["ptx"], target.arch))
+    result.details = structure
+    consumer_regs = constants["CONSUMER_REGS"]
+    expected = {
+        "one warp_specialize region": structure["warp_specialize"] == 1,
+        f"{tlx_forward.NUM_CONSUMERS} consumer partitions": structure["partitions"] == tlx_forward.NUM_CONSUMERS,
+        f"setmaxnreg.inc {consumer_regs} (consumers)": consumer_regs in structure["setmaxnreg"]["inc"],
+        "setmaxnreg.dec (producer)": bool(structure["setmaxnreg"]["dec"]),
+        "TMA loads (cp.async.bulk.tensor)": structure["tma_loads"] > 0,
+        "mbarrier waits": structure["mbarrier_waits"] > 0,
+        "pingpong named barriers 9 and 10": structure["named_barriers"] == [9, 10],
+        "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
+        "no ptxas C7513 (wgmma serialised)": "C7513" not in structure["ptxas_warnings"],
+        "a launch binds to the compiled signature": launch["signature"] == sig,
+        "a launch binds to the compiled constants": launch["constants"] == constants,
+        "a launch binds to the compiled attributes": launch["attrs"] == attrs,
+    }
+    structure["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
+    result.problems += [f"missing: {what}" for what, ok in expected.items() if not ok]
     result.ok = not result.problems
     return result
 
@@ -136,19 +310,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
+    parser.add_argument("--backend", choices=("all", "triton", "tlx"), default="all",
+                        help="only the portable Triton targets, or only the TLX ones")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("jfa compile-check: unset TRITON_INTERPRET (the interpreter cannot compile kernels)", file=sys.stderr)
         return 2
     wanted = [s for s in args.only.split(",") if s]
-    results = [check(t) for t in shipped_targets() if not wanted or any(w in t.name for w in wanted)]
+    pool = {"all": all_targets(), "triton": shipped_targets(), "tlx": tlx_targets()}[args.backend]
+    results = [check(t) for t in pool if not wanted or any(w in t.name for w in wanted)]
     for r in results:
         if args.json:
             print(json.dumps({**asdict(r), "target": asdict(r.target)}))
         else:
             status = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
-            print(f"{r.target.name:28s} sm_{r.target.arch}a  regs {r.registers:3d}  local {r.local_bytes}  "
-                  f"smem {r.shared_bytes:6d}  wgmma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s  {status}")
+            extra = ""
+            if r.details:
+                d = r.details
+                regs = d["setmaxnreg"]
+                extra = (f"  setmaxnreg dec {','.join(map(str, regs['dec']))} inc {','.join(map(str, regs['inc']))}"
+                         f"  tma {d['tma_loads']}  mbar-waits {d['mbarrier_waits']}"
+                         f"  named-bars {','.join(map(str, d['named_barriers']))}")
+            print(f"{r.target.name:34s} sm_{r.target.arch}a  regs {r.registers:3d}  local {r.local_bytes}  "
+                  f"smem {r.shared_bytes:6d}  wgmma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s{extra}  {status}")
     return 0 if all(r.ok for r in results) else 1
 
 

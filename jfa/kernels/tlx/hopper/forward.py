@@ -1,0 +1,559 @@
+"""Jagged FlashAttention forward for Hopper (sm_90a) in TLX: persistent, warp-specialised, pingpong.
+
+STATUS: compile-verified offline only (``python -m jfa.kernels.compile_check --only tlx``); it has never
+run on a GPU. It is deliberately NOT wired into ``jfa.api``: nothing reaches it until a GPU run proves it
+against the oracle (``python -m jfa.kernels.tlx.hopper.gpu_check smoke|correctness|bench`` on a Hopper
+GPU calls ``jagged_forward_tlx`` directly). It computes what the portable
+``jfa.kernels.triton.forward.jagged_forward`` computes: same arguments, ``out [rows, H, D]`` in q's
+dtype, ``lse [rows, H]`` float32 (natural log), rows that see no key give ``out = 0`` and
+``lse = -inf``; causal masks are bottom-right aligned; broadcast-Q output rows are ``b * Lq + i``.
+
+Shape of the kernel (adapted from the TLX tutorial ``hopper_fa_ws_pipelined_pingpong_persistent``):
+
+* Persistent grid: one CTA per SM (SM count read from the device at launch, never at import) walks
+  work items ``pid, pid + grid, ...``. A work item is (tile-list slot, head); the tile list comes from
+  :func:`jfa.kernels.schedule.build_tile_list` with tiles of ``2 * BLOCK_M`` query rows, ordered by
+  decreasing key length (longest work first). Spare slots carry the sentinel sequence ``B`` and are
+  skipped (no loads, no MMAs, no stores).
+* Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues
+  TMA loads of Q, K and V into multi-buffered shared memory, signalling mbarriers. Two consumer
+  warpgroups (``replicate=2``, many registers via setmaxnreg) each own one ``BLOCK_M``-row half of
+  the work item's query tile and share every K/V buffer (an empty barrier needs both to arrive).
+* Pingpong: named barriers 9 and 10 order the consumers' QK^T wgmma issues (0, 1, 0, 1, ...), so one
+  warpgroup's softmax runs while the other's wgmma occupies the tensor cores. Both consumers walk the
+  same number of K/V blocks per item, so the handshake stays balanced across the persistent loop.
+* Inside a consumer, the tutorial's software pipeline: QK^T of block j is issued before PV of block
+  j - 1, softmax of block j overlaps that PV. Online softmax in base 2, fp32 accumulators.
+* Loop peeling: a branch-free bulk over K/V blocks every row of the consumer's half fully sees, then
+  a masked tail (the causal diagonal and the sequence's last partial block), one helper instantiated
+  twice through the ``MASKED`` constexpr.
+* Jagged tails without padding: the TMA descriptors cover the packed tensors as 2-D views
+  ``[T, (H - 1) * stride_h + D]`` (column offset ``head * stride_h``), so a tile may read rows of the
+  next sequence (or zeros past the tensor end). Those key rows are excluded by the tail mask before the
+  softmax; those query rows are computed but never stored. The epilogue stores with a row mask against
+  the tile's own sequence length (no TMA store: it would write rows of the next sequence).
+
+Known divergence from the portable kernel: a key block straddling a sequence end multiplies P = 0 by
+the V rows of the next sequence; a non-finite V value there (inf/NaN in another sequence's V) turns
+0 * inf into NaN in this sequence's output. The portable kernel loads zeros instead.
+
+Supported: bf16 and fp16, head dims 64 and 128, q/k/v with contiguous last dim, 16-byte aligned base
+and token stride (``supports`` says why not otherwise). fp32, other head dims and MXFP8 stay on the
+portable kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # the import itself touches no GPU (checked on a CPU-only machine); it fails on a Triton without uTLX
+    import triton.language.extra.tlx as tlx
+
+    _TLX_IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - depends on the installed Triton
+    tlx = None
+    _TLX_IMPORT_ERROR = exc
+
+from jfa.kernels import alloc
+from jfa.kernels.schedule import build_tile_list
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configs, as data. One row per head dim; the same row serves bf16 and fp16 (same bytes, same wgmma).
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HopperForwardConfig:
+    block_m: int  # query rows per consumer warpgroup; a work item is NUM_CONSUMERS * block_m rows
+    block_n: int  # key rows per K/V buffer (one QK^T and one PV wgmma chain per block)
+    num_buffers_q: int  # Q buffers per consumer: > 1 lets the producer prefetch the next item's Q
+    num_buffers_kv: int  # K and V stages shared by both consumers
+    consumer_regs: int  # setmaxnreg of each consumer warpgroup (the producer gets what is left)
+
+
+NUM_CONSUMERS = 2  # consumer warpgroups in pingpong; the pingpong handshake below assumes exactly two
+PRODUCER_WARPS = 4  # the default partition: one warpgroup (setmaxnreg works per warpgroup)
+CONSUMER_WARPS = 4  # one warpgroup per consumer: wgmma is issued per warpgroup (M = 64 per instruction)
+_CONSUMERS = tl.constexpr(NUM_CONSUMERS)  # the same numbers, as the kernel sees them
+_CONSUMER_WARPS = tl.constexpr(CONSUMER_WARPS)
+
+_CONFIGS: dict[int, HopperForwardConfig] = {
+    # D 64: 64 rows per consumer = one m64 wgmma per k-step; the fp32 S tile (64x128) is 64 regs/thread
+    # and O (64x64) 32, well under the budget (no spill even at 200 registers, measured offline). K/V
+    # stages are 16 KB each: 3 stages (96 KB) + 2x2 Q buffers (32 KB) + 2x8 KB epilogue scratch = 144 KB,
+    # the third stage giving the producer a block of slack on short sequences.
+    # block_n 128: one K/V block feeds two 64-row consumers, halving barrier traffic per FLOP vs 64.
+    # consumer_regs 232: the tutorial's split; the producer keeps 40 (128 * 40 + 256 * 232 <= 65536).
+    64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=232),
+    # D 128: the tutorial's tile (64 rows per consumer, 128-key blocks, which reached 594 TFLOP/s dense on
+    # the H200). S and O (64x128 fp32) take 64 regs/thread each and P (bf16) 32 more while PV runs: it
+    # fits 232 with no spill, but only just (at 216 ptxas spills 8 B, measured offline); 128 rows per
+    # consumer would double S and O and cannot fit. K/V stages are 32 KB each: 2 stages (128 KB) + 2x2 Q
+    # buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB of 227 KB; a third stage (+64 KB) cannot fit,
+    # even with single Q buffers.
+    128: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=2, consumer_regs=232),
+}
+
+SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+# Named barriers of the pingpong handshake: ids 0-8 are left to Triton (it uses a few for partition
+# dispatch and intra-warpgroup syncs), 9 and 10 are the ids the TLX tutorial uses. Both consumer
+# warpgroups (2 x 128 threads) take part in each.
+BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
+BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
+PINGPONG_THREADS = tl.constexpr(256)
+
+
+def config_for(head_dim: int) -> HopperForwardConfig:
+    return _CONFIGS[head_dim]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Device code
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _bufidx_phase(count, NUM_BUFFERS: tl.constexpr):
+    """Buffer index and mbarrier phase of the ``count``-th use of a ring of NUM_BUFFERS buffers."""
+    return count % NUM_BUFFERS, (count // NUM_BUFFERS) & 1
+
+
+@triton.jit
+def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Everything producer and consumers need about work item ``item``, computed identically by both
+    (they must agree on the number of K/V blocks, or the mbarrier phases and the pingpong drift).
+
+    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks). A spare
+    slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
+    slot = item // num_heads
+    head = item % num_heads
+    seq = tl.load(TILES + slot)
+    tile = tl.load(TILES + num_slots + slot)
+    valid = seq < num_seqs
+    s = tl.minimum(seq, num_seqs - 1)
+    k_row0 = tl.load(CU_K + s).to(tl.int32)
+    len_k = tl.load(CU_K + s + 1).to(tl.int32) - k_row0
+    if BROADCAST_Q:
+        q_row0 = tl.zeros((), dtype=tl.int32)
+        out_row0 = s.to(tl.int64) * len_q_bcast
+        len_q = len_q_bcast + tl.zeros((), dtype=tl.int32)
+    else:
+        q_row0 = tl.load(CU_Q + s).to(tl.int32)
+        out_row0 = q_row0.to(tl.int64)
+        len_q = tl.load(CU_Q + s + 1).to(tl.int32) - q_row0
+    len_q = tl.where(valid, len_q, 0)
+    len_k = tl.where(valid, len_k, 0)
+    m_start = tile * TILE_M
+    causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
+    if CAUSAL:
+        # keys up to the last real row of the tile (a tile's rows past Lq need none)
+        kv_end = tl.maximum(tl.minimum(m_start + TILE_M, len_q) + causal_shift, 0)
+    else:
+        kv_end = len_k
+    n_blocks = tl.cdiv(kv_end, BLOCK_N)
+    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks
+
+
+@triton.jit
+def _issue_qk(q_tile, k_tile, CID: tl.constexpr):
+    """Issue S = Q K^T on wgmma in pingpong order: consumer 0 issues, then consumer 1, then 0, ..."""
+    k_t = tlx.local_trans(k_tile)
+    if CID == 0:
+        tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
+    else:
+        tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
+    qk = tlx.async_dot(q_tile, k_t)
+    if CID == 0:
+        tlx.named_barrier_arrive(BAR_TO_C1, PINGPONG_THREADS)
+    else:
+        tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)
+    return qk
+
+
+@triton.jit
+def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """Online softmax of one K/V block in base 2. Returns (p, m_new, l_new, alpha).
+
+    The bulk instantiation (MASKED=False) has no mask at all and folds the scale into one FMA per
+    element (the row max of S * scale is max(S) * scale for a non-negative scale). The tail masks keys
+    past the sequence end (rows of the next sequence or TMA zero fill) and, if CAUSAL, past the
+    diagonal; a row that has seen no key yet keeps m = -inf and subtracts 0 so exp2 gives 0, not NaN."""
+    if MASKED:
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        visible = (offs_n < len_k)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
+        s = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        if SCALE_NONNEG:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, alpha
+
+
+@triton.jit
+def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
+             n_start, offs_m, len_k, causal_shift, qk_scale,
+             CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+             NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+    """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
+    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
+    k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[k_buf], k_phase)
+    qk = _issue_qk(q_tile, k_tiles[k_buf], CID)
+
+    v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+    tlx.barrier_wait(v_fulls[v_buf], v_phase)
+    acc = tlx.async_dot(p, v_tiles[v_buf], acc)
+
+    qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
+    tlx.barrier_arrive(k_empties[k_buf], 1)
+    p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale,
+                                         MASKED, CAUSAL, SCALE_NONNEG, BLOCK_N)
+    acc = tlx.async_dot_wait(0, acc)
+    tlx.barrier_arrive(v_empties[v_buf], 1)
+    # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
+    # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
+    p = p.to(DTYPE)
+    acc = acc * alpha[:, None]
+    return acc, p, m_i, l_i
+
+
+# per-batch values: no recompiles, and one specialisation per config (the one the offline gate compiles)
+@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+def jagged_fwd_tlx_kernel(
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES,
+    stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
+    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr,
+):
+    tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
+    TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
+    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
+    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
+
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+
+    # shared memory: Q per consumer (index cid * NUM_BUFFERS_Q + b), K and V rings shared by both
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, _CONSUMERS * NUM_BUFFERS_Q)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    q_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)  # one per consumer
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- producer: TMA loads
+        with tlx.async_task("default"):
+            q_cnt = 0
+            kv_cnt = 0
+            for item in range(pid, num_items, num_progs):
+                head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
+                    TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+                    CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+                if n_blocks > 0:
+                    q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+                    q_col = head * col_stride_q
+                    for c in tl.static_range(_CONSUMERS):
+                        tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+                        tlx.barrier_expect_bytes(q_fulls[c * NUM_BUFFERS_Q + q_buf], Q_BYTES)
+                        tlx.async_descriptor_load(desc_q, q_tiles[c * NUM_BUFFERS_Q + q_buf],
+                                                  [q_row0 + m_start + c * BLOCK_M, q_col],
+                                                  q_fulls[c * NUM_BUFFERS_Q + q_buf])
+                    k_col = head * col_stride_k
+                    v_col = head * col_stride_v
+                    for j in tl.range(0, n_blocks):
+                        kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+                        kv_row = k_row0 + j * BLOCK_N
+                        tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
+                        tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
+                        tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
+                        tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
+                        tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)
+                        tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [kv_row, v_col], v_fulls[kv_buf])
+                        kv_cnt += 1
+                    q_cnt += 1
+
+        # ---------------------------------------------------------------- consumers: wgmma + softmax
+        with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:
+                tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)  # lets consumer 0 issue the first QK^T
+            qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
+            q_cnt = 0
+            kv_cnt = 0
+            for item in range(pid, num_items, num_progs):
+                head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
+                    TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+                    CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+                offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
+                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+                if n_blocks > 0:
+                    # blocks every row of this half fully sees: below the diagonal and inside Lk
+                    if CAUSAL:
+                        bulk_end = tl.minimum(len_k, tl.maximum(m_start + cid * BLOCK_M + causal_shift + 1, 0))
+                    else:
+                        bulk_end = len_k
+                    n_bulk = bulk_end // BLOCK_N
+
+                    q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+                    q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
+                    tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)
+
+                    # block 0, peeled: QK^T and softmax only (its PV is issued by the next step)
+                    k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+                    tlx.barrier_wait(k_fulls[k_buf], k_phase)
+                    qk = _issue_qk(q_tile, k_tiles[k_buf], cid)
+                    qk = tlx.async_dot_wait(0, qk)
+                    tlx.barrier_arrive(k_empties[k_buf], 1)
+                    if n_bulk > 0:
+                        p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
+                                                              qk_scale, False, CAUSAL, SCALE_NONNEG, BLOCK_N)
+                    else:
+                        p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
+                                                              qk_scale, True, CAUSAL, SCALE_NONNEG, BLOCK_N)
+                    p = p.to(DTYPE)
+                    kv_cnt += 1
+                    # the accumulator is created only now, after the first softmax (register pressure: with
+                    # it created before, some D 128 variants spilled)
+                    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+                    # bulk: no mask anywhere
+                    for j in tl.range(1, n_bulk):
+                        acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
+                                                    k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
+                                                    len_k, causal_shift, qk_scale, cid, False, CAUSAL,
+                                                    SCALE_NONNEG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                        kv_cnt += 1
+                    # tail: causal diagonal and the sequence's last partial block
+                    for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
+                        acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
+                                                    k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
+                                                    len_k, causal_shift, qk_scale, cid, True, CAUSAL,
+                                                    SCALE_NONNEG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                        kv_cnt += 1
+                    # every QK^T of this item has completed: hand the Q buffer back
+                    tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
+
+                    # PV of the last block
+                    v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+                    tlx.barrier_wait(v_fulls[v_buf], v_phase)
+                    acc = tlx.async_dot(p, v_tiles[v_buf], acc)
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(v_empties[v_buf], 1)
+                    q_cnt += 1
+                else:
+                    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+                # epilogue: rows that saw no key have l == 0 exactly -> out 0, lse -inf (the contract).
+                # Masked pointer stores: a row past this sequence's Lq belongs to the next sequence.
+                seen = l_i > 0.0
+                l_safe = tl.where(seen, l_i, 1.0)
+                out = acc * (1.0 / l_safe)[:, None]
+                lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+                row_ok = offs_m < len_q
+                offs_d = tl.arange(0, HEAD_DIM)
+                out_rows = out_row0 + offs_m.to(tl.int64)
+                o_ptrs = OUT + out_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+                tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])
+                tl.store(LSE + out_rows * num_heads + head, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------
+_SM_COUNTS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """SMs of ``device``, read from the driver on first use (never at import: a CPU machine imports this)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+@dataclass(frozen=True)
+class _View2D:
+    """A packed ``[T, H, D]`` tensor seen by TMA as the 2-D array ``[T, width]`` with row stride
+    ``row_stride``; head h is the column block ``[h * col_stride, h * col_stride + D)``."""
+
+    rows: int
+    width: int
+    row_stride: int
+    col_stride: int
+
+
+def _view_2d(t: torch.Tensor) -> _View2D:
+    rows, heads, head_dim = t.shape
+    row_stride, col_stride = t.stride(0), t.stride(1)
+    if heads == 1:
+        col_stride = head_dim  # the stride of a size-1 dim is arbitrary; never used for head 0
+    width = (heads - 1) * col_stride + head_dim
+    if rows == 1:
+        per_16_bytes = 16 // t.element_size()
+        row_stride = -(-width // per_16_bytes) * per_16_bytes  # arbitrary too; rows past 0 are never read
+    return _View2D(rows, width, row_stride, col_stride)
+
+
+def _layout_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why TMA cannot read ``t`` through a 2-D view, or None. TMA needs a 16-byte aligned base and
+    16-byte multiple row strides; heads and rows must not overlap (a [T, 3, H, D] slice is fine)."""
+    if t.dim() != 3 or t.stride(-1) != 1:
+        return f"{name}: needs shape [T, H, D] with a contiguous last dim"
+    if t.shape[0] == 0:
+        return None  # never read (no descriptor is built over an empty tensor)
+    view = _view_2d(t)
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return f"{name}: TMA needs a 16-byte aligned base address"
+    if (view.row_stride * es) % 16 or (view.col_stride * es) % 16:
+        return f"{name}: TMA needs token and head strides that are multiples of 16 bytes, got {tuple(t.stride())}"
+    if view.col_stride < t.shape[2] or view.row_stride < view.width:
+        return f"{name}: heads or tokens overlap in memory (strides {tuple(t.stride())})"
+    if view.rows >= 2**31:
+        return f"{name}: more than 2**31 - 1 tokens (TMA coordinates are int32)"
+    return None
+
+
+def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: torch.Tensor | None = None,
+             v: torch.Tensor | None = None) -> tuple[bool, str]:
+    """Whether this kernel can run these inputs, and why not. Reads the device capability (at call
+    time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``."""
+    if tlx is None:
+        return False, f"triton.language.extra.tlx is not importable ({_TLX_IMPORT_ERROR}); needs triton-utlx"
+    if dtype not in SUPPORTED_DTYPES:
+        return False, f"dtype {dtype} not supported (bf16 and fp16 only; fp32 stays on the portable kernel)"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return False, f"head_dim {head_dim} not supported (only {SUPPORTED_HEAD_DIMS})"
+    if q.device.type != "cuda":
+        return False, f"needs a CUDA tensor, got device {q.device}"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability != (9, 0):
+        return False, f"needs an sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is not None:
+            problem = _layout_problem(name, t)
+            if problem:
+                return False, problem
+    return True, ""
+
+
+def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
+                scale_nonneg: bool) -> dict:
+    """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
+    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs)
+
+
+def _launch_options() -> dict:
+    # num_warps is the default (producer) partition; the consumers add 2 x 4 warps (12 in all).
+    # num_stages=1: the pipelining is explicit (mbarrier rings), Triton's own pipeliner stays off.
+    return dict(num_warps=PRODUCER_WARPS, num_stages=1)
+
+
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one shipped
+    config (used by jfa.kernels.compile_check). Descriptors are typed from the config's block shapes;
+    pointers and strides are declared 16-divisible, as Triton specialises them at launch."""
+    cfg = config_for(head_dim)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True)
+    blocks = {"desc_q": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
+    signature, attrs = {}, {}
+    for index, name in enumerate(jagged_fwd_tlx_kernel.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in blocks:
+            signature[name] = f"tensordesc<{dtype}[{blocks[name]}, {head_dim}]>"  # as the launcher's binder spells it
+        elif name == "OUT":
+            signature[name] = f"*{dtype}"
+        elif name == "LSE":
+            signature[name] = "*fp32"
+        elif name in ("CU_Q", "CU_K", "TILES"):
+            signature[name] = "*i32"
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+        if signature[name].startswith("*") or "stride" in name:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return jagged_fwd_tlx_kernel, signature, constants, attrs, _launch_options()
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = _view_2d(t)
+    desc = TensorDescriptor(t, shape=[view.rows, view.width], strides=[view.row_stride, 1],
+                            block_shape=[block_rows, t.shape[2]])
+    return desc, view.col_stride
+
+
+def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, softmax_scale: float,
+                     broadcast_q: bool, num_seqs: int, len_q_bcast: int) -> tuple[tuple, dict, int]:
+    """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
+    offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
+    very signature ``compile_spec`` compiles."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfg = config_for(head_dim)
+    desc_q, col_q = _descriptor(q, cfg.block_m)
+    desc_k, col_k = _descriptor(k, cfg.block_n)
+    desc_v, col_v = _descriptor(v, cfg.block_n)
+    num_items = tiles.num_slots * num_heads
+    cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, out.stride(0), out.stride(1),
+            col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
+    kwargs = {**_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0),
+              **_launch_options()}
+    return args, kwargs, num_items
+
+
+def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
+                       num_seqs: int, len_q_bcast: int = 0):
+    """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
+    (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
+    broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no."""
+    from jfa.kernels.triton.forward import virtual_cu_seqlens
+
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
+    if not ok:
+        raise ValueError(f"jagged_forward_tlx: {reason}")
+    cfg = config_for(head_dim)
+    out_cu = virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
+    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
+    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
+                                               softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    jagged_fwd_tlx_kernel[(min(_sm_count(q.device), num_items),)](*args, **kwargs)
+    return out, lse

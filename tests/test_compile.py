@@ -1,26 +1,18 @@
 """Offline compile gate (no GPU needed): every shipped portable kernel config builds for sm_90a with
-wgmma, no register spills and shared memory within the SM limit (TLX targets: test_tlx_compile.py). The compile runs in a child process because
-this test process has Triton's interpreter switched on."""
+wgmma, no register spills and shared memory within the SM limit (TLX targets: test_tlx_compile.py).
+The compile runs in a child process because this test process has Triton's interpreter switched on."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from jfa.kernels.compile_check import shipped_targets
+from jfa.kernels.compile_check import run_out_of_process, shipped_targets
 
 TARGETS = [t.name for t in shipped_targets()]
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", "triton"], env=env,
-                          capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert rows, f"compile_check produced nothing:\n{proc.stderr[-3000:]}"
-    return {row["target"]["name"]: row for row in rows}
+    return run_out_of_process("triton")
 
 
 @pytest.mark.parametrize("name", TARGETS)

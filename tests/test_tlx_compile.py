@@ -7,26 +7,18 @@ process because this test process has Triton's interpreter switched on.
 The kernel has never run on a GPU; these tests say it builds as designed, not that it is right
 (``python -m jfa.kernels.tlx.hopper.gpu_check`` on a Hopper GPU does that)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from jfa.kernels.compile_check import SM90_SHARED_LIMIT, tlx_targets
+from jfa.kernels.compile_check import SM90_SHARED_LIMIT, run_out_of_process, tlx_targets
 
 TARGETS = [t.name for t in tlx_targets()]
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--only", "tlx-"], env=env,
-                          capture_output=True, text=True, timeout=1200)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert rows, f"compile_check produced nothing:\n{proc.stderr[-3000:]}"
-    return {row["target"]["name"]: row for row in rows}
+    return run_out_of_process("tlx")
 
 
 def test_every_shipped_config_is_a_target():

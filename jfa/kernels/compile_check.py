@@ -306,6 +306,18 @@ def _check_tlx(target: Target) -> Result:
     return result
 
 
+def run_out_of_process(backend: str, timeout: float = 1200) -> dict:
+    """Run the gate for ``backend`` ("triton" | "tlx" | "all") in a child process without the
+    interpreter (callers such as the test suite have it switched on); results by target name."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", backend],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        raise RuntimeError(f"compile_check produced nothing:\n{proc.stderr[-3000:]}")
+    return {row["target"]["name"]: row for row in rows}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")

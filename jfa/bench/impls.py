@@ -197,6 +197,20 @@ def _cuda_available() -> tuple[bool, str]:
     return True, ""
 
 
+def _cuda_and_import(module: str, names: tuple, label: str) -> tuple[bool, str]:
+    """A CUDA GPU, and ``from module import names`` works; else why not (named after ``label``)."""
+    ok, why = _cuda_available()
+    if not ok:
+        return ok, why
+    try:
+        imported = __import__(module, fromlist=list(names))
+        for name in names:
+            getattr(imported, name)
+    except Exception as e:  # noqa: BLE001 - report whatever broke the import
+        return False, f"{label} unavailable: {type(e).__name__}: {e}"
+    return True, ""
+
+
 # ---------------------------------------------------------------------------------------
 # jfa
 # ---------------------------------------------------------------------------------------
@@ -269,14 +283,7 @@ class TorchVarlenImpl(Impl):
     name = "torch-varlen"
 
     def available(self) -> tuple[bool, str]:
-        ok, why = _cuda_available()
-        if not ok:
-            return ok, why
-        try:
-            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-        except Exception as e:  # noqa: BLE001
-            return False, f"torch.nn.attention.varlen unavailable: {type(e).__name__}: {e}"
-        return True, ""
+        return _cuda_and_import("torch.nn.attention.varlen", ("varlen_attn",), "torch.nn.attention.varlen")
 
     def prepare(self, batch: PackedBatch, grad: torch.Tensor) -> Prepared:
         from torch.nn.attention import varlen as _varlen
@@ -354,14 +361,8 @@ class FlexDocMaskImpl(Impl):
         self._masks: dict = {}
 
     def available(self) -> tuple[bool, str]:
-        ok, why = _cuda_available()
-        if not ok:
-            return ok, why
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
-        except Exception as e:  # noqa: BLE001
-            return False, f"FlexAttention unavailable: {type(e).__name__}: {e}"
-        return True, ""
+        return _cuda_and_import("torch.nn.attention.flex_attention", ("create_block_mask", "flex_attention"),
+                                "FlexAttention")
 
     def clear_cache(self) -> None:
         """Forget the block masks and compiled graphs of the last problem.

@@ -1,11 +1,9 @@
 """Offline compile gate for the TLX Hopper forward (no GPU needed): every shipped config (bf16/fp16 x
-D 64/128 x causal x broadcast-Q) builds for sm_90a with wgmma, no spills, shared memory within the SM,
-and the structure the design relies on (warp-specialised partitions with setmaxnreg, TMA loads,
-mbarrier waits, the pingpong named barriers, no wgmma serialisation). The compile runs in a child
-process because this test process has Triton's interpreter switched on.
-
-The kernel has never run on a GPU; these tests say it builds as designed, not that it is right
-(``python -m jfa.kernels.tlx.hopper.gpu_check`` on a Hopper GPU does that)."""
+D 64/128 x causal x broadcast-Q), the ablation variants and the timeline build compile for sm_90a with
+wgmma, no spills, shared memory within the SM, and the structure the design relies on (warp-specialised
+partitions with setmaxnreg, TMA loads, mbarrier waits, the pingpong named barriers, no wgmma
+serialisation). The compile runs in a child process because this test process has Triton's interpreter
+switched on. These tests say it builds as designed; that it is right is the GPU suite's job."""
 import json
 
 import pytest
@@ -45,7 +43,8 @@ def test_tlx_forward_compiles_for_sm90a_as_designed(name, results, record_proper
     assert details["setmaxnreg"]["dec"], "the producer never gives registers back"
     assert details["tma_loads"] > 0 and details["expect_tx"] > 0, "no TMA loads"
     assert details["mbarrier_waits"] > 0
-    assert details["named_barriers"] == [9, 10], "pingpong named barriers missing"
+    pingpong = "pingpong=0" not in row["target"]["variant"]
+    assert details["named_barriers"] == ([9, 10] if pingpong else []), "pingpong named barriers wrong"
     assert "C7513" not in details["ptxas_warnings"], "ptxas serialises the wgmma pipeline"
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
     assert row["ok"], "; ".join(row["problems"])
@@ -75,10 +74,7 @@ def test_layout_rules_for_tma():
     assert "overlap" in _layout_problem("q", torch.zeros(10, 64, dtype=torch.bfloat16)[:, None, :].expand(10, 2, 64))
 
 
-def test_not_reachable_from_the_api():
-    """Unproven kernels stay off the dispatch path until a GPU run proves them."""
-    import inspect
-
-    import jfa.api
-
-    assert "tlx.hopper" not in inspect.getsource(jfa.api)
+def test_variants_and_timeline_build_are_targets():
+    names = {t.name for t in tlx_targets()}
+    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "peel=0", "profile"):
+        assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant

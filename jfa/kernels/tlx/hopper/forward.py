@@ -1,20 +1,24 @@
 """Jagged FlashAttention forward for Hopper (sm_90a) in TLX: persistent, warp-specialised, pingpong.
 
-STATUS: compile-verified offline only (``python -m jfa.kernels.compile_check --only tlx``); it has never
-run on a GPU. It is deliberately NOT wired into ``jfa.api``: nothing reaches it until a GPU run proves it
-against the oracle (``python -m jfa.kernels.tlx.hopper.gpu_check smoke|correctness|bench`` on a Hopper
-GPU calls ``jagged_forward_tlx`` directly). It computes what the portable
-``jfa.kernels.triton.forward.jagged_forward`` computes: same arguments, ``out [rows, H, D]`` in q's
-dtype, ``lse [rows, H]`` float32 (natural log), rows that see no key give ``out = 0`` and
-``lse = -inf``; causal masks are bottom-right aligned; broadcast-Q output rows are ``b * Lq + i``.
+What ``backend="auto"`` runs on sm_90 for bf16/fp16 with head dim 64 or 128 (``supports`` says when
+it cannot; the API then runs the portable kernel and says why, see ``jfa.which_kernels``). It computes
+what the portable ``jfa.kernels.triton.forward.jagged_forward`` computes: same arguments,
+``out [rows, H, D]`` in q's dtype, ``lse [rows, H]`` float32 (natural log), rows that see no key give
+``out = 0`` and ``lse = -inf``; causal masks are bottom-right aligned; broadcast-Q output rows are
+``b * Lq + i``. Verified on the H200 by the whole suite (``--backend auto``), ``tests/test_tlx_gpu.py``,
+``jfa fuzz`` and compute-sanitizer (``gpu_check sanitize``); timings in BENCHMARKS.md.
 
 Shape of the kernel (adapted from the TLX tutorial ``hopper_fa_ws_pipelined_pingpong_persistent``):
 
 * Persistent grid: one CTA per SM (SM count read from the device at launch, never at import) walks
-  work items ``pid, pid + grid, ...``. A work item is (tile-list slot, head); the tile list comes from
+  work items. A work item is (tile-list slot, head); the tile list comes from
   :func:`jfa.kernels.schedule.build_tile_list` with tiles of ``2 * BLOCK_M`` query rows, ordered by
-  decreasing key length (longest work first). Spare slots carry the sentinel sequence ``B`` and are
-  skipped (no loads, no MMAs, no stores).
+  decreasing key length (longest work first). Items are dealt zig-zag (round r: left to right for even
+  r, right to left for odd r); ``Variant(schedule="dynamic")`` instead has the producer take the next
+  item from a global atomic counter (passed to the consumers through a shared-memory ring; the counter
+  resets itself at the end of each launch). Spare slots carry the sentinel sequence ``B`` and are
+  skipped (no loads, no MMAs, no stores). ``profile=True`` builds a variant that records SM, start and
+  end of every item (``jfa.bench.timeline`` draws them).
 * Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues
   TMA loads of Q, K and V into multi-buffered shared memory, signalling mbarriers. Two consumer
   warpgroups (``replicate=2``, many registers via setmaxnreg) each own one ``BLOCK_M``-row half of
@@ -43,6 +47,7 @@ portable kernel.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -92,8 +97,9 @@ _CONFIGS: dict[int, HopperForwardConfig] = {
     # fits 232 with no spill, but only just (at 216 ptxas spills 8 B, measured offline); 128 rows per
     # consumer would double S and O and cannot fit. K/V stages are 32 KB each: 2 stages (128 KB) + 2x2 Q
     # buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB of 227 KB; a third stage (+64 KB) cannot fit,
-    # even with single Q buffers.
-    128: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=2, consumer_regs=232),
+    # even with single Q buffers. consumer_regs 240 (producer 32: 256 * 240 + 128 * 32 = 65536): at 232 the
+    # causal broadcast-Q build spilled 8 B once the schedule loop carried a round counter.
+    128: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=2, consumer_regs=240),
 }
 
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
@@ -104,6 +110,12 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
+# Work-item schedules of the persistent grid (Variant.schedule); items are ordered longest first.
+SCHEDULES = ("zigzag", "round-robin", "dynamic")
+SCHEDULE_ZIGZAG = tl.constexpr(0)  # static: round r deals items left to right (r even) or right to left
+SCHEDULE_ROUND_ROBIN = tl.constexpr(1)  # static: CTA pid takes pid, pid + grid, pid + 2 grid, ...
+SCHEDULE_DYNAMIC = tl.constexpr(2)  # a global atomic counter: a CTA takes the next item when it is ready
+ITEM_BUFFERS = tl.constexpr(2)  # dynamic: items the producer may fetch ahead of the consumers
 
 
 def config_for(head_dim: int) -> HopperForwardConfig:
@@ -157,18 +169,21 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
-def _issue_qk(q_tile, k_tile, CID: tl.constexpr):
-    """Issue S = Q K^T on wgmma in pingpong order: consumer 0 issues, then consumer 1, then 0, ..."""
+def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
+    """Issue S = Q K^T on wgmma in pingpong order: consumer 0 issues, then consumer 1, then 0, ...
+    (PINGPONG=False, an ablation: both issue whenever their operands are ready)."""
     k_t = tlx.local_trans(k_tile)
-    if CID == 0:
-        tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
-    else:
-        tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
+    if PINGPONG:
+        if CID == 0:
+            tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
+        else:
+            tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
     qk = tlx.async_dot(q_tile, k_t)
-    if CID == 0:
-        tlx.named_barrier_arrive(BAR_TO_C1, PINGPONG_THREADS)
-    else:
-        tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)
+    if PINGPONG:
+        if CID == 0:
+            tlx.named_barrier_arrive(BAR_TO_C1, PINGPONG_THREADS)
+        else:
+            tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)
     return qk
 
 
@@ -207,12 +222,12 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
 def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              n_start, offs_m, len_k, causal_shift, qk_scale,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-             NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+             PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
     k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[k_buf], k_phase)
-    qk = _issue_qk(q_tile, k_tiles[k_buf], CID)
+    qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG)
 
     v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
@@ -231,21 +246,206 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     return acc, p, m_i, l_i
 
 
+@triton.jit
+def _static_item(round, pid, num_progs, SCHEDULE: tl.constexpr):
+    """Work item of CTA ``pid`` in round ``round`` of a static schedule (>= num_items: no more work).
+
+    The items are ordered longest first, so a round deals items of similar length. Zig-zag deals even
+    rounds left to right and odd rounds right to left: the CTA that got the longest item of one round
+    gets the shortest of the next, which evens out the per-CTA totals (LPT by hand, no sync)."""
+    if SCHEDULE == SCHEDULE_ZIGZAG:
+        lane = tl.where(round % 2 == 0, pid, num_progs - 1 - pid)
+    else:
+        lane = pid
+    return round * num_progs + lane
+
+
+@triton.jit
+def _publish_item(item, item_bufs, item_fulls, item_empties, count):
+    """Producer side of the dynamic schedule: hand the fetched item to both consumers through shared
+    memory. barrier_arrive syncs the producer's warps before thread 0 arrives, so the store is visible
+    to whoever passes the full barrier."""
+    buf, phase = _bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(item_empties[buf], phase ^ 1)
+    tlx.local_store(item_bufs[buf], item + tl.zeros([1], dtype=tl.int32))
+    tlx.barrier_arrive(item_fulls[buf], 1)
+
+
+@triton.jit
+def _receive_item(item_bufs, item_fulls, item_empties, count):
+    """Consumer side of the dynamic schedule: the ``count``-th item the producer fetched."""
+    buf, phase = _bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(item_fulls[buf], phase)
+    item = tl.max(tlx.local_load(item_bufs[buf]), 0)
+    tlx.barrier_arrive(item_empties[buf], 1)
+    return item
+
+
+@triton.jit
+def _globaltimer():
+    """Nanoseconds of the GPU's global timer (one clock for every SM, unlike clock64)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
+                  k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
+                  len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL: tl.constexpr,
+                  BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
+                  KV_BYTES: tl.constexpr):
+    """Producer, one work item: TMA loads of both consumers' Q halves, then every K/V block the item
+    needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
+    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+        CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if n_blocks > 0:
+        q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        q_col = head * col_stride_q
+        for c in tl.static_range(_CONSUMERS):
+            tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+            tlx.barrier_expect_bytes(q_fulls[c * NUM_BUFFERS_Q + q_buf], Q_BYTES)
+            tlx.async_descriptor_load(desc_q, q_tiles[c * NUM_BUFFERS_Q + q_buf],
+                                      [q_row0 + m_start + c * BLOCK_M, q_col],
+                                      q_fulls[c * NUM_BUFFERS_Q + q_buf])
+        k_col = head * col_stride_k
+        v_col = head * col_stride_v
+        for j in tl.range(0, n_blocks):
+            kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+            kv_row = k_row0 + j * BLOCK_N
+            tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
+            tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
+            tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
+            tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
+            tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)
+            tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [kv_row, v_col], v_fulls[kv_buf])
+            kv_cnt += 1
+        q_cnt += 1
+    return q_cnt, kv_cnt
+
+
+@triton.jit
+def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
+                  v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
+                  num_heads, num_seqs, len_q_bcast, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr, PROFILE: tl.constexpr,
+                  DTYPE: tl.constexpr):
+    """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
+    (peeled first block, branch-free bulk, masked tail), then the epilogue stores. Returns the advanced
+    (q_cnt, kv_cnt)."""
+    if PROFILE:
+        started = _globaltimer()
+    head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+        CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if n_blocks > 0:
+        # blocks every row of this half fully sees: below the diagonal and inside Lk
+        if CAUSAL:
+            bulk_end = tl.minimum(len_k, tl.maximum(m_start + cid * BLOCK_M + causal_shift + 1, 0))
+        else:
+            bulk_end = len_k
+        n_bulk = bulk_end // BLOCK_N
+        if not PEEL:  # ablation: every block through the masked path
+            n_bulk = 0
+
+        q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
+        tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)
+
+        # block 0, peeled: QK^T and softmax only (its PV is issued by the next step)
+        k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        tlx.barrier_wait(k_fulls[k_buf], k_phase)
+        qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG)
+        qk = tlx.async_dot_wait(0, qk)
+        tlx.barrier_arrive(k_empties[k_buf], 1)
+        if n_bulk > 0:
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
+                                                  qk_scale, False, CAUSAL, SCALE_NONNEG, BLOCK_N)
+        else:
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
+                                                  qk_scale, True, CAUSAL, SCALE_NONNEG, BLOCK_N)
+        p = p.to(DTYPE)
+        kv_cnt += 1
+        # the accumulator is created only now, after the first softmax (register pressure: with
+        # it created before, some D 128 variants spilled)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+        # bulk: no mask anywhere
+        for j in tl.range(1, n_bulk):
+            acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
+                                        k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
+                                        len_k, causal_shift, qk_scale, cid, False, CAUSAL,
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+            kv_cnt += 1
+        # tail: causal diagonal and the sequence's last partial block
+        for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
+            acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
+                                        k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
+                                        len_k, causal_shift, qk_scale, cid, True, CAUSAL,
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+            kv_cnt += 1
+        # every QK^T of this item has completed: hand the Q buffer back
+        tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
+
+        # PV of the last block
+        v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+        tlx.barrier_wait(v_fulls[v_buf], v_phase)
+        acc = tlx.async_dot(p, v_tiles[v_buf], acc)
+        acc = tlx.async_dot_wait(0, acc)
+        tlx.barrier_arrive(v_empties[v_buf], 1)
+        q_cnt += 1
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # epilogue: rows that saw no key have l == 0 exactly -> out 0, lse -inf (the contract).
+    # Masked pointer stores: a row past this sequence's Lq belongs to the next sequence.
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc * (1.0 / l_safe)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    row_ok = offs_m < len_q
+    offs_d = tl.arange(0, HEAD_DIM)
+    out_rows = out_row0 + offs_m.to(tl.int64)
+    o_ptrs = OUT + out_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])
+    tl.store(LSE + out_rows * num_heads + head, lse, mask=row_ok)
+    if PROFILE:
+        if cid == 0:  # one record per item: SM, start and end (ns), CTA
+            record = TIMELINE + item.to(tl.int64) * 4
+            tl.store(record, _smid().to(tl.int64))
+            tl.store(record + 1, started)
+            tl.store(record + 2, _globaltimer())
+            tl.store(record + 3, pid.to(tl.int64))
+    return q_cnt, kv_cnt
+
+
 # per-batch values: no recompiles, and one specialisation per config (the one the offline gate compiles)
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_fwd_tlx_kernel(
-    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES,
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, COUNTER, TIMELINE,
     stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-    CONSUMER_REGS: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr, SCHEDULE: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
+    PROFILE: tl.constexpr,
 ):
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
+    DYNAMIC: tl.constexpr = SCHEDULE == SCHEDULE_DYNAMIC
 
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
@@ -260,123 +460,76 @@ def jagged_fwd_tlx_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)  # one per consumer
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)
+    if DYNAMIC:  # the producer fetches items from the global counter and passes them on through a ring
+        item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
+        item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
+        item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
         with tlx.async_task("default"):
             q_cnt = 0
             kv_cnt = 0
-            for item in range(pid, num_items, num_progs):
-                head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
-                    TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-                    CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
-                if n_blocks > 0:
-                    q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
-                    q_col = head * col_stride_q
-                    for c in tl.static_range(_CONSUMERS):
-                        tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
-                        tlx.barrier_expect_bytes(q_fulls[c * NUM_BUFFERS_Q + q_buf], Q_BYTES)
-                        tlx.async_descriptor_load(desc_q, q_tiles[c * NUM_BUFFERS_Q + q_buf],
-                                                  [q_row0 + m_start + c * BLOCK_M, q_col],
-                                                  q_fulls[c * NUM_BUFFERS_Q + q_buf])
-                    k_col = head * col_stride_k
-                    v_col = head * col_stride_v
-                    for j in tl.range(0, n_blocks):
-                        kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-                        kv_row = k_row0 + j * BLOCK_N
-                        tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
-                        tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
-                        tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
-                        tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
-                        tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)
-                        tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [kv_row, v_col], v_fulls[kv_buf])
-                        kv_cnt += 1
-                    q_cnt += 1
+            if DYNAMIC:
+                rounds = 0
+                item = tl.atomic_add(COUNTER, 1)
+                _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
+                while item < num_items:
+                    q_cnt, kv_cnt = _produce_item(
+                        item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
+                        k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
+                        len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_M,
+                        BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                    rounds += 1
+                    item = tl.atomic_add(COUNTER, 1)
+                    _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
+                # Self-resetting counter: every CTA has made its last fetch (the one past num_items) before
+                # it counts itself done, so the last CTA done may zero both words for the next launch.
+                done = tl.atomic_add(COUNTER + 1, 1)
+                if done == num_progs - 1:
+                    tl.store(COUNTER, 0)
+                    tl.store(COUNTER + 1, 0)
+            else:
+                for rounds in range(0, tl.cdiv(num_items, num_progs)):
+                    item = _static_item(rounds, pid, num_progs, SCHEDULE)
+                    if item < num_items:
+                        q_cnt, kv_cnt = _produce_item(
+                            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
+                            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
+                            num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL,
+                            BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if cid == 1:
-                tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)  # lets consumer 0 issue the first QK^T
+            if PINGPONG:
+                if cid == 1:
+                    tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)  # lets consumer 0 issue the first QK^T
             qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
             q_cnt = 0
             kv_cnt = 0
-            for item in range(pid, num_items, num_progs):
-                head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
-                    TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-                    CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
-                offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
-                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                if n_blocks > 0:
-                    # blocks every row of this half fully sees: below the diagonal and inside Lk
-                    if CAUSAL:
-                        bulk_end = tl.minimum(len_k, tl.maximum(m_start + cid * BLOCK_M + causal_shift + 1, 0))
-                    else:
-                        bulk_end = len_k
-                    n_bulk = bulk_end // BLOCK_N
-
-                    q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
-                    q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
-                    tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)
-
-                    # block 0, peeled: QK^T and softmax only (its PV is issued by the next step)
-                    k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-                    tlx.barrier_wait(k_fulls[k_buf], k_phase)
-                    qk = _issue_qk(q_tile, k_tiles[k_buf], cid)
-                    qk = tlx.async_dot_wait(0, qk)
-                    tlx.barrier_arrive(k_empties[k_buf], 1)
-                    if n_bulk > 0:
-                        p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
-                                                              qk_scale, False, CAUSAL, SCALE_NONNEG, BLOCK_N)
-                    else:
-                        p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
-                                                              qk_scale, True, CAUSAL, SCALE_NONNEG, BLOCK_N)
-                    p = p.to(DTYPE)
-                    kv_cnt += 1
-                    # the accumulator is created only now, after the first softmax (register pressure: with
-                    # it created before, some D 128 variants spilled)
-                    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-
-                    # bulk: no mask anywhere
-                    for j in tl.range(1, n_bulk):
-                        acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                                    k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
-                                                    len_k, causal_shift, qk_scale, cid, False, CAUSAL,
-                                                    SCALE_NONNEG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
-                        kv_cnt += 1
-                    # tail: causal diagonal and the sequence's last partial block
-                    for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
-                        acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                                    k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
-                                                    len_k, causal_shift, qk_scale, cid, True, CAUSAL,
-                                                    SCALE_NONNEG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
-                        kv_cnt += 1
-                    # every QK^T of this item has completed: hand the Q buffer back
-                    tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
-
-                    # PV of the last block
-                    v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-                    tlx.barrier_wait(v_fulls[v_buf], v_phase)
-                    acc = tlx.async_dot(p, v_tiles[v_buf], acc)
-                    acc = tlx.async_dot_wait(0, acc)
-                    tlx.barrier_arrive(v_empties[v_buf], 1)
-                    q_cnt += 1
-                else:
-                    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-
-                # epilogue: rows that saw no key have l == 0 exactly -> out 0, lse -inf (the contract).
-                # Masked pointer stores: a row past this sequence's Lq belongs to the next sequence.
-                seen = l_i > 0.0
-                l_safe = tl.where(seen, l_i, 1.0)
-                out = acc * (1.0 / l_safe)[:, None]
-                lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-                row_ok = offs_m < len_q
-                offs_d = tl.arange(0, HEAD_DIM)
-                out_rows = out_row0 + offs_m.to(tl.int64)
-                o_ptrs = OUT + out_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-                tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])
-                tl.store(LSE + out_rows * num_heads + head, lse, mask=row_ok)
+            if DYNAMIC:
+                rounds = 0
+                item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
+                while item < num_items:
+                    q_cnt, kv_cnt = _consume_item(
+                        item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
+                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
+                        num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
+                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL,
+                        PROFILE, DTYPE)
+                    rounds += 1
+                    item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
+            else:
+                for rounds in range(0, tl.cdiv(num_items, num_progs)):
+                    item = _static_item(rounds, pid, num_progs, SCHEDULE)
+                    if item < num_items:
+                        q_cnt, kv_cnt = _consume_item(
+                            item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
+                            k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot,
+                            stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL,
+                            BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
+                            PINGPONG, PEEL, PROFILE, DTYPE)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -459,12 +612,60 @@ def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: torch.Ten
     return True, ""
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Switches of the ablation study (``python -m jfa.kernels.tlx.hopper.gpu_check ablation``). The
+    defaults are what ships; ``JFA_TLX_VARIANT="schedule=dynamic,pingpong=0"`` overrides them for a
+    process (benchmarks of a variant through the public API)."""
+
+    schedule: str = "zigzag"  # one of SCHEDULES
+    persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
+    longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
+    pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
+    peel: bool = True  # False: every key block goes through the masked softmax
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Variant.schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        """``"schedule=dynamic,pingpong=0"`` -> Variant; unknown keys and bad values raise ValueError."""
+        fields = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            key = key.strip().replace("-", "_")
+            if key not in cls.__dataclass_fields__:
+                raise ValueError(f"JFA_TLX_VARIANT: unknown switch {key!r} (known: {list(cls.__dataclass_fields__)})")
+            if key == "schedule":
+                fields[key] = value.strip()
+            elif value.strip() in ("0", "1", "true", "false"):
+                fields[key] = value.strip() in ("1", "true")
+            else:
+                raise ValueError(f"JFA_TLX_VARIANT: {key} must be 0 or 1, got {value!r}")
+        return cls(**fields)
+
+    def name(self) -> str:
+        off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
+        return self.schedule + "".join(f" -{f}" for f in off)
+
+
+SHIPPED = Variant()
+
+
+def variant_from_env() -> Variant:
+    text = os.environ.get("JFA_TLX_VARIANT", "")
+    return Variant.parse(text) if text else SHIPPED
+
+
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
-                scale_nonneg: bool) -> dict:
+                scale_nonneg: bool, variant: Variant = SHIPPED, profile: bool = False) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
-                NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs)
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs,
+                SCHEDULE=SCHEDULES.index(variant.schedule), PINGPONG=variant.pingpong, PEEL=variant.peel,
+                PROFILE=profile)
 
 
 def _launch_options() -> dict:
@@ -473,12 +674,14 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
-    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one shipped
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, variant: Variant = SHIPPED,
+                 profile: bool = False):
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
     config (used by jfa.kernels.compile_check). Descriptors are typed from the config's block shapes;
     pointers and strides are declared 16-divisible, as Triton specialises them at launch."""
     cfg = config_for(head_dim)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
+                            variant=variant, profile=profile)
     blocks = {"desc_q": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
     signature, attrs = {}, {}
     for index, name in enumerate(jagged_fwd_tlx_kernel.arg_names):
@@ -490,8 +693,10 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
             signature[name] = f"*{dtype}"
         elif name == "LSE":
             signature[name] = "*fp32"
-        elif name in ("CU_Q", "CU_K", "TILES"):
+        elif name in ("CU_Q", "CU_K", "TILES", "COUNTER"):
             signature[name] = "*i32"
+        elif name == "TIMELINE":
+            signature[name] = "*i64"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:
@@ -510,8 +715,9 @@ def _descriptor(t: torch.Tensor, block_rows: int):
     return desc, view.col_stride
 
 
-def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, softmax_scale: float,
-                     broadcast_q: bool, num_seqs: int, len_q_bcast: int) -> tuple[tuple, dict, int]:
+def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
+                     softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+                     variant: Variant = SHIPPED, profile: bool = False) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
     very signature ``compile_spec`` compiles."""
@@ -522,20 +728,55 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, so
     desc_v, col_v = _descriptor(v, cfg.block_n)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
-    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, out.stride(0), out.stride(1),
-            col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
-    kwargs = {**_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0),
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, counter, timeline, out.stride(0),
+            out.stride(1), col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast,
+            softmax_scale)
+    kwargs = {**_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
+                            variant=variant, profile=profile),
               **_launch_options()}
     return args, kwargs, num_items
 
 
+_COUNTERS: dict = {}
+
+
+def _work_counter(device: torch.device) -> torch.Tensor:
+    """Two int32 words (next item, CTAs done) for the dynamic schedule, one pair per (device, stream):
+    zero before a launch and zeroed again by the launch's last CTA, so no memset is launched per call."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+@dataclass
+class Timeline:
+    """What a profiling launch recorded: one row per work item (SM, start ns, end ns, CTA), -1 where an
+    item was never run; ``seq``/``tile`` name the item's tile (``seq == num_seqs``: a spare slot),
+    ``kv_len`` its key length; ``grid`` the CTAs launched."""
+
+    records: torch.Tensor  # int64 [num_items, 4]
+    seq: torch.Tensor
+    tile: torch.Tensor
+    kv_len: torch.Tensor
+    num_heads: int
+    grid: int
+    variant: Variant
+
+
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
-                       num_seqs: int, len_q_bcast: int = 0):
+                       num_seqs: int, len_q_bcast: int = 0, variant: Variant | None = None,
+                       profile: bool = False):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
-    broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no."""
+    broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
+
+    ``variant``: ablation switches (default: ``JFA_TLX_VARIANT`` or what ships). ``profile=True``
+    launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
+    kernel ran)."""
     from jfa.kernels.triton.forward import virtual_cu_seqlens
 
+    variant = variant_from_env() if variant is None else variant
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if not ok:
@@ -545,15 +786,25 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
     lse = alloc.empty((rows, num_heads), torch.float32, q.device)
-    if rows == 0:
-        return out, lse
-    if k.shape[0] == 0:  # no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
+    if rows == 0 or k.shape[0] == 0:
+        # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
         out.zero_()
         lse.fill_(float("-inf"))
+        return (out, lse, None) if profile else (out, lse)
+    tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
+                            work_offsets=cu_k if variant.longest_first else None)
+    counter = _work_counter(q.device)
+    num_items = tiles.num_slots * num_heads
+    timeline = torch.full((num_items if profile else 1, 4), -1, dtype=torch.int64, device=q.device)
+    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
+                                               causal=causal, softmax_scale=softmax_scale,
+                                               broadcast_q=broadcast_q, num_seqs=num_seqs,
+                                               len_q_bcast=len_q_bcast, variant=variant, profile=profile)
+    grid = min(_sm_count(q.device), num_items) if variant.persistent else num_items
+    jagged_fwd_tlx_kernel[(grid,)](*args, **kwargs)
+    if not profile:
         return out, lse
-    tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
-    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
-                                               softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-    jagged_fwd_tlx_kernel[(min(_sm_count(q.device), num_items),)](*args, **kwargs)
-    return out, lse
+    seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()
+    kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
+    expand = lambda t: t.repeat_interleave(num_heads)  # items are (slot, head), head fastest
+    return out, lse, Timeline(timeline, expand(seq), expand(tile), expand(kv), num_heads, grid, variant)

@@ -19,7 +19,9 @@ load_default_profile()  # ci unless JFA_FUZZ_PROFILE or --hypothesis-profile say
 def pytest_addoption(parser):
     parser.addoption("--device", default=os.environ.get("JFA_TEST_DEVICE", "cpu"), choices=("cpu", "cuda"),
                      help="device the kernel tests run on (cpu = Triton interpreter)")
-    parser.addoption("--backend", default="triton", help="jfa backend the kernel tests exercise")
+    parser.addoption("--backend", default="auto", choices=("auto", "tlx", "triton", "torch"),
+                     help="jfa backend the kernel tests exercise (auto: TLX where it applies on a Hopper GPU, "
+                          "else the portable kernel; tlx: cases it cannot run are skipped)")
 
 
 def pytest_configure(config):

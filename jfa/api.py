@@ -7,6 +7,7 @@ a ``torch.library.custom_op`` with a registered autograd formula and fake (meta)
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch
 from jfa.kernels.cache import IdentityCache
 from jfa.kernels.triton.configs import MAX_HEAD_DIM
 
+log = logging.getLogger("jfa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKENDS = ("auto", "tlx", "triton", "torch")
 PRECISIONS = ("auto", "mxfp8")
@@ -32,7 +34,18 @@ class Problem:
     num_seqs: int
     len_q_bcast: int  # Lq of a broadcast Q, else 0
     softmax_scale: float
-    backend: str  # resolved: "triton" or "torch"
+    backend: str  # resolved: "tlx", "triton" or "torch"
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which kernels a call runs (``jfa.which_kernels``): ``forward`` is "tlx-hopper", "triton" or
+    "torch"; ``backward`` is "triton" or "torch"; ``reason`` says why the forward is not the TLX kernel
+    ("" when it is)."""
+
+    forward: str
+    backward: str
+    reason: str
 
 
 def _check_tensor(name: str, t) -> None:
@@ -96,14 +109,15 @@ def _trust_offsets() -> bool:
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend family a call may use before looking at shapes: "tlx", "triton" or "torch" ("tlx" for
+    ``auto`` on CUDA means: the TLX kernel if it supports the call, else the portable one)."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     from jfa.kernels.triton import interpreter_active
 
-    if backend == "tlx":
-        raise ValueError(
-            "backend: 'tlx' cannot run here: the TLX (sm_90a/sm_100a) kernels are not part of this build yet; "
-            "use backend='triton' (portable) or 'auto'")
+    if backend == "tlx" and device.type != "cuda":
+        raise ValueError(f"backend: 'tlx' needs CUDA tensors on a Hopper (sm_90) GPU, got device {device}; "
+                         "use backend='auto' to run the portable kernel instead")
     if backend == "triton" and device.type == "cpu" and not interpreter_active():
         raise ValueError(
             "backend: 'triton' on CPU tensors needs Triton's interpreter, which is process-wide: set "
@@ -111,10 +125,32 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "triton" and device.type not in ("cpu", "cuda"):
         raise ValueError(f"backend: 'triton' runs on CUDA or (interpreted) CPU tensors, got device {device}")
     if backend == "auto":
-        if device.type == "cuda" or (device.type == "cpu" and interpreter_active()):
+        if device.type == "cuda":
+            return "tlx"
+        if device.type == "cpu" and interpreter_active():
             return "triton"
         return "torch"
     return backend
+
+
+_fallbacks_logged: set = set()
+
+
+def _tlx_or_portable(backend: str, q, k, v) -> tuple[str, str]:
+    """("tlx" or "triton", why not TLX). An explicit backend='tlx' the kernel cannot run raises; 'auto'
+    falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
+    from jfa.kernels.tlx.hopper.forward import supports
+
+    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
+    if ok:
+        return "tlx", ""
+    if backend == "tlx":
+        raise ValueError(f"backend: 'tlx' cannot run this call: {reason}; use backend='auto' to fall back to "
+                         "the portable kernel")
+    if reason not in _fallbacks_logged:
+        _fallbacks_logged.add(reason)
+        log.info("jfa: TLX forward not used, running the portable Triton kernel: %s", reason)
+    return "triton", reason
 
 
 def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale,
@@ -174,8 +210,29 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         _check_offsets_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:
             _check_offsets_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+    if resolved == "tlx":
+        resolved, _ = _tlx_or_portable(backend, _last_dim_contiguous(q), _last_dim_contiguous(k),
+                                       _last_dim_contiguous(v))
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
     return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved)
+
+
+def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
+    """Which kernels ``jagged_attention(q, k, v, ..., backend=backend)`` runs, and why (dispatch made
+    visible: a call the TLX kernel cannot take runs the portable kernel). Checks only the tensors and
+    the backend; raises as the op would for an explicit backend that cannot run."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    resolved = _resolve_backend(backend, q.device)
+    reason = {"triton": "backend='triton' asked for the portable kernel" if backend == "triton" else
+              "no CUDA device: the portable kernel runs under Triton's interpreter",
+              "torch": "the PyTorch reference path" if backend == "torch" else
+              "no CUDA device and no Triton interpreter: the PyTorch reference path"}.get(resolved, "")
+    if resolved == "tlx":
+        resolved, reason = _tlx_or_portable(backend, _last_dim_contiguous(q), _last_dim_contiguous(k),
+                                            _last_dim_contiguous(v))
+    forward = {"tlx": "tlx-hopper"}.get(resolved, resolved)
+    return KernelChoice(forward, "torch" if resolved == "torch" else "triton", reason)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -196,11 +253,25 @@ def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Opt
                           broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
 
 
-@_triton_forward.register_fake
-def _(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+@torch.library.custom_op("jfa::tlx_forward", mutates_args=())
+def _tlx_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
+                 cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
+                 num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TLX Hopper forward; its backward is the portable one (same out/lse contract)."""
+    from jfa.kernels.tlx.hopper.forward import jagged_forward_tlx
+
+    return jagged_forward_tlx(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                              broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+
+
+def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
+
+
+_triton_forward.register_fake(_forward_fake)
+_tlx_forward.register_fake(_forward_fake)
 
 
 @torch.library.custom_op("jfa::triton_backward", mutates_args=())
@@ -235,6 +306,7 @@ def _backward(ctx, dout, dlse):
 
 
 _triton_forward.register_autograd(_backward, setup_context=_setup_context)
+_tlx_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -250,6 +322,10 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
     Differentiable in q, k, v. Gradients of the Triton path are bitwise reproducible (no atomics), so
     ``deterministic=True`` costs nothing there.
+
+    ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
+    TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
+    why, and the logger "jfa" reports each distinct fallback once (INFO). The backward is the portable one.
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
@@ -261,7 +337,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                                        softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q)
         lse = lse.to(torch.float32)
     else:
-        out, lse = _triton_forward(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
-                                   cu_seqlens_q, cu_seqlens_k, causal, problem.softmax_scale, broadcast_q,
-                                   problem.num_seqs, problem.len_q_bcast)
+        forward = _tlx_forward if problem.backend == "tlx" else _triton_forward
+        out, lse = forward(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
+                           cu_seqlens_q, cu_seqlens_k, causal, problem.softmax_scale, broadcast_q,
+                           problem.num_seqs, problem.len_q_bcast)
     return (out, lse) if return_lse else out

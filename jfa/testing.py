@@ -212,6 +212,7 @@ class Report:
     case: Case
     backend: str
     verdicts: list = field(default_factory=list)
+    kernel: str = ""  # the forward kernel that ran (jfa.which_kernels), e.g. "tlx-hopper" or "triton"
 
     @property
     def ok(self) -> bool:
@@ -222,7 +223,8 @@ class Report:
         return max(self.verdicts, key=lambda v: v.ratio)
 
     def __str__(self) -> str:
-        return f"[{self.backend}] {self.case.id}\n  " + "\n  ".join(map(str, self.verdicts))
+        ran = f" -> {self.kernel}" if self.kernel and self.kernel != self.backend else ""
+        return f"[{self.backend}{ran}] {self.case.id}\n  " + "\n  ".join(map(str, self.verdicts))
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -242,7 +244,22 @@ def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float
     return peak
 
 
-def run_case(case: Case, backend: str = "triton", device="cpu", *, backward: bool = True,
+def cannot_run(case: Case, backend: str, device="cpu") -> str:
+    """Why ``backend`` cannot run ``case`` at all ("" if it can): only an explicit backend="tlx" refuses
+    calls (dtype, head dim, strides, GPU); "auto" falls back instead. Tests skip such cases."""
+    import jfa
+
+    if backend != "tlx":
+        return ""
+    inp = make_inputs(case, device)
+    try:
+        jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool = True,
              return_outputs: bool = False):
     """Run ``case`` on ``backend`` with NaN-poisoned outputs and judge it against the oracle."""
     import jfa
@@ -263,7 +280,7 @@ def run_case(case: Case, backend: str = "triton", device="cpu", *, backward: boo
     o_exact, lse_exact = oracle.attention_forward(_np(inp.q), _np(inp.k), _np(inp.v), cu_q_np, cu_k_np, **kwargs)
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
-    report = Report(case, backend)
+    report = Report(case, backend, kernel=jfa.which_kernels(q, k, v, backend=backend).forward)
     mag = {name: float(t.detach().abs().max()) if t.numel() else 0.0
            for name, t in (("q", inp.q), ("k", inp.k), ("v", inp.v), ("do", inp.dout))}
     scale = abs(case.softmax_scale) if case.softmax_scale is not None else case.head_dim ** -0.5

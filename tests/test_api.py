@@ -80,3 +80,26 @@ def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
     monkeypatch.setattr(api, "_check_offsets_values", lambda *a: pytest.fail("offsets were read"))
     inp = _inputs(device)
     jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 70, 64)
+
+
+def test_which_kernels_on_cpu_names_the_portable_kernel_and_why(device):
+    if device != "cpu":
+        pytest.skip("about CPU tensors under the interpreter (the GPU side: tests/test_tlx_gpu.py)")
+    q = torch.randn(5, 2, 64, dtype=torch.bfloat16)
+    choice = jfa.which_kernels(q, q, q)
+    assert (choice.forward, choice.backward) == ("triton", "triton")  # the suite runs under the interpreter
+    assert "interpreter" in choice.reason
+    assert jfa.which_kernels(q, q, q, backend="torch").forward == "torch"
+    with pytest.raises(ValueError, match="'tlx' needs CUDA tensors"):
+        jfa.which_kernels(q, q, q, backend="tlx")
+
+
+def test_tlx_variant_switches_parse_and_reject_typos():
+    from jfa.kernels.tlx.hopper.forward import SHIPPED, Variant
+
+    assert Variant.parse("") == SHIPPED
+    assert Variant.parse("schedule=dynamic, pingpong=0") == Variant(schedule="dynamic", pingpong=False)
+    for bad, words in (("schedul=dynamic", "unknown switch"), ("peel=maybe", "0 or 1"),
+                       ("schedule=lifo", "schedule")):
+        with pytest.raises(ValueError, match=words):
+            Variant.parse(bad)

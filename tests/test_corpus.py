@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jfa.fuzz.runner import load_case
-from jfa.testing import run_case
+from jfa.testing import cannot_run, run_case
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.json"))
 
@@ -20,5 +20,7 @@ def test_corpus_is_not_empty():
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_corpus_case_meets_the_oracle(path, backend, device):
     case, record = load_case(path)
+    if reason := cannot_run(case, backend, device):
+        pytest.skip(reason)
     report = run_case(case, backend=backend, device=device)
     assert report.ok, f"{path.name} ({record.get('note', '')}):\n{report}"

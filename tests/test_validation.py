@@ -56,7 +56,7 @@ BAD = [
     ("scale-str", dict(softmax_scale="0.1"), TypeError, ["softmax_scale"]),
     ("causal-not-bool", dict(causal=1), TypeError, ["causal", "bool"]),
     ("backend-unknown", dict(backend="cuda"), ValueError, ["backend", "one of"]),
-    ("backend-tlx-unavailable", dict(backend="tlx"), ValueError, ["backend", "tlx"]),
+    ("backend-tlx-on-cpu", dict(backend="tlx"), ValueError, ["backend", "tlx", "CUDA"]),
     ("precision-unknown", dict(precision="fp8"), ValueError, ["precision", "one of"]),
     ("precision-mxfp8-unavailable", dict(precision="mxfp8"), ValueError, ["precision", "mxfp8"]),
 ]

@@ -240,3 +240,17 @@ def test_lse_gradient_matches_finite_differences():
         qm[idx] -= eps
         fd[idx] = (loss(qp) - loss(qm)) / (2 * eps)
     assert np.abs(dq - fd).max() <= 1e-6 * max(1.0, np.abs(fd).max())
+
+
+def test_backward_magnitudes_bound_every_gradient():
+    """The absolute-value products the tolerance floor uses dominate the gradients themselves."""
+    rng = np.random.default_rng(7)
+    q, k, v = rng.normal(size=(9, 2, 8)), rng.normal(size=(12, 2, 8)), rng.normal(size=(12, 2, 8))
+    dout = rng.normal(size=(9, 2, 8))
+    cu_q, cu_k = np.array([0, 0, 4, 9]), np.array([0, 3, 3, 12])
+    out, lse = attention_forward(q, k, v, cu_q, cu_k, causal=True)
+    grads = attention_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=True)
+    mags = attention_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=True, magnitudes=True)
+    for grad, mag in zip(grads, mags):
+        assert (mag >= np.abs(grad) - 1e-12).all() and (mag >= 0).all()
+    assert (mags[2] > np.abs(grads[2]) + 1e-9).any()  # strictly larger where signs cancel

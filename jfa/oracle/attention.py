@@ -139,7 +139,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
 
 
 def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                       softmax_scale=None, broadcast_q=False, dlse=None):
+                       softmax_scale=None, broadcast_q=False, dlse=None, magnitudes=False):
     """Analytic float64 jagged attention backward.
 
     Uses the ``out`` and ``lse`` passed in (as a kernel's backward would): ``P = exp(scale*S - lse)``
@@ -148,6 +148,11 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
     ``dK = scale * dS^T Q``. ``dlse`` (optional, shaped like ``lse``): a gradient reaching the lse
     output too; since d lse_i / d S_ij = P_ij it enters as ``delta - dlse``. Returns ``(dq, dk, dv)`` float64 shaped like ``q``, ``k``, ``v``;
     with ``broadcast_q`` ``dq`` is ``[Lq, H, D]`` summed over all sequences.
+
+    ``magnitudes=True`` returns the same three products taken over absolute values instead
+    (``P^T |dO|``, ``|scale| |dS|^T |Q|``, ``|scale| |dS| |K|``): the scale of the rounding error of
+    any summation order of those sums, which is what a tolerance floor must be relative to (a key
+    seen by many queries sums many terms into dK and dV).
     """
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                     softmax_scale, broadcast_q)
@@ -176,10 +181,14 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         s = np.einsum("ihd,jhd->hij", qb, kb) * scale
         lse_safe = np.where(np.isfinite(lse_b), lse_b, 0.0)
         p = np.where(vis, np.exp(np.where(vis, s - lse_safe, 0.0)), 0.0)
-        dv[ks] += np.einsum("hij,ihd->jhd", p, dob)
+        dv[ks] += np.einsum("hij,ihd->jhd", p, np.abs(dob) if magnitudes else dob)
         dp = np.einsum("ihd,jhd->hij", dob, vb)
         delta = np.einsum("ihd,ihd->hi", dob, ob)[..., None] - dlse[oq].T[..., None]  # [H, lq, 1]
         ds = p * (dp - delta)
+        if magnitudes:
+            dq[qs] += abs(scale) * np.einsum("hij,jhd->ihd", np.abs(ds), np.abs(kb))
+            dk[ks] += abs(scale) * np.einsum("hij,ihd->jhd", np.abs(ds), np.abs(qb))
+            continue
         dq[qs] += scale * np.einsum("hij,jhd->ihd", ds, kb)
         dk[ks] += scale * np.einsum("hij,ihd->jhd", ds, qb)
     return dq, dk, dv

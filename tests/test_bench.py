@@ -441,11 +441,10 @@ def test_progress_uses_tqdm_when_installed(monkeypatch):
     assert buf.getvalue() == ""  # the bar replaces the per-problem lines
 
 
-def test_peak_memory_is_none_without_cuda():
+def test_peak_memory_is_measured_on_cuda_only():
     if torch.cuda.is_available():
-        assert runner.peak_extra_mib(lambda: torch.empty(2**20, device="cuda")) >= 3.9
-    else:
-        assert runner.peak_extra_mib(lambda: torch.empty(4)) is None
+        assert runner.peak_extra_mib(lambda: torch.empty(2**20, device="cuda"), torch.device("cuda")) >= 3.9
+    assert runner.peak_extra_mib(lambda: torch.empty(4), torch.device("cpu")) is None
 
 
 def test_dry_run_lists_new_impls_with_reasons(capsys):
@@ -722,7 +721,7 @@ def test_bench_impl_flow_on_cpu(name, cpu_runner, monkeypatch):
     res = runner._bench_impl(impl, [b], grad, suites.PASSES, idx, 0, 0)
     assert res["status"] == "ok", res
     assert res["err"] < 1e-5 and res["fwd_ms"] == 1.0 and res["fwd_bwd_ms"] == 3.0 and res["bwd_ms"] == 2.0
-    assert res["fwd_mem"] is None  # no CUDA: not measured
+    assert res["fwd_mem"] is None  # CPU tensors: no GPU memory to measure
     # n/a, with the adapter's reason, before anything is prepared (NJT on a causal problem).
     njt = impls.get_impl("sdpa-njt")
     monkeypatch.setattr(njt, "available", lambda: (True, ""))

@@ -237,14 +237,14 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def peak_extra_mib(fn: Callable) -> float | None:
+def peak_extra_mib(fn: Callable, device: torch.device) -> float | None:
     """Peak GPU memory that one call of ``fn`` allocates beyond what is already allocated, MiB.
 
     ``torch.cuda.reset_peak_memory_stats`` and ``max_memory_allocated`` around one untimed call,
     minus ``memory_allocated`` before it (the inputs, already there). Whatever ``fn`` returns is
-    alive at the peak and counts. None without CUDA.
+    alive at the peak and counts. None unless ``device`` (the inputs') is a CUDA device.
     """
-    if not torch.cuda.is_available():
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -380,7 +380,7 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
         with torch.no_grad():
             res["fwd_ms"] = time_ms(_rotating([p.fwd for p in prepared]), warmup, rep)
             stage = "fwd memory"
-            res["fwd_mem"] = peak_extra_mib(p0.fwd)
+            res["fwd_mem"] = peak_extra_mib(p0.fwd, b0.q.device)
         if "bwd" in passes or "fwd_bwd" in passes:
             if p0.fwd_bwd is None:
                 res["bwd_status"] = "n/a"
@@ -390,7 +390,7 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
                 res["fwd_bwd_ms"] = total
                 res["bwd_ms"] = max(total - res["fwd_ms"], 0.0)
                 stage = "fwd+bwd memory"
-                res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd)
+                res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd, b0.q.device)
     except NotApplicable as e:
         res.update(status="n/a", note=str(e))
     except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the suite

@@ -1,22 +1,19 @@
-"""First-GPU-run harness for the TLX Hopper forward (it has only been compiled offline so far).
+"""GPU harness for the TLX Hopper forward: a smoke launch, its case suite, timing and the ablation.
 
     python -m jfa.kernels.tlx.hopper.gpu_check smoke        # one tiny launch: does it run, finish, agree
-    python -m jfa.kernels.tlx.hopper.gpu_check correctness  # the case suite, judged by the project's rule
+    python -m jfa.kernels.tlx.hopper.gpu_check correctness  # the case suite with backend="tlx", judged by the rule
+    compute-sanitizer --tool memcheck python -m jfa.kernels.tlx.hopper.gpu_check sanitize  # small adversarial shapes
     python -m jfa.kernels.tlx.hopper.gpu_check bench        # gem suite: TLX vs portable forward, TFLOP/s
+    python -m jfa.kernels.tlx.hopper.gpu_check ablation     # each schedule/pingpong/peeling switch off in turn
 
-Run each under ``timeout`` (a pipeline bug shows up as a hang: mbarrier phases or the pingpong
+Run each under ``timeout -s KILL`` (a pipeline bug shows up as a hang: mbarrier phases or the pingpong
 handshake out of step); every line is flushed before the next launch, so the last line printed names
-the case that hung.
-
-``correctness`` judges through :func:`jfa.testing.run_case` (NaN-poisoned outputs, float64 oracle, the
-``2 * |ref_t - oracle| + floor`` rule) with the TLX forward standing in for the portable one: the API
-is not wired to this kernel, so the harness swaps ``jfa.kernels.triton.forward.jagged_forward`` (the
-name ``jfa.api`` looks up at each call) for the duration and checks that the TLX launcher really ran.
+the case that hung. ``correctness`` judges through :func:`jfa.testing.run_case` (NaN-poisoned outputs,
+float64 oracle, the ``2 * |ref_t - oracle| + floor`` rule) with ``backend="tlx"``.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 
@@ -27,25 +24,6 @@ from jfa.kernels.tlx.hopper import forward as tlx_forward
 
 def _say(*parts) -> None:
     print(*parts, flush=True)
-
-
-@contextlib.contextmanager
-def tlx_forward_in_place_of_portable():
-    """Route the API's forward to the TLX launcher; yields a counter of TLX launches."""
-    import jfa.kernels.triton.forward as portable
-
-    calls = {"n": 0}
-    saved = portable.jagged_forward
-
-    def forward(*args, **kwargs):
-        calls["n"] += 1
-        return tlx_forward.jagged_forward_tlx(*args, **kwargs)
-
-    portable.jagged_forward = forward
-    try:
-        yield calls
-    finally:
-        portable.jagged_forward = saved
 
 
 def cases() -> list:
@@ -85,12 +63,11 @@ def smoke() -> int:
 
     case = Case((5, 130, 0, 70), (7, 129, 3, 70), heads=2, head_dim=128, dtype="bf16", causal=True,
                 name="tlx-smoke")
-    with tlx_forward_in_place_of_portable() as calls:
-        start = time.time()
-        report = run_case(case, backend="triton", device="cuda", backward=False)
-        torch.cuda.synchronize()
-    _say(f"smoke: {report.worst}  ({calls['n']} TLX launches, {time.time() - start:.1f}s)")
-    return 0 if report.ok and calls["n"] > 0 else 1
+    start = time.time()
+    report = run_case(case, backend="tlx", device="cuda", backward=False)
+    torch.cuda.synchronize()
+    _say(f"smoke: {report.worst}  (forward kernel {report.kernel}, {time.time() - start:.1f}s)")
+    return 0 if report.ok and report.kernel == "tlx-hopper" else 1
 
 
 def correctness(only: str = "") -> int:
@@ -100,24 +77,68 @@ def correctness(only: str = "") -> int:
     selected = [c for c in cases() if not only or only in c.id]
     for i, case in enumerate(selected):
         _say(f"[{i + 1}/{len(selected)}] {case.id} ...")
-        with tlx_forward_in_place_of_portable() as calls:
-            report = run_case(case, backend="triton", device="cuda", backward=False)
-            torch.cuda.synchronize()
-        launched = calls["n"] > 0  # jfa.api calls the forward for every case, empty ones included
-        ok = report.ok and launched
+        report = run_case(case, backend="tlx", device="cuda", backward=False)
+        torch.cuda.synchronize()
+        ok = report.ok and report.kernel == "tlx-hopper"
         failures += not ok
-        _say(f"    {'ok  ' if ok else 'FAIL'} {report.worst}{'' if launched else '  (TLX launcher never ran)'}")
+        _say(f"    {'ok  ' if ok else 'FAIL'} {report.worst}  ({report.kernel})")
     _say(f"{len(selected) - failures}/{len(selected)} cases pass")
     return 1 if failures else 0
 
 
-def bench(suite: str = "gem") -> int:
+def sanitize_cases() -> list:
+    """Small adversarial shapes for compute-sanitizer (memcheck, racecheck): empty sequences, length 1,
+    tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q."""
+    from jfa.testing import Case
+
+    out = []
+    for head_dim in tlx_forward.SUPPORTED_HEAD_DIMS:
+        base = dict(heads=2, head_dim=head_dim, dtype="bf16")
+        out += [Case((0, 1, 0, 127, 129, 0), (0, 1, 5, 127, 129, 0), name=f"san-empty-one-tails-D{head_dim}", **base),
+                Case((1, 300, 64, 200), (130, 7, 64, 1), causal=True, name=f"san-causal-cross-D{head_dim}", **base),
+                Case((200, 7, 0), (7, 200, 3), causal=True, name=f"san-causal-lq-gt-lk-D{head_dim}", **base),
+                Case((77,), (0, 129, 1), broadcast_q=True, name=f"san-bcastq-D{head_dim}", **base)]
+    return out
+
+
+def sanitize() -> int:
+    """Launch each sanitizer case (forward, backend="tlx") and check it against the oracle; run this
+    under ``compute-sanitizer --tool memcheck|racecheck --error-exitcode 9``."""
+    from jfa.testing import run_case
+
+    bad = 0
+    for case in sanitize_cases():
+        report = run_case(case, backend="tlx", device="cuda", backward=False)
+        torch.cuda.synchronize()
+        bad += not report.ok
+        _say(f"{'ok  ' if report.ok else 'FAIL'} {case.id}: {report.worst}")
+    return 1 if bad else 0
+
+
+# the ablation study of issue 3: each switch off in turn, against what ships
+ABLATIONS = {
+    "shipped": tlx_forward.SHIPPED,
+    "round-robin (no zig-zag)": tlx_forward.Variant(schedule="round-robin"),
+    "dynamic scheduler": tlx_forward.Variant(schedule="dynamic"),
+    "no LPT sort": tlx_forward.Variant(longest_first=False),
+    "not persistent": tlx_forward.Variant(schedule="round-robin", persistent=False),
+    "no pingpong": tlx_forward.Variant(pingpong=False),
+    "no loop peeling": tlx_forward.Variant(peel=False),
+}
+
+
+def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep: int = 100) -> int:
+    """TFLOP/s of the TLX forward (each variant) and the portable forward on each shape of ``suite``;
+    the launchers are timed directly (no API validation), inputs fresh per shape."""
+    import json
+
     import triton
 
     from jfa.bench.suites import flops, get_suite, make_lengths, q_lengths
     from jfa.kernels.triton.forward import jagged_forward
     from jfa.testing import offsets
 
+    table = {}
     for problem in get_suite(suite):
         if problem.D not in tlx_forward.SUPPORTED_HEAD_DIMS:
             continue
@@ -132,20 +153,28 @@ def bench(suite: str = "gem") -> int:
         kwargs = dict(causal=problem.causal, softmax_scale=problem.D ** -0.5, broadcast_q=problem.broadcast_q,
                       num_seqs=problem.B, len_q_bcast=problem.Lq or 0)
         work = flops(problem, lengths_q, lengths_k, "fwd")
-        row = [f"{problem.name:36s}"]
-        for name, fn in (("tlx", tlx_forward.jagged_forward_tlx), ("triton", jagged_forward)):
-            ms = triton.testing.do_bench(lambda: fn(q, k, v, cu_q, cu_k, **kwargs), warmup=25, rep=100)
-            row.append(f"{name} {work / ms / 1e9:6.1f} TFLOP/s ({ms:.3f} ms)")
-        _say("  ".join(row))
+        row = table[problem.name] = {}
+        runs = [(name, lambda variant=ABLATIONS[name]: tlx_forward.jagged_forward_tlx(
+            q, k, v, cu_q, cu_k, variant=variant, **kwargs)) for name in variants]
+        runs.append(("portable", lambda: jagged_forward(q, k, v, cu_q, cu_k, **kwargs)))
+        for name, fn in runs:
+            ms = triton.testing.do_bench(fn, warmup=25, rep=rep)
+            row[name] = round(work / ms / 1e9, 1)
+        _say(f"{problem.name:36s} " + "  ".join(f"{n} {t:6.1f}" for n, t in row.items()) + "  TFLOP/s")
+    if out:
+        with open(out, "w") as f:
+            json.dump({"suite": suite, "tflops": table, "device": torch.cuda.get_device_name()}, f, indent=2)
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jfa.kernels.tlx.hopper.gpu_check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("smoke", "correctness", "bench"))
+    parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation"))
     parser.add_argument("--only", default="", help="correctness: substring of the case names to run")
-    parser.add_argument("--suite", default="gem", help="bench: suite name (jfa.bench.suites)")
+    parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
+    parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
+    parser.add_argument("--rep", type=int, default=100, help="bench, ablation: do_bench rep (ms)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         _say("gpu_check: no CUDA GPU visible")
@@ -158,7 +187,11 @@ def main(argv=None) -> int:
         return smoke()
     if args.what == "correctness":
         return correctness(args.only)
-    return bench(args.suite)
+    if args.what == "sanitize":
+        return sanitize()
+    if args.what == "ablation":
+        return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
+    return bench(args.suite, ("shipped",), args.out, args.rep)
 
 
 if __name__ == "__main__":

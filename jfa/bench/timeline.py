@@ -1,0 +1,161 @@
+"""Where the time goes: SM timelines of the TLX forward under different schedules.
+
+The profiling build of the TLX kernel (``profile=True``) records, per work item, the SM that ran it
+and its start and end on the GPU's global timer. This module runs one benchmark shape under several
+schedules and draws each as a heatmap of SM activity over time (rows: SMs, columns: time, colour:
+busy), with the numbers that matter for load balance: the makespan and the idle share of SM-time
+before the last SM finishes.
+
+    python -m jfa.bench.timeline --shape longtail-B256-L4096-H4-D128 --out DIR
+    jfa bench --timeline ...   (same options)
+
+Needs a Hopper GPU. Writes ``timeline-<shape>.png`` and ``timeline-<shape>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# label -> Variant keyword arguments; "naive" is the order a plain grid would take: batch order, no LPT
+SCHEDULES = {
+    "zigzag (shipped)": dict(schedule="zigzag"),
+    "dynamic": dict(schedule="dynamic"),
+    "round-robin": dict(schedule="round-robin"),
+    "naive (batch order)": dict(schedule="round-robin", longest_first=False),
+    "non-persistent": dict(schedule="round-robin", persistent=False),
+}
+
+
+def busy_map(records: np.ndarray, bins: int = 400) -> tuple[np.ndarray, float]:
+    """(busy [SMs, bins] in {0, 1}, makespan in us): whether some item ran on each SM at each bin's centre.
+    ``records`` rows are (SM, start ns, end ns, CTA); time 0 is the earliest start."""
+    sms = int(records[:, 0].max()) + 1
+    t0 = records[:, 1].min()
+    start, end = (records[:, 1] - t0) / 1e3, (records[:, 2] - t0) / 1e3
+    makespan = float(end.max())
+    centres = (np.arange(bins) + 0.5) * makespan / bins
+    busy = np.zeros((sms, bins))
+    for sm in range(sms):
+        mine = records[:, 0] == sm
+        if not mine.any():
+            continue
+        order = np.argsort(start[mine])
+        s, e = start[mine][order], np.maximum.accumulate(end[mine][order])
+        idx = np.searchsorted(s, centres, side="right") - 1
+        busy[sm] = (idx >= 0) & (e[np.maximum(idx, 0)] > centres)
+    return busy, makespan
+
+
+def stats(records: np.ndarray) -> dict:
+    """Makespan (us), idle share of SM-time before the end, and the spread of per-SM finish times."""
+    t0 = records[:, 1].min()
+    finish = {}
+    busy_ns = 0
+    for sm, s, e, _ in records:
+        finish[sm] = max(finish.get(sm, 0), e - t0)
+        busy_ns += e - s
+    makespan = max(finish.values())
+    ends = np.array(sorted(finish.values())) / 1e3
+    return {"makespan_us": round(makespan / 1e3, 1), "sms": len(finish),
+            "idle_share": round(1 - busy_ns / (makespan * len(finish)), 4),
+            "first_sm_done_us": round(float(ends[0]), 1), "median_sm_done_us": round(float(np.median(ends)), 1)}
+
+
+def record(problem, variants: dict) -> dict:
+    """Run ``problem`` once per variant (after a warm-up run) with the profiling build."""
+    import torch
+
+    from jfa.bench.suites import make_lengths, q_lengths
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.testing import offsets
+
+    lengths_k = make_lengths(problem)
+    lengths_q = q_lengths(problem, lengths_k)
+    q_rows = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
+    q = torch.randn(q_rows, problem.H, problem.D, device="cuda", dtype=problem.dtype)
+    k, v = (torch.randn(int(lengths_k.sum()), problem.H, problem.D, device="cuda", dtype=problem.dtype)
+            for _ in range(2))
+    cu_k = offsets(lengths_k.tolist(), torch.int32, "cuda")
+    cu_q = None if problem.broadcast_q else offsets(lengths_q.tolist(), torch.int32, "cuda")
+    out = {}
+    for label, switches in variants.items():
+        variant = tlx_forward.Variant(**switches)
+        for _ in range(2):  # the first run compiles and warms up
+            _, _, timeline = tlx_forward.jagged_forward_tlx(
+                q, k, v, cu_q, cu_k, causal=problem.causal, softmax_scale=problem.D ** -0.5,
+                broadcast_q=problem.broadcast_q, num_seqs=problem.B, len_q_bcast=problem.Lq or 0,
+                variant=variant, profile=True)
+        torch.cuda.synchronize()
+        out[label] = timeline.records.cpu().numpy()
+    return out
+
+
+def draw(records_by_label: dict, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(records_by_label)
+    maps = {label: busy_map(records_by_label[label]) for label in labels}
+    longest = max(makespan for _, makespan in maps.values())
+    fig, axes = plt.subplots(len(labels), 1, figsize=(11, 2.3 * len(labels)), squeeze=False)
+    for ax, label in zip(axes[:, 0], labels):
+        busy, makespan = maps[label]
+        s = stats(records_by_label[label])
+        ax.imshow(busy, aspect="auto", cmap="Greens", vmin=0, vmax=1, interpolation="nearest",
+                  extent=(0, makespan, busy.shape[0], 0))
+        ax.set_xlim(0, longest)
+        ax.set_ylabel("SM")
+        ax.set_title(f"{label}: makespan {s['makespan_us']:.0f} us, idle {100 * s['idle_share']:.1f}% of SM-time",
+                     fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("time since the first item started (us)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jfa.bench.timeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", default="gem")
+    parser.add_argument("--shape", action="append", help="shape name(s) of the suite (default: longtail, uniform)")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated labels of: "
+                        + ", ".join(SCHEDULES))
+    parser.add_argument("--out", default="bench-out")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from jfa.bench.suites import get_suite
+
+    if not torch.cuda.is_available():
+        print("jfa timeline: needs a CUDA GPU (Hopper): the profiling build of the TLX kernel records on the GPU")
+        return 2
+    wanted = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SCHEDULES]
+    if unknown:
+        parser.error(f"--schedules: unknown {unknown}; known: {list(SCHEDULES)}")
+    problems = {p.name: p for p in get_suite(args.suite)}
+    shapes = args.shape or [n for n in problems if n.startswith(("longtail", "uniform-B512"))]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in shapes:
+        if name not in problems:
+            parser.error(f"--shape: {name!r} is not in suite {args.suite} ({list(problems)})")
+        recs = record(problems[name], {label: SCHEDULES[label] for label in wanted})
+        summary = {label: stats(r) for label, r in recs.items()}
+        (out_dir / f"timeline-{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+        draw(recs, f"TLX forward, {name}: SM activity per schedule", out_dir / f"timeline-{name}.png")
+        for label, s in summary.items():
+            print(f"{name:36s} {label:22s} makespan {s['makespan_us']:8.1f} us  idle {100 * s['idle_share']:5.1f}%  "
+                  f"first SM done {s['first_sm_done_us']:8.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# GPU correctness pass, one command on a Hopper machine (from the repo root, after
+# `source .gpu/device-env.sh`): the fuzzer in the background on the same GPU while the suite, the TLX
+# GPU tests and compute-sanitizer run in the foreground. Everything lands in $OUT/correctness.tgz.
+#   FUZZ_MINUTES (default 8.5), FUZZ_WORKERS (default 6): the fuzzer's budget and processes.
+set -u
+source "$(dirname "$0")/lib.sh"; results_dir correctness
+
+timeout -s KILL 585 python3 -m jfa.cli fuzz --minutes "${FUZZ_MINUTES:-8.5}" \
+  --workers "${FUZZ_WORKERS:-6}" --out $R/fuzz > $R/fuzz.log 2>&1 &
+FUZZ=$!
+
+step 60 python3 -m jfa.kernels.tlx.hopper.gpu_check smoke 2>&1 | tee $R/smoke.log
+step 150 python3 -m pytest tests/test_tlx_gpu.py --device cuda -v -p no:cacheprovider --timeout 90 \
+  --timeout-method thread > $R/pytest-tlx.log 2>&1; tail -3 $R/pytest-tlx.log; grep -E "FAILED|ERROR" $R/pytest-tlx.log | head -20
+step 250 python3 -m pytest tests --ignore=tests/test_tlx_gpu.py --device cuda -n 8 -q -rfE -p no:cacheprovider --timeout 150 --timeout-method thread \
+  --junitxml $R/junit-cuda.xml > $R/pytest.log 2>&1; tail -3 $R/pytest.log; grep -E "^(FAILED|ERROR)" $R/pytest.log | head -20
+for tool in memcheck racecheck; do
+  step 60 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m jfa.kernels.tlx.hopper.gpu_check sanitize \
+    > $R/sanitizer-$tool.log 2>&1; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-$tool.log | head -5
+done
+wait $FUZZ; echo "== fuzz rc=$?"; cat $R/fuzz/summary.md 2>/dev/null || tail -5 $R/fuzz.log

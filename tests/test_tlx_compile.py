@@ -1,5 +1,6 @@
-"""Offline compile gate for the TLX Hopper forward (no GPU needed): every shipped config (bf16/fp16 x
-D 64/128 x causal x broadcast-Q), the ablation variants and the timeline build compile for sm_90a with
+"""Offline compile gate for the TLX Hopper kernels (no GPU needed): every shipped forward config (bf16/fp16
+x D 64/128 x causal x broadcast-Q), its ablation variants and timeline build, and the dK/dV kernel
+(not dispatched yet) compile for sm_90a with
 wgmma, no spills, shared memory within the SM, and the structure the design relies on (warp-specialised
 partitions with setmaxnreg, TMA loads, mbarrier waits, the pingpong named barriers, no wgmma
 serialisation). The compile runs in a child process because this test process has Triton's interpreter
@@ -28,25 +29,28 @@ def test_every_shipped_config_is_a_target():
 
 
 @pytest.mark.parametrize("name", TARGETS)
-def test_tlx_forward_compiles_for_sm90a_as_designed(name, results, record_property):
-    from jfa.kernels.tlx.hopper.forward import NUM_CONSUMERS, config_for
+def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_property):
+    from jfa.kernels.tlx.hopper import backward, forward
 
     row = results[name]
     details = row["details"]
+    target = row["target"]
     record_property("resources", json.dumps({k: row[k] for k in ("registers", "local_bytes", "shared_bytes")}))
     assert row["tensor_core_ops"] > 0, "no wgmma"
     assert row["local_bytes"] == 0 and row["stack_bytes"] == 0, "spills"
     assert details["ptxas_spill_bytes"] == 0, "ptxas reports spill stores"
     assert 0 < row["shared_bytes"] <= SM90_SHARED_LIMIT
-    assert details["warp_specialize"] == 1 and details["partitions"] == NUM_CONSUMERS
-    assert config_for(row["target"]["head_dim"]).consumer_regs in details["setmaxnreg"]["inc"]
+    module = backward if target["kernel"] == "dkdv" else forward
+    assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
+    assert module.config_for(target["head_dim"]).consumer_regs in details["setmaxnreg"]["inc"]
     assert details["setmaxnreg"]["dec"], "the producer never gives registers back"
     assert details["tma_loads"] > 0 and details["expect_tx"] > 0, "no TMA loads"
     assert details["mbarrier_waits"] > 0
-    pingpong = "pingpong=0" not in row["target"]["variant"]
-    assert details["named_barriers"] == ([9, 10] if pingpong else []), "pingpong named barriers wrong"
     assert "C7513" not in details["ptxas_warnings"], "ptxas serialises the wgmma pipeline"
-    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    if target["kernel"] == "forward":
+        pingpong = "pingpong=0" not in target["variant"]
+        assert details["named_barriers"] == ([9, 10] if pingpong else []), "pingpong named barriers wrong"
+        assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
     assert row["ok"], "; ".join(row["problems"])
 
 
@@ -78,3 +82,4 @@ def test_variants_and_timeline_build_are_targets():
     names = {t.name for t in tlx_targets()}
     for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "peel=0", "profile"):
         assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant
+    assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq"} <= names

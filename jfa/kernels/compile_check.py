@@ -90,6 +90,21 @@ def tlx_targets() -> list:
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
                           backend="tlx", variant="schedule=dynamic", profile=True))
+    return targets + tlx_backward_targets()
+
+
+def tlx_backward_targets() -> list:
+    """The TLX Hopper dK/dV kernel (not dispatched yet): every shipped config x causal; broadcast-Q."""
+    from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
+
+    targets = []
+    for dtype in ("bf16", "fp16"):
+        for head_dim in SUPPORTED_HEAD_DIMS:
+            for causal in (False, True):
+                name = f"tlx-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}"
+                targets.append(Target(name, "dkdv", dtype, head_dim, causal, False, backend="tlx"))
+            targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq", "dkdv", dtype, head_dim, False, True,
+                                  backend="tlx"))
     return targets
 
 
@@ -295,7 +310,34 @@ def _variant(target: Target):
     return Variant.parse(target.variant)
 
 
+def _check_tlx_dkdv(target: Target) -> Result:
+    """The dK/dV kernel: the common checks plus its structure (two consumer partitions with setmaxnreg,
+    TMA loads, mbarrier waits, no wgmma serialisation)."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    fn, sig, constants, attrs, options = tlx_backward.compile_spec(
+        target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q)
+    compiled, result = _compile(target, fn, sig, constants, attrs, options)
+    structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
+                              _ptxas_log(compiled.asm["ptx"], target.arch))
+    result.details = structure
+    expected = {
+        "one warp_specialize region": structure["warp_specialize"] == 1,
+        f"{tlx_backward.NUM_CONSUMERS} consumer partitions": structure["partitions"] == tlx_backward.NUM_CONSUMERS,
+        f"setmaxnreg.inc {constants['CONSUMER_REGS']}": constants["CONSUMER_REGS"] in structure["setmaxnreg"]["inc"],
+        "TMA loads (cp.async.bulk.tensor)": structure["tma_loads"] > 0,
+        "mbarrier waits": structure["mbarrier_waits"] > 0,
+        "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
+        "no ptxas C7513 (wgmma serialised)": "C7513" not in structure["ptxas_warnings"],
+    }
+    result.problems += [f"missing: {what}" for what, ok in expected.items() if not ok]
+    result.ok = not result.problems
+    return result
+
+
 def _check_tlx(target: Target) -> Result:
+    if target.kernel == "dkdv":
+        return _check_tlx_dkdv(target)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
     variant = _variant(target)

@@ -235,11 +235,12 @@ def jagged_dq_kernel(
 
 
 def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
-                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None):
+                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, dkdv=None):
     """Gradients (dq, dk, dv) in the inputs' dtypes; dq is [Lq, H, D] summed over the batch for a broadcast Q.
 
     ``dlse`` (optional, [rows, H]): the gradient reaching the returned lse. Since d lse_i / d s_ij = P_ij,
-    it enters exactly as ``delta - dlse``."""
+    it enters exactly as ``delta - dlse``. ``dkdv`` (optional): a launcher that writes dk and dv in
+    place of the portable dK/dV kernel (``jfa.kernels.tlx.hopper.backward.jagged_dkdv_tlx``'s signature)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     cfgs = configs_for(head_dim, q.dtype)
     block_d = padded_head_dim(head_dim)
@@ -266,9 +267,12 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         delta = delta - dlse.to(torch.float32)
 
     total_k = k.shape[0]
+    if dkdv is not None:
+        dkdv(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+             broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
     kv_tiles = build_tile_list(cu_k, total_k, cfgs.dkdv.block_n,
                                work_offsets=None if broadcast_q else cu_q)
-    if kv_tiles.num_slots > 0:
+    if dkdv is None and kv_tiles.num_slots > 0:
         jagged_dkdv_kernel[(kv_tiles.num_slots * num_heads,)](
             q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, kv_tiles.tiles,
             *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),

@@ -68,7 +68,6 @@ def test_stores_stay_inside_their_own_sequence(head_dim, causal):
     outside that sequence (the neighbours a tile's TMA box reads into) must keep the canary."""
     lengths = [77, 130, 3, 200]  # tails of every kind around the chosen sequence
     q, k, v, cu = packed(lengths, head_dim=head_dim)
-    heads = q.shape[1]
     cfg = tlx_forward.config_for(head_dim)
     full = build_tile_list(cu, q.shape[0], tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu)
     reference, _ = run(q, k, v, cu, causal=causal)
@@ -87,7 +86,6 @@ def test_stores_stay_inside_their_own_sequence(head_dim, causal):
         rows[int(cu[seq]):int(cu[seq + 1])] = True
         assert (out[~rows] == 7.0).all() and (lse[~rows] == 7.0).all(), f"sequence {seq} wrote outside its rows"
         assert torch.equal(out[rows], reference[rows]), f"sequence {seq} rows differ from the full launch"
-        assert heads == lse.shape[1]
 
 
 VARIANTS = [tlx_forward.Variant(schedule=s) for s in tlx_forward.SCHEDULES] + [

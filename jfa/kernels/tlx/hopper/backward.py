@@ -59,13 +59,13 @@ _CONSUMERS = tl.constexpr(NUM_CONSUMERS)
 _CONSUMER_WARPS = tl.constexpr(4)
 
 _CONFIGS: dict[int, HopperDkDvConfig] = {
-    # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64x32) 16 each.
-    # 32-row query steps: at 64 rows the causal build spilled 16 B even at 240 registers. Shared memory:
-    # K, V halves 4 x 8 KB + 3 stages x (Q 4 KB + dO 4 KB) = 56 KB (72 KB with Triton's scratch).
+    # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64x32) 16 each; no
+    # spill at 240 registers (232 spilled; 64-row steps spill 24 B in the broadcast-Q build). Shared
+    # memory: K, V halves 4 x 8 KB + 3 stages x (Q 4 KB + dO 4 KB) = 56 KB (72 KB with Triton's scratch).
     64: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
     # D 128 is not shipped yet: dK and dV alone take 128 regs/thread, and the best build measured
-    # offline (32-row steps, 240 registers, 2 stages) spills 16 B (104 B causal); 16-row steps are not
-    # possible (wgmma N >= 32). Needs the accumulators split differently (issue 4).
+    # offline (32-row steps, 240 registers) still spills 8 B; 16-row steps are not possible (wgmma
+    # N >= 32). Needs the accumulators split differently (issue 4; NOTES.md has the measurements).
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 
@@ -120,6 +120,15 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
+def _step_tile(j, first, n_lead, bulk_end):
+    """Query tile of the j-th step of an item. Masked steps come first (the causal diagonal tiles, then
+    the partial last tile), the fully visible bulk after them: the consumer runs two loops (masked,
+    bulk) instead of three, one inlined copy of the step less (registers), and the producer loads in
+    the same order."""
+    return tl.where(j < n_lead, first + j, bulk_end + j - n_lead)
+
+
+@triton.jit
 def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k_tiles, v_tiles, q_tiles, do_tiles,
                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, num_slots, num_heads,
                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
@@ -127,8 +136,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
     """Producer, one work item: each consumer's K and V half, then the (Q, dO) tile of every step."""
-    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, _nl, _be, num_q_tiles = _dkdv_item(
+    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
+    n_masked = n_lead + num_q_tiles - bulk_end
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
@@ -136,7 +146,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k
         row = k_row0 + n_start + c * BLOCK_N
         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, head * col_stride_k], kv_fulls[c])
         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, head * col_stride_v], kv_fulls[c])
-    for i in tl.range(first, num_q_tiles):
+    for j in tl.range(0, num_q_tiles - first):
+        # masked steps first, then the bulk (the consumers' order, see _step_tile)
+        i = tl.where(j < n_masked, _step_tile(j, first, n_lead, bulk_end), first + n_lead + j - n_masked)
         buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
         tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES)
@@ -153,8 +165,6 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, LSE, DELTA, out_row0, m_
                DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q. Returns (dk, dv) with both MMAs retired."""
-    s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
-    dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     offs_m = m_start + tl.arange(0, BLOCK_M)
     o_rows = out_row0 + offs_m.to(tl.int64)
     if MASKED:
@@ -166,6 +176,8 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, LSE, DELTA, out_row0, m_
         delta = tl.load(DELTA + o_rows * num_heads + head)
     # a row that saw no key (or lies past the sequence) has lse = -inf: +inf makes P^T exactly 0
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
+    dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     s_t = tlx.async_dot_wait(1, s_t)
     p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
     if MASKED:
@@ -211,22 +223,16 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    # the causal diagonal steps, the fully visible bulk, then the partial last query tile (the order the
-    # producer loads them in)
-    for i in tl.range(first, first + n_lead):
+    # masked steps (causal diagonal, partial last tile) first, then the bulk: the producer's order
+    for j in tl.range(0, n_lead + num_q_tiles - bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA, out_row0,
-            i * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift, qk_scale, True, CAUSAL, BLOCK_M,
-            NUM_BUFFERS_QDO, DTYPE)
+            _step_tile(j, first, n_lead, bulk_end) * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift,
+            qk_scale, True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA, out_row0,
             i * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift, qk_scale, False, CAUSAL, BLOCK_M,
-            NUM_BUFFERS_QDO, DTYPE)
-    for i in tl.range(bulk_end, num_q_tiles):
-        dk, dv, qdo_cnt = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA, out_row0,
-            i * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift, qk_scale, True, CAUSAL, BLOCK_M,
             NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 

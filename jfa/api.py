@@ -7,6 +7,7 @@ a ``torch.library.custom_op`` with a registered autograd formula and fake (meta)
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -29,12 +30,15 @@ PRECISIONS = ("auto", "mxfp8")
 # ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Problem:
-    """What validation learned about a call; everything a launcher needs besides the tensors."""
+    """What validation learned about a call; everything a launcher needs besides the offsets."""
 
     num_seqs: int
     len_q_bcast: int  # Lq of a broadcast Q, else 0
     softmax_scale: float
     backend: str  # resolved: "tlx", "triton" or "torch"
+    q: torch.Tensor  # q, k, v as the kernels take them: head dim contiguous (copied only if it was not)
+    k: torch.Tensor
+    v: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -210,11 +214,12 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         _check_offsets_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:
             _check_offsets_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+    if resolved != "torch":  # every check passed: the one copy a kernel may need, made once
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     if resolved == "tlx":
-        resolved, _ = _tlx_or_portable(backend, _last_dim_contiguous(q), _last_dim_contiguous(k),
-                                       _last_dim_contiguous(v))
+        resolved, _ = _tlx_or_portable(backend, q, k, v)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved)
+    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved, q, k, v)
 
 
 def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
@@ -243,35 +248,28 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-@torch.library.custom_op("jfa::triton_forward", mutates_args=())
-def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
-                    cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
-                    num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from jfa.kernels.triton.forward import jagged_forward
-
-    return jagged_forward(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                          broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-
-
-@torch.library.custom_op("jfa::tlx_forward", mutates_args=())
-def _tlx_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
-                 cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
-                 num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The TLX Hopper forward; its backward is the portable one (same out/lse contract)."""
-    from jfa.kernels.tlx.hopper.forward import jagged_forward_tlx
-
-    return jagged_forward_tlx(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                              broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-
-
 def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
 
 
-_triton_forward.register_fake(_forward_fake)
-_tlx_forward.register_fake(_forward_fake)
+def _forward_op(name: str, module: str, launcher: str):
+    """A forward custom op ``jfa::<name>`` calling ``module.launcher`` (looked up at each call), with the
+    shared fake kernel and autograd formula: every forward kernel keeps the out/lse contract, so all
+    of them differentiate through the portable backward."""
+
+    @torch.library.custom_op(f"jfa::{name}", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int,
+           len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
+        launch = getattr(importlib.import_module(module), launcher)
+        return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                      num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+
+    op.register_fake(_forward_fake)
+    op.register_autograd(_backward, setup_context=_setup_context)
+    return op
 
 
 @torch.library.custom_op("jfa::triton_backward", mutates_args=())
@@ -305,8 +303,8 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-_triton_forward.register_autograd(_backward, setup_context=_setup_context)
-_tlx_forward.register_autograd(_backward, setup_context=_setup_context)
+_triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward")
+_tlx_forward = _forward_op("tlx_forward", "jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -338,7 +336,6 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         lse = lse.to(torch.float32)
     else:
         forward = _tlx_forward if problem.backend == "tlx" else _triton_forward
-        out, lse = forward(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
-                           cu_seqlens_q, cu_seqlens_k, causal, problem.softmax_scale, broadcast_q,
-                           problem.num_seqs, problem.len_q_bcast)
+        out, lse = forward(problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
+                           problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast)
     return (out, lse) if return_lse else out

@@ -746,3 +746,16 @@ def test_bench_impl_reports_wrong_output(cpu_runner, monkeypatch):
     res = runner._bench_impl(impl, [b], torch.zeros(8, H_T, D_T), suites.PASSES,
                              runner.check_indices(b.lengths_q, b.lengths_k), 0, 0)
     assert res["status"] == "wrong" and res["fwd_ms"] is None and not cpu_runner
+
+
+@pytest.mark.parametrize("broadcast_q", [False, True], ids=["packed", "bcastq"])
+def test_launcher_inputs_match_the_problem(broadcast_q):
+    p = suites.Problem("tiny", B=5, H=2, D=16, max_len=9, lengths_fn=suites._uniform(5, 9),
+                       broadcast_q=broadcast_q, Lq=7 if broadcast_q else None)
+    batch, kwargs = runner.launcher_inputs(p, "cpu")
+    lengths_k = make_lengths(p)
+    assert batch.cu_k.tolist() == [0] + lengths_k.cumsum(0).tolist()
+    assert batch.q.shape == ((7 if broadcast_q else int(lengths_k.sum())), 2, 16)
+    assert batch.k.shape == batch.v.shape == (int(lengths_k.sum()), 2, 16)
+    assert kwargs == dict(causal=False, softmax_scale=16 ** -0.5, broadcast_q=broadcast_q, num_seqs=5,
+                          len_q_bcast=7 if broadcast_q else 0)

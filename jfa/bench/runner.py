@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from .impls import BASELINE, IMPLS, Impl, NotApplicable, PackedBatch, Prepared, get_impl
+from .impls import BASELINE, IMPLS, Impl, NotApplicable, PackedBatch, Prepared, _offsets, get_impl
 from .report import (_columns, add_ratios, format_table, markdown_report, write_benchmarks,
                      write_outputs)
 from .suites import PASSES, SUITES, Problem, flops, get_suite, make_lengths, q_lengths
@@ -73,13 +73,6 @@ OPTIONAL_IMPLS = ("jfa-tlx", "flex-docmask", "sdpa-padded", "sdpa-njt", "fa4-var
 # Inputs
 # ---------------------------------------------------------------------------------------
 
-def _cu(lengths: torch.Tensor, device) -> torch.Tensor:
-    """int32 offsets ``[0, L0, L0+L1, ...]`` on ``device``."""
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.long)
-    cu[1:] = torch.cumsum(lengths, 0)
-    return cu.to(device=device, dtype=torch.int32)
-
-
 def _bytes_per_copy(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor) -> int:
     rows_q = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
     rows = rows_q + 2 * int(lengths_k.sum())
@@ -99,8 +92,8 @@ def make_batches(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Ten
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(problem.name.encode()))
     rows_q = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
     rows_k = int(lengths_k.sum())
-    cu_q = None if problem.broadcast_q else _cu(lengths_q, device)
-    cu_k = _cu(lengths_k, device)
+    cu_q = None if problem.broadcast_q else _offsets(lengths_q, device)
+    cu_k = _offsets(lengths_k, device)
 
     def randn(rows):
         return torch.randn((rows, problem.H, problem.D), generator=gen, device=device, dtype=problem.dtype)
@@ -113,6 +106,16 @@ def make_batches(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Ten
                     causal=problem.causal, broadcast_q=problem.broadcast_q)
         for _ in range(n)
     ]
+
+
+def launcher_inputs(problem: Problem, device="cuda") -> tuple[PackedBatch, dict]:
+    """One input copy of ``problem`` and the keyword arguments a jfa launcher (``jagged_forward``,
+    ``jagged_forward_tlx``) takes with it, for tools that call the kernels directly."""
+    lengths_k = make_lengths(problem)
+    batch = make_batches(problem, q_lengths(problem, lengths_k), lengths_k, 1, device)[0]
+    kwargs = dict(causal=problem.causal, softmax_scale=problem.D ** -0.5, broadcast_q=problem.broadcast_q,
+                  num_seqs=problem.B, len_q_bcast=problem.Lq or 0)
+    return batch, kwargs
 
 
 # ---------------------------------------------------------------------------------------

@@ -69,26 +69,16 @@ def record(problem, variants: dict) -> dict:
     """Run ``problem`` once per variant (after a warm-up run) with the profiling build."""
     import torch
 
-    from jfa.bench.suites import make_lengths, q_lengths
+    from jfa.bench.runner import launcher_inputs
     from jfa.kernels.tlx.hopper import forward as tlx_forward
-    from jfa.testing import offsets
 
-    lengths_k = make_lengths(problem)
-    lengths_q = q_lengths(problem, lengths_k)
-    q_rows = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
-    q = torch.randn(q_rows, problem.H, problem.D, device="cuda", dtype=problem.dtype)
-    k, v = (torch.randn(int(lengths_k.sum()), problem.H, problem.D, device="cuda", dtype=problem.dtype)
-            for _ in range(2))
-    cu_k = offsets(lengths_k.tolist(), torch.int32, "cuda")
-    cu_q = None if problem.broadcast_q else offsets(lengths_q.tolist(), torch.int32, "cuda")
+    b, kwargs = launcher_inputs(problem)
     out = {}
     for label, switches in variants.items():
         variant = tlx_forward.Variant(**switches)
         for _ in range(2):  # the first run compiles and warms up
-            _, _, timeline = tlx_forward.jagged_forward_tlx(
-                q, k, v, cu_q, cu_k, causal=problem.causal, softmax_scale=problem.D ** -0.5,
-                broadcast_q=problem.broadcast_q, num_seqs=problem.B, len_q_bcast=problem.Lq or 0,
-                variant=variant, profile=True)
+            _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, variant=variant,
+                                                            profile=True, **kwargs)
         torch.cuda.synchronize()
         out[label] = timeline.records.cpu().numpy()
     return out

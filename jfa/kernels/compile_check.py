@@ -310,26 +310,30 @@ def _variant(target: Target):
     return Variant.parse(target.variant)
 
 
-def _check_tlx_dkdv(target: Target) -> Result:
-    """The dK/dV kernel: the common checks plus its structure (two consumer partitions with setmaxnreg,
-    TMA loads, mbarrier waits, no wgmma serialisation)."""
-    from jfa.kernels.tlx.hopper import backward as tlx_backward
-
-    fn, sig, constants, attrs, options = tlx_backward.compile_spec(
-        target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q)
+def _compile_tlx(target: Target, spec, num_consumers: int):
+    """Compile a TLX kernel and judge what every one must show: one warp-specialised region with the
+    consumer partitions, setmaxnreg both ways, TMA loads, mbarrier waits, no ptxas spill, no wgmma
+    serialisation. Returns (compiled, result, expected) with the checks still to be applied."""
+    fn, sig, constants, attrs, options = spec
     compiled, result = _compile(target, fn, sig, constants, attrs, options)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
                               _ptxas_log(compiled.asm["ptx"], target.arch))
     result.details = structure
+    consumer_regs = constants["CONSUMER_REGS"]
     expected = {
         "one warp_specialize region": structure["warp_specialize"] == 1,
-        f"{tlx_backward.NUM_CONSUMERS} consumer partitions": structure["partitions"] == tlx_backward.NUM_CONSUMERS,
-        f"setmaxnreg.inc {constants['CONSUMER_REGS']}": constants["CONSUMER_REGS"] in structure["setmaxnreg"]["inc"],
+        f"{num_consumers} consumer partitions": structure["partitions"] == num_consumers,
+        f"setmaxnreg.inc {consumer_regs} (consumers)": consumer_regs in structure["setmaxnreg"]["inc"],
+        "setmaxnreg.dec (producer)": bool(structure["setmaxnreg"]["dec"]),
         "TMA loads (cp.async.bulk.tensor)": structure["tma_loads"] > 0,
         "mbarrier waits": structure["mbarrier_waits"] > 0,
         "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
         "no ptxas C7513 (wgmma serialised)": "C7513" not in structure["ptxas_warnings"],
     }
+    return compiled, result, expected
+
+
+def _finish(result: Result, expected: dict) -> Result:
     result.problems += [f"missing: {what}" for what, ok in expected.items() if not ok]
     result.ok = not result.problems
     return result
@@ -337,38 +341,30 @@ def _check_tlx_dkdv(target: Target) -> Result:
 
 def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
-        return _check_tlx_dkdv(target)
+        from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+        spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
+                                         broadcast_q=target.broadcast_q)
+        _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS)
+        return _finish(result, expected)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
     variant = _variant(target)
-    fn, sig, constants, attrs, options = tlx_forward.compile_spec(
-        target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q, variant=variant,
-        profile=target.profile)
-    compiled, result = _compile(target, fn, sig, constants, attrs, options)
+    spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
+                                    broadcast_q=target.broadcast_q, variant=variant, profile=target.profile)
+    _, sig, constants, attrs, _ = spec
+    _, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
+    structure = result.details
     launch = tlx_launch_binding(target)
-    structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
-                              _ptxas_log(compiled.asm["ptx"], target.arch))
-    result.details = structure
-    consumer_regs = constants["CONSUMER_REGS"]
-    expected = {
-        "one warp_specialize region": structure["warp_specialize"] == 1,
-        f"{tlx_forward.NUM_CONSUMERS} consumer partitions": structure["partitions"] == tlx_forward.NUM_CONSUMERS,
-        f"setmaxnreg.inc {consumer_regs} (consumers)": consumer_regs in structure["setmaxnreg"]["inc"],
-        "setmaxnreg.dec (producer)": bool(structure["setmaxnreg"]["dec"]),
-        "TMA loads (cp.async.bulk.tensor)": structure["tma_loads"] > 0,
-        "mbarrier waits": structure["mbarrier_waits"] > 0,
+    expected.update({
         "pingpong named barriers 9 and 10 (none without pingpong)":
             structure["named_barriers"] == ([9, 10] if variant.pingpong else []),
-        "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
-        "no ptxas C7513 (wgmma serialised)": "C7513" not in structure["ptxas_warnings"],
         "a launch binds to the compiled signature": launch["signature"] == sig,
         "a launch binds to the compiled constants": launch["constants"] == constants,
         "a launch binds to the compiled attributes": launch["attrs"] == attrs,
-    }
+    })
     structure["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
-    result.problems += [f"missing: {what}" for what, ok in expected.items() if not ok]
-    result.ok = not result.problems
-    return result
+    return _finish(result, expected)
 
 
 def run_out_of_process(backend: str, timeout: float = 1200) -> dict:

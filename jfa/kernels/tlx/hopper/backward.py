@@ -38,6 +38,7 @@ from jfa.kernels.tlx.hopper.forward import (
     SCHEDULE_ZIGZAG,
     _bufidx_phase,
     _descriptor,
+    _item_sequence,
     _sm_count,
     _static_item,
     supports,
@@ -86,24 +87,8 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
     bulk_end, num_q_tiles): query steps run over tiles [first, num_q_tiles); the first
     ``n_masked_lead`` of them straddle the causal diagonal, tiles [first + n_masked_lead, bulk_end)
     are fully visible, the rest (at most one: the sequence's partial last tile) masked again."""
-    slot = item // num_heads
-    head = item % num_heads
-    seq = tl.load(TILES + slot)
-    tile = tl.load(TILES + num_slots + slot)
-    valid = seq < num_seqs
-    s = tl.minimum(seq, num_seqs - 1)
-    k_row0 = tl.load(CU_K + s).to(tl.int32)
-    len_k = tl.load(CU_K + s + 1).to(tl.int32) - k_row0
-    if BROADCAST_Q:
-        q_row0 = tl.zeros((), dtype=tl.int32)
-        out_row0 = s.to(tl.int64) * len_q_bcast
-        len_q = len_q_bcast + tl.zeros((), dtype=tl.int32)
-    else:
-        q_row0 = tl.load(CU_Q + s).to(tl.int32)
-        out_row0 = q_row0.to(tl.int64)
-        len_q = tl.load(CU_Q + s + 1).to(tl.int32) - q_row0
-    len_q = tl.where(valid, len_q, 0)
-    len_k = tl.where(valid, len_k, 0)
+    head, tile, q_row0, out_row0, len_q, k_row0, len_k = _item_sequence(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     n_start = tile * TILE_N
     causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
     num_q_tiles = tl.cdiv(len_q, BLOCK_M)

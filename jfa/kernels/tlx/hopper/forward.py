@@ -132,13 +132,10 @@ def _bufidx_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
-def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Everything producer and consumers need about work item ``item``, computed identically by both
-    (they must agree on the number of K/V blocks, or the mbarrier phases and the pingpong drift).
-
-    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks). A spare
-    slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
+def _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q: tl.constexpr):
+    """(head, tile, q_row0, out_row0, len_q, k_row0, len_k) of work item ``item`` = (tile-list slot, head),
+    shared by the TLX kernels. Row origins are int32 (TMA coordinates; the packed tensors are checked
+    to hold < 2**31 rows), output rows int64. A spare slot (sequence == num_seqs) gets both lengths 0."""
     slot = item // num_heads
     head = item % num_heads
     seq = tl.load(TILES + slot)
@@ -155,8 +152,19 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
         q_row0 = tl.load(CU_Q + s).to(tl.int32)
         out_row0 = q_row0.to(tl.int64)
         len_q = tl.load(CU_Q + s + 1).to(tl.int32) - q_row0
-    len_q = tl.where(valid, len_q, 0)
-    len_k = tl.where(valid, len_k, 0)
+    return head, tile, q_row0, out_row0, tl.where(valid, len_q, 0), k_row0, tl.where(valid, len_k, 0)
+
+
+@triton.jit
+def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
+               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Everything producer and consumers need about work item ``item``, computed identically by both
+    (they must agree on the number of K/V blocks, or the mbarrier phases and the pingpong drift).
+
+    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks). A spare
+    slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
+    head, tile, q_row0, out_row0, len_q, k_row0, len_k = _item_sequence(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     m_start = tile * TILE_M
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
     if CAUSAL:
@@ -749,6 +757,18 @@ def _work_counter(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
+_UNUSED_TIMELINES: dict = {}
+
+
+def _unused_timeline(device: torch.device) -> torch.Tensor:
+    """The TIMELINE argument of a launch that records nothing (never written): one per device, so the
+    hot path allocates nothing for it."""
+    key = device.index
+    if key not in _UNUSED_TIMELINES:
+        _UNUSED_TIMELINES[key] = torch.empty((1, 4), dtype=torch.int64, device=device)
+    return _UNUSED_TIMELINES[key]
+
+
 @dataclass
 class Timeline:
     """What a profiling launch recorded: one row per work item (SM, start ns, end ns, CTA), -1 where an
@@ -795,7 +815,8 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
                             work_offsets=cu_k if variant.longest_first else None)
     counter = _work_counter(q.device)
     num_items = tiles.num_slots * num_heads
-    timeline = torch.full((num_items if profile else 1, 4), -1, dtype=torch.int64, device=q.device)
+    timeline = (torch.full((num_items, 4), -1, dtype=torch.int64, device=q.device) if profile
+                else _unused_timeline(q.device))
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs,

@@ -134,25 +134,17 @@ def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep
 
     import triton
 
-    from jfa.bench.suites import flops, get_suite, make_lengths, q_lengths
+    from jfa.bench.runner import launcher_inputs
+    from jfa.bench.suites import flops, get_suite
     from jfa.kernels.triton.forward import jagged_forward
-    from jfa.testing import offsets
 
     table = {}
     for problem in get_suite(suite):
         if problem.D not in tlx_forward.SUPPORTED_HEAD_DIMS:
             continue
-        lengths_k = make_lengths(problem)
-        lengths_q = q_lengths(problem, lengths_k)
-        total_k = int(lengths_k.sum())
-        q_rows = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
-        q = torch.randn(q_rows, problem.H, problem.D, device="cuda", dtype=problem.dtype)
-        k, v = (torch.randn(total_k, problem.H, problem.D, device="cuda", dtype=problem.dtype) for _ in range(2))
-        cu_k = offsets(lengths_k.tolist(), torch.int32, "cuda")
-        cu_q = None if problem.broadcast_q else offsets(lengths_q.tolist(), torch.int32, "cuda")
-        kwargs = dict(causal=problem.causal, softmax_scale=problem.D ** -0.5, broadcast_q=problem.broadcast_q,
-                      num_seqs=problem.B, len_q_bcast=problem.Lq or 0)
-        work = flops(problem, lengths_q, lengths_k, "fwd")
+        b, kwargs = launcher_inputs(problem)
+        q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
+        work = flops(problem, b.lengths_q, b.lengths_k, "fwd")
         row = table[problem.name] = {}
         runs = [(name, lambda variant=ABLATIONS[name]: tlx_forward.jagged_forward_tlx(
             q, k, v, cu_q, cu_k, variant=variant, **kwargs)) for name in variants]

@@ -43,9 +43,9 @@ class Problem:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """Which kernels a call runs (``jfa.which_kernels``): ``forward`` is "tlx-hopper", "triton" or
-    "torch"; ``backward`` is "triton" or "torch"; ``reason`` says why the forward is not the TLX kernel
-    ("" when it is)."""
+    """Which kernels a call runs (``jfa.which_kernels``): ``forward`` and ``backward`` are each
+    "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not the TLX kernel ("" when both
+    are). The TLX backward (TLX dK/dV, portable delta and dQ) follows only the TLX forward."""
 
     forward: str
     backward: str
@@ -237,7 +237,12 @@ def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
         resolved, reason = _tlx_or_portable(backend, _last_dim_contiguous(q), _last_dim_contiguous(k),
                                             _last_dim_contiguous(v))
     forward = {"tlx": "tlx-hopper"}.get(resolved, resolved)
-    return KernelChoice(forward, "torch" if resolved == "torch" else "triton", reason)
+    backward = "torch" if resolved == "torch" else "triton"
+    if resolved == "tlx":
+        ok, backward_reason = tlx_backward_supports(q)
+        backward = "tlx-hopper" if ok else "triton"
+        reason = reason or backward_reason
+    return KernelChoice(forward, backward, reason)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -254,10 +259,10 @@ def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_s
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
 
 
-def _forward_op(name: str, module: str, launcher: str):
+def _forward_op(name: str, module: str, launcher: str, backward):
     """A forward custom op ``jfa::<name>`` calling ``module.launcher`` (looked up at each call), with the
-    shared fake kernel and autograd formula: every forward kernel keeps the out/lse contract, so all
-    of them differentiate through the portable backward."""
+    shared fake kernel; ``backward(ctx, dout, dlse)`` is its autograd formula. Every forward kernel keeps
+    the out/lse contract, so any backward can follow any forward."""
 
     @torch.library.custom_op(f"jfa::{name}", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
@@ -268,24 +273,31 @@ def _forward_op(name: str, module: str, launcher: str):
                       num_seqs=num_seqs, len_q_bcast=len_q_bcast)
 
     op.register_fake(_forward_fake)
-    op.register_autograd(_backward, setup_context=_setup_context)
+    op.register_autograd(backward, setup_context=_setup_context)
     return op
 
 
-@torch.library.custom_op("jfa::triton_backward", mutates_args=())
-def _triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                     dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor],
-                     cu_k: torch.Tensor, causal: bool, softmax_scale: float, broadcast_q: bool,
-                     num_seqs: int, len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from jfa.kernels.triton.backward import jagged_backward
+def _backward_op(name: str, module: str, launcher: str):
+    """A backward custom op ``jfa::<name>`` calling ``module.launcher``: (dq, dk, dv) like (q, k, v)."""
 
-    return jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                           broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse)
+    @torch.library.custom_op(f"jfa::{name}", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+           dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int,
+           len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        launch = getattr(importlib.import_module(module), launcher)
+        return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                      broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse)
+
+    @op.register_fake
+    def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    return op
 
 
-@_triton_backward.register_fake
-def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+_triton_backward = _backward_op("triton_backward", "jfa.kernels.triton.backward", "jagged_backward")
+_tlx_backward = _backward_op("tlx_backward", "jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
 
 
 def _setup_context(ctx, inputs, output):
@@ -295,7 +307,7 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast)
 
 
-def _backward(ctx, dout, dlse):
+def _portable_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
@@ -303,8 +315,40 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-_triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward")
-_tlx_forward = _forward_op("tlx_forward", "jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx")
+def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
+    """(True, "") when the TLX backward takes the gradients of a TLX forward on ``q`` (and ``dout``, when
+    known), else (False, why). The TLX forward already accepted q, k, v."""
+    from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
+    from jfa.kernels.tlx.hopper.forward import supports
+
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return False, f"head_dim {q.shape[-1]} not supported by the TLX backward (only {SUPPORTED_HEAD_DIMS})"
+    if dout is not None:
+        ok, reason = supports(dout, dout.shape[-1], dout.dtype)
+        if not ok:
+            return False, f"grad of out: {reason}"
+    return True, ""
+
+
+def _tlx_backward_or_portable(ctx, dout, dlse):
+    """After the TLX forward: the TLX backward where it applies, else the portable one (logged once)."""
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dout = _last_dim_contiguous(dout)
+    ok, reason = tlx_backward_supports(q, dout)
+    if not ok:
+        if reason not in _fallbacks_logged:
+            _fallbacks_logged.add(reason)
+            log.info("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
+        return _portable_backward(ctx, dout, dlse)
+    dq, dk, dv = _tlx_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward", _portable_backward)
+_tlx_forward = _forward_op("tlx_forward", "jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx",
+                           _tlx_backward_or_portable)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -323,7 +367,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
-    why, and the logger "jfa" reports each distinct fallback once (INFO). The backward is the portable one.
+    why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
+    backward runs the TLX dK/dV kernel (head dims 64 and 128) with the portable delta and dQ passes.
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,

@@ -213,6 +213,16 @@ class Report:
     backend: str
     verdicts: list = field(default_factory=list)
     kernel: str = ""  # the forward kernel that ran (jfa.which_kernels), e.g. "tlx-hopper" or "triton"
+    backward_kernel: str = ""  # the backward kernel that ran (gradient cases only)
+
+    def worst_per_kernel(self) -> dict:
+        """{"fwd <kernel>": worst ratio of out/lse, "bwd <kernel>": worst ratio of the gradients}."""
+        out = {}
+        for v in self.verdicts:
+            grad = v.name in ("dq", "dk", "dv")
+            key = f"bwd {self.backward_kernel or self.kernel}" if grad else f"fwd {self.kernel}"
+            out[key] = max(out.get(key, 0.0), v.ratio)
+        return out
 
     @property
     def ok(self) -> bool:
@@ -280,7 +290,8 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     o_exact, lse_exact = oracle.attention_forward(_np(inp.q), _np(inp.k), _np(inp.v), cu_q_np, cu_k_np, **kwargs)
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
-    report = Report(case, backend, kernel=jfa.which_kernels(q, k, v, backend=backend).forward)
+    choice = jfa.which_kernels(q, k, v, backend=backend)
+    report = Report(case, backend, kernel=choice.forward, backward_kernel=choice.backward if backward else "")
     mag = {name: float(t.detach().abs().max()) if t.numel() else 0.0
            for name, t in (("q", inp.q), ("k", inp.k), ("v", inp.v), ("do", inp.dout))}
     scale = abs(case.softmax_scale) if case.softmax_scale is not None else case.head_dim ** -0.5

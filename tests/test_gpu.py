@@ -36,7 +36,7 @@ def test_offsets_past_int32_elements(device):
         assert np.abs(f(got) - ref).max() < 0.05
 
 
-def test_dq_bitwise_reproducible_over_20_runs_on_contended_broadcast_q(device):
+def test_grads_bitwise_reproducible_over_20_runs_on_contended_broadcast_q(device):
     g = torch.Generator(device="cuda").manual_seed(1)
     B, Lq, H, D = 256, 128, 4, 64
     lengths = torch.randint(1, 300, (B,), generator=torch.Generator().manual_seed(0))
@@ -48,8 +48,10 @@ def test_dq_bitwise_reproducible_over_20_runs_on_contended_broadcast_q(device):
     dout = torch.randn(B * Lq, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
     first = None
     for _ in range(20):
-        qq = q.detach().requires_grad_()
-        jfa.jagged_attention(qq, k, v, None, cu, broadcast_q=True, deterministic=True).backward(dout)
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        jfa.jagged_attention(qq, kk, vv, None, cu, broadcast_q=True, deterministic=True).backward(dout)
+        grads = (qq.grad, kk.grad, vv.grad)
         if first is None:
-            first = qq.grad.clone()
-        assert torch.equal(qq.grad, first)
+            first = tuple(g.clone() for g in grads)
+        for name, got, want in zip("qkv", grads, first):
+            assert torch.equal(got, want), f"d{name} changed between runs"

@@ -1,11 +1,12 @@
 """Offline compile gate for the TLX Hopper kernels (no GPU needed): every shipped forward config (bf16/fp16
 x D 64/128 x causal x broadcast-Q), its ablation variants and timeline build, and the dK/dV kernel
-(not dispatched yet) compile for sm_90a with
-wgmma, no spills, shared memory within the SM, and the structure the design relies on (warp-specialised
+(D 64/128) compile for sm_90a with wgmma, no spills, shared memory within the SM, and the structure the design relies on (warp-specialised
 partitions with setmaxnreg, TMA loads, mbarrier waits, the pingpong named barriers, no wgmma
 serialisation). The compile runs in a child process because this test process has Triton's interpreter
 switched on. These tests say it builds as designed; that it is right is the GPU suite's job."""
+import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -82,4 +83,30 @@ def test_variants_and_timeline_build_are_targets():
     names = {t.name for t in tlx_targets()}
     for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "peel=0", "profile"):
         assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant
-    assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq"} <= names
+    assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq", "tlx-dkdv-bf16-D128",
+            "tlx-dkdv-bf16-D128-causal", "tlx-dkdv-fp16-D128-bcastq"} <= names
+
+
+@pytest.mark.parametrize("lengths", [(0, 5, 1, 8, 3, 0), (4, 4), (1,), (0,)], ids=["mixed", "aligned", "one", "empty"])
+def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device):
+    """The dK/dV kernel's TMA-loaded statistics: each sequence's rows at a column that is a multiple of 4
+    (TMA's innermost coordinate must be 16-byte aligned), lse in base 2 with +inf for rows that saw no
+    key, delta beside it, zeros in the gaps (a box reaching past a sequence must read finite values)."""
+    cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
+    rows, heads = int(cu[-1]), 3
+    g = torch.Generator().manual_seed(0)
+    lse = torch.randn(rows, heads, generator=g)
+    lse[::3, 1] = float("-inf")
+    delta = torch.randn(rows, heads, generator=g)
+    from jfa.kernels.tlx.hopper import backward
+
+    stats, stats_cu = backward.row_stats(lse, delta, cu, len(lengths))
+    assert stats.shape[0] == 2 * heads and stats.shape[1] % 4 == 0 and int(stats_cu[-1]) <= stats.shape[1]
+    assert (stats_cu % 4 == 0).all()
+    expected = torch.zeros_like(stats)
+    for b, n in enumerate(lengths):
+        cols = slice(int(stats_cu[b]), int(stats_cu[b]) + n)
+        lse_b = lse[int(cu[b]):int(cu[b + 1])].t()
+        expected[:heads, cols] = torch.where(lse_b == float("-inf"), float("inf"), lse_b * math.log2(math.e))
+        expected[heads:, cols] = delta[int(cu[b]):int(cu[b + 1])].t()
+    torch.testing.assert_close(stats, expected, rtol=1e-6, atol=0)

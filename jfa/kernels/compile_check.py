@@ -94,7 +94,7 @@ def tlx_targets() -> list:
 
 
 def tlx_backward_targets() -> list:
-    """The TLX Hopper dK/dV kernel (not dispatched yet): every shipped config x causal; broadcast-Q."""
+    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q."""
     from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
 
     targets = []

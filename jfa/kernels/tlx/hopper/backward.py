@@ -1,9 +1,8 @@
 """Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel (issue 4, first part).
 
-STATUS: compile-verified offline only (``python -m jfa.kernels.compile_check --backend tlx``); it has
-never run on a GPU and nothing in ``jfa.api`` reaches it. ``jagged_backward_tlx`` is the portable
-backward (``jfa.kernels.triton.backward``) with its dK/dV pass swapped for this kernel: the delta
-pre-pass and the dQ pass stay portable until the staged dQ reduction lands (issue 4, part 2).
+``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable backward
+(``jfa.kernels.triton.backward``: delta pre-pass, dQ pass without atomics) with its dK/dV pass on this
+kernel. The staged dQ reduction (TMA reduce-add) is issue 4's next part.
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -12,17 +11,21 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   the key offsets and sorted by each sequence's query length (the work a key tile streams over).
 * Producer (default partition, one warpgroup): per item, TMA loads of each consumer's K and V half
   (``BLOCK_N`` rows each, single-buffered: reloaded when both MMAs of the item's last step retired),
-  then one (Q, dO) tile pair of ``BLOCK_M`` query rows per step into a ring shared by both consumers.
+  then per step the ``BLOCK_M`` query rows' Q, dO and row statistics (lse2, delta) into a ring shared by
+  both consumers. The statistics come transposed ([2H, T], ``row_stats``) so that a tile's rows are one
+  TMA box: as per-step global loads they sat on every step's critical path (0.7x the portable pass).
 * Two consumer warpgroups, each owning ``BLOCK_N`` key rows, in the transposed formulation: per query
   step ``S^T = K Q^T`` and ``dP^T = V dO^T`` on wgmma, ``P^T = exp2(S^T * scale * log2 e - lse2)``,
   ``dS^T = P^T (dP^T - delta)``, then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T as
-  register A operands. dK and dV live in registers for the whole item and are written once.
+  register A operands. dK and dV live in registers for the whole item and are written once, so dK and
+  dV are bitwise reproducible.
 * Loop peeling: steps whose every query row sees every key of the tile run without a mask; the causal
   diagonal and the sequence's last partial query tile run the masked step (one helper, ``MASKED``).
-* Jagged tails without padding: the TMA boxes may read rows of the next sequence; their lse and delta
-  are loaded masked (lse2 = +inf makes P^T exactly 0) and key rows past the sequence are never stored.
+* Jagged tails without padding: the TMA boxes may read rows of the next sequence (Q, dO and its
+  statistics); the masked step zeroes P^T (and so dS^T) for every query row past the sequence, and key
+  rows past the sequence are never stored.
 
-Supported: bf16 and fp16, head dim 64 (D 128 spills; see ``_CONFIGS``), the forward's TMA layout rules.
+Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 """
 from __future__ import annotations
 
@@ -60,13 +63,15 @@ _CONSUMERS = tl.constexpr(NUM_CONSUMERS)
 _CONSUMER_WARPS = tl.constexpr(4)
 
 _CONFIGS: dict[int, HopperDkDvConfig] = {
-    # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64x32) 16 each; no
-    # spill at 240 registers (232 spilled; 64-row steps spill 24 B in the broadcast-Q build). Shared
-    # memory: K, V halves 4 x 8 KB + 3 stages x (Q 4 KB + dO 4 KB) = 56 KB (72 KB with Triton's scratch).
-    64: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
-    # D 128 is not shipped yet: dK and dV alone take 128 regs/thread, and the best build measured
-    # offline (32-row steps, 240 registers) still spills 8 B; 16-row steps are not possible (wgmma
-    # N >= 32). Needs the accumulators split differently (issue 4; NOTES.md has the measurements).
+    # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64 x block_m) 16-32
+    # each; no spill at 240 registers. Shared memory: K, V halves 4 x 8 KB + 3 stages x (Q, dO, lse2,
+    # delta). 32-row steps ran at 0.7x the portable dK/dV pass on the H200 when lse and delta were
+    # global loads on each step's critical path (NOTES.md, 2026-11-29); they now come by TMA with Q, dO.
+    64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=240),
+    # D 128: dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
+    # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
+    # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B) = 113 KB.
+    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 
@@ -105,24 +110,30 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
-def _step_tile(j, first, n_lead, bulk_end):
-    """Query tile of the j-th step of an item. Masked steps come first (the causal diagonal tiles, then
-    the partial last tile), the fully visible bulk after them: the consumer runs two loops (masked,
-    bulk) instead of three, one inlined copy of the step less (registers), and the producer loads in
-    the same order."""
-    return tl.where(j < n_lead, first + j, bulk_end + j - n_lead)
+def _step_order(s, first, n_lead, n_masked, bulk_end):
+    """Query tile of the s-th step of an item, in the order producer and consumers share: the masked
+    steps first (the causal diagonal tiles, then the sequence's partial last tile), the fully visible
+    bulk after them. The consumer then runs two loops (masked, bulk) instead of three: one inlined copy
+    of the step less (registers)."""
+    masked_tile = tl.where(s < n_lead, first + s, bulk_end + s - n_lead)
+    return tl.where(s < n_masked, masked_tile, first + n_lead + s - n_masked)
 
 
 @triton.jit
-def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k_tiles, v_tiles, q_tiles, do_tiles,
-                       kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, num_slots, num_heads,
-                       num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
-    """Producer, one work item: each consumer's K and V half, then the (Q, dO) tile of every step."""
+def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
+                       q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
+                       TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+                       col_stride_k, col_stride_v, col_stride_do, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """Producer, one work item: each consumer's K and V half, then per step the query tile's Q, dO and
+    row statistics (lse2 and delta rows of the transposed stats tensor)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
+    # the sequence's first column in the stats tensor (a multiple of 4: TMA's innermost coordinate must
+    # be 16-byte aligned, or the copy is an illegal instruction)
+    seq = tl.minimum(tl.load(TILES + item // num_heads), num_seqs - 1)
+    stats_col0 = tl.load(STATS_CU + seq).to(tl.int32)
     n_masked = n_lead + num_q_tiles - bulk_end
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -132,45 +143,41 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k
         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, head * col_stride_k], kv_fulls[c])
         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, head * col_stride_v], kv_fulls[c])
     for j in tl.range(0, num_q_tiles - first):
-        # masked steps first, then the bulk (the consumers' order, see _step_tile)
-        i = tl.where(j < n_masked, _step_tile(j, first, n_lead, bulk_end), first + n_lead + j - n_masked)
+        i = _step_order(j, first, n_lead, n_masked, bulk_end)
         buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES)
+        tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
+        o_row = (out_row0 + i * BLOCK_M).to(tl.int32)
         tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row0 + i * BLOCK_M, head * col_stride_q], qdo_fulls[buf])
-        tlx.async_descriptor_load(desc_do, do_tiles[buf], [(out_row0 + i * BLOCK_M).to(tl.int32),
-                                                           head * col_stride_do], qdo_fulls[buf])
+        tlx.async_descriptor_load(desc_do, do_tiles[buf], [o_row, head * col_stride_do], qdo_fulls[buf])
+        stats_col = stats_col0 + i * BLOCK_M
+        tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
+        tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
         qdo_cnt += 1
     return kv_cnt + 1, qdo_cnt
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, LSE, DELTA, out_row0, m_start, offs_n, len_q, num_heads,
-               head, causal_shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               DTYPE: tl.constexpr):
+def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_start, offs_n, len_q, causal_shift,
+               qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q. Returns (dk, dv) with both MMAs retired."""
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    o_rows = out_row0 + offs_m.to(tl.int64)
-    if MASKED:
-        m_ok = offs_m < len_q
-        lse = tl.load(LSE + o_rows * num_heads + head, mask=m_ok, other=float("-inf"))
-        delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_ok, other=0.0)
-    else:
-        lse = tl.load(LSE + o_rows * num_heads + head)
-        delta = tl.load(DELTA + o_rows * num_heads + head)
-    # a row that saw no key (or lies past the sequence) has lse = -inf: +inf makes P^T exactly 0
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
+    lse2 = tlx.local_load(lse_tile)                          # [1, BLOCK_M]: lse * log2(e), +inf for empty rows
     s_t = tlx.async_dot_wait(1, s_t)
-    p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+    p_t = tl.math.exp2(s_t * qk_scale - lse2)
     if MASKED:
+        # the TMA boxes may reach into the next sequence's rows: their P^T (and so dS^T) must be 0
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        visible = (offs_m < len_q)[None, :]
         if CAUSAL:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, p_t, 0.0)
+            visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+        p_t = tl.where(visible, p_t, 0.0)
+    delta = tlx.local_load(delta_tile)                       # [1, BLOCK_M]
     dp_t = tlx.async_dot_wait(0, dp_t)
     dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
-    ds_t = p_t * (dp_t - delta[None, :])
+    ds_t = p_t * (dp_t - delta)
     dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
     dv = tlx.async_dot_wait(1, dv)
     dk = tlx.async_dot_wait(0, dk)
@@ -178,47 +185,46 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, LSE, DELTA, out_row0, m_
 
 
 @triton.jit
-def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA,
-                    out_row0, m_start, offs_n, len_q, num_heads, head, causal_shift, qk_scale, MASKED: tl.constexpr,
+def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                    qdo_empties, m_start, offs_n, len_q, causal_shift, qk_scale, MASKED: tl.constexpr,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
-    """Wait for the next (Q, dO) ring slot, run one step on it, hand the slot back."""
+    """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
-    dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], LSE, DELTA, out_row0, m_start, offs_n,
-                        len_q, num_heads, head, causal_shift, qk_scale, MASKED, CAUSAL, BLOCK_M, DTYPE)
+    dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
+                        m_start, offs_n, len_q, causal_shift, qk_scale, MASKED, CAUSAL, BLOCK_M, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
 
 @triton.jit
-def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, kv_fulls, kv_empties, qdo_fulls,
-                       qdo_empties, DK, DV, LSE, DELTA, TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt,
-                       stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
+def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
+                       kv_empties, qdo_fulls, qdo_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt, stride_dkh,
+                       stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
-    head, _qr, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
+    head, _qr, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
         _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
                    TILE_N, BLOCK_M)
+    n_masked = n_lead + num_q_tiles - bulk_end
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    # masked steps (causal diagonal, partial last tile) first, then the bulk: the producer's order
-    for j in tl.range(0, n_lead + num_q_tiles - bulk_end):
+    for j in tl.range(0, n_masked):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA, out_row0,
-            _step_tile(j, first, n_lead, bulk_end) * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift,
-            qk_scale, True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, causal_shift, qk_scale,
+            True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, qdo_fulls, qdo_empties, LSE, DELTA, out_row0,
-            i * BLOCK_M, offs_n, len_q, num_heads, head, causal_shift, qk_scale, False, CAUSAL, BLOCK_M,
-            NUM_BUFFERS_QDO, DTYPE)
+            dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+            i * BLOCK_M, offs_n, len_q, causal_shift, qk_scale, False, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -234,7 +240,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_dkdv_tlx_kernel(
-    desc_q, desc_k, desc_v, desc_do, DK, DV, LSE, DELTA, CU_Q, CU_K, TILES,
+    desc_q, desc_k, desc_v, desc_do, desc_stats, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -251,6 +257,8 @@ def jagged_dkdv_tlx_kernel(
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
+    lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
+    delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
@@ -264,10 +272,11 @@ def jagged_dkdv_tlx_kernel(
                 item = _static_item(rounds, pid, num_progs, SCHEDULE_ZIGZAG)
                 if item < num_items:
                     kv_cnt, qdo_cnt = _produce_dkdv_item(
-                        item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, k_tiles, v_tiles, q_tiles, do_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, num_slots, num_heads,
-                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, CAUSAL,
-                        BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, KV_BYTES, QDO_BYTES)
+                        item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
+                        q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
+                        TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
+                        col_stride_v, col_stride_do, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        KV_BYTES, QDO_BYTES)
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
@@ -277,10 +286,11 @@ def jagged_dkdv_tlx_kernel(
                 item = _static_item(rounds, pid, num_progs, SCHEDULE_ZIGZAG)
                 if item < num_items:
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
-                        item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, kv_fulls, kv_empties, qdo_fulls,
-                        qdo_empties, DK, DV, LSE, DELTA, TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt,
-                        stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM,
-                        CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+                        item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
+                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt,
+                        stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale,
+                        qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        DTYPE)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,9 +305,9 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)  # explicit pipelining only
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, config: HopperDkDvConfig = None):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
-    cfg = config_for(head_dim)
+    cfg = config or config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q)
     blocks = {"desc_q": cfg.block_m, "desc_do": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
     signature, attrs = {}, {}
@@ -306,12 +316,14 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
             signature[name] = "constexpr"
         elif name in blocks:
             signature[name] = f"tensordesc<{dtype}[{blocks[name]}, {head_dim}]>"
+        elif name == "desc_stats":
+            signature[name] = f"tensordesc<fp32[1, {cfg.block_m}]>"
         elif name in ("DK", "DV"):
             signature[name] = f"*{dtype}"
-        elif name in ("LSE", "DELTA"):
-            signature[name] = "*fp32"
         elif name in ("CU_Q", "CU_K", "TILES"):
             signature[name] = "*i32"
+        elif name == "STATS_CU":
+            signature[name] = "*i64"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:
@@ -321,11 +333,56 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool):
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
 
+@triton.jit
+def row_stats_kernel(LSE, DELTA, OUT_CU, STATS_CU, STATS, num_heads, stride_stats, BLOCK: tl.constexpr):
+    """One (sequence, head): copy its rows' lse * log2(e) (+inf where lse = -inf) and delta into the
+    stats tensor, starting at the sequence's aligned column STATS_CU[seq]."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row0 = tl.load(OUT_CU + seq).to(tl.int64)
+    length = tl.load(OUT_CU + seq + 1).to(tl.int64) - row0
+    col0 = tl.load(STATS_CU + seq)
+    for start in range(0, length, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < length
+        lse = tl.load(LSE + (row0 + offs) * num_heads + head, mask=ok, other=0.0)
+        delta = tl.load(DELTA + (row0 + offs) * num_heads + head, mask=ok, other=0.0)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        tl.store(STATS + head * stride_stats + col0 + offs, lse2, mask=ok)
+        tl.store(STATS + (num_heads + head) * stride_stats + col0 + offs, delta, mask=ok)
+
+
+def row_stats(lse: torch.Tensor, delta: torch.Tensor, out_cu: torch.Tensor, num_seqs: int):
+    """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
+    ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
+    ``stats[H + h, c] = delta[t, h]``, where row t of sequence b sits in column
+    ``stats_cu[b] + (t - out_cu[b])``. Every sequence starts at a multiple of 4 columns (TMA's innermost
+    coordinate must be 16-byte aligned); the gaps hold 0, so a box reaching past a sequence reads finite
+    values (the kernel masks them). Returns (stats [2H, width] float32, stats_cu [B+1] int64). No host sync."""
+    rows, num_heads = lse.shape
+    lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
+    stats_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=lse.device)
+    torch.cumsum((lengths + 3) // 4 * 4, 0, out=stats_cu[1:])
+    width = -(-(rows + 3 * num_seqs + 1) // 4) * 4  # >= stats_cu[-1], a multiple of 4 (16-byte row stride)
+    stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
+    if rows and num_heads and num_seqs:
+        row_stats_kernel[(num_seqs, num_heads)](lse, delta, out_cu, stats_cu, stats, num_heads, stats.stride(0),
+                                                BLOCK=256)
+    return stats, stats_cu
+
+
+def _stats_descriptor(stats: torch.Tensor, block_m: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(stats, shape=list(stats.shape), strides=[stats.stride(0), 1], block_shape=[1, block_m])
+
+
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
-                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0) -> None:
+                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). Raises ValueError when the
-    TLX kernel cannot take these inputs (``forward.supports``, dout included)."""
+    TLX kernel cannot take these inputs (``forward.supports``, dout included). ``config`` overrides the
+    shipped config (measurements)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if ok and head_dim not in SUPPORTED_HEAD_DIMS:
@@ -334,7 +391,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
-    cfg = config_for(head_dim)
+    cfg = config or config_for(head_dim)
     if k.shape[0] == 0:
         return
     if q.shape[0] == 0 or dout.shape[0] == 0:  # no query anywhere: every key gets zero gradients
@@ -347,11 +404,13 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_do, col_do = _descriptor(dout, cfg.block_m)
     desc_k, col_k = _descriptor(k, cfg.block_n)
     desc_v, col_v = _descriptor(v, cfg.block_n)
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
+    desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
     grid = (min(_sm_count(q.device), num_items),)
     jagged_dkdv_tlx_kernel[grid](
-        desc_q, desc_k, desc_v, desc_do, dk, dv, lse, delta, cu_q, cu_k, tiles.tiles,
+        desc_q, desc_k, desc_v, desc_do, desc_stats, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
         num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
         **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q), **_launch_options())

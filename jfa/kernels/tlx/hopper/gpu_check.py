@@ -5,6 +5,7 @@
     compute-sanitizer --tool memcheck python -m jfa.kernels.tlx.hopper.gpu_check sanitize  # small adversarial shapes
     python -m jfa.kernels.tlx.hopper.gpu_check bench        # gem suite: TLX vs portable forward, TFLOP/s
     python -m jfa.kernels.tlx.hopper.gpu_check ablation     # each schedule/pingpong/peeling switch off in turn
+    python -m jfa.kernels.tlx.hopper.gpu_check bwd          # backward: portable vs TLX dK/dV pass, TFLOP/s
 
 Run each under ``timeout -s KILL`` (a pipeline bug shows up as a hang: mbarrier phases or the pingpong
 handshake out of step); every line is flushed before the next launch, so the last line printed names
@@ -101,14 +102,23 @@ def sanitize_cases() -> list:
     return out
 
 
-def sanitize() -> int:
-    """Launch each sanitizer case (forward, backend="tlx") and check it against the oracle; run this
-    under ``compute-sanitizer --tool memcheck|racecheck --error-exitcode 9``."""
+def sanitize(backward: bool = False) -> int:
+    """Launch each sanitizer case (forward, backend="tlx"; with ``backward`` also the gradients, the
+    dK/dV pass on the TLX kernel where it applies) and check it against the oracle; run this under
+    ``compute-sanitizer --tool memcheck|racecheck --error-exitcode 9``."""
+    import functools
+
+    import jfa.kernels.triton.backward as portable
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
     from jfa.testing import run_case
 
+    if backward:  # the API's backward looks the launcher up at each call
+        portable.jagged_backward = functools.partial(portable.jagged_backward, dkdv=tlx_backward.jagged_dkdv_tlx)
     bad = 0
     for case in sanitize_cases():
-        report = run_case(case, backend="tlx", device="cuda", backward=False)
+        if backward and case.head_dim not in tlx_backward.SUPPORTED_HEAD_DIMS:
+            continue
+        report = run_case(case, backend="tlx", device="cuda", backward=backward)
         torch.cuda.synchronize()
         bad += not report.ok
         _say(f"{'ok  ' if report.ok else 'FAIL'} {case.id}: {report.worst}")
@@ -159,10 +169,65 @@ def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep
     return 0
 
 
+def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
+    """Backward TFLOP/s: the portable backward, and the same with its dK/dV pass on the TLX kernel (shipped
+    config; at D64 also 32-row steps). The dK/dV pass alone is the difference to a run that skips it
+    (same delta and dQ passes). dK/dV of every variant are checked against the portable ones."""
+    import dataclasses
+    import functools
+    import json
+
+    import triton
+
+    from jfa.bench.runner import launcher_inputs
+    from jfa.bench.suites import flops, get_suite
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+    from jfa.kernels.triton.backward import jagged_backward
+
+    def skip_dkdv(*args, **kwargs):
+        return None
+
+    table = {}
+    for problem in get_suite(suite):
+        if problem.D not in tlx_backward.SUPPORTED_HEAD_DIMS:
+            continue
+        b, kwargs = launcher_inputs(problem)
+        q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
+        o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
+        do = torch.randn_like(o)
+        work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
+        hooks = {"portable": None, "tlx": tlx_backward.jagged_dkdv_tlx}
+        if problem.D == 64:
+            m32 = dataclasses.replace(tlx_backward.config_for(64), block_m=32)
+            hooks["tlx-m32"] = functools.partial(tlx_backward.jagged_dkdv_tlx, config=m32)
+        ref = jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
+        row = table[problem.name] = {}
+        for name, hook in hooks.items():
+            got = jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=hook, **kwargs)
+            diff = max((float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
+                       for a, r in zip(got[1:], ref[1:]))
+            ms = triton.testing.do_bench(lambda hook=hook: jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=hook,
+                                                                           **kwargs), warmup=25, rep=rep)
+            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), "dkdv_max_abs_diff": diff}
+        rest = triton.testing.do_bench(lambda: jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=skip_dkdv,
+                                                               **kwargs), warmup=25, rep=rep)
+        for name in hooks:
+            row[name]["dkdv_ms"] = round(row[name]["ms"] - rest, 4)
+        row["delta_and_dq_ms"] = round(rest, 4)
+        _say(f"{problem.name:40s} " + "  ".join(
+            f"{n}: {r['bwd_tflops']} TFLOP/s (dK/dV {r['dkdv_ms']} ms, diff {r['dkdv_max_abs_diff']:.2g})"
+            for n, r in row.items() if isinstance(r, dict)) + f"  delta+dQ {rest:.3f} ms")
+    if out:
+        with open(out, "w") as f:
+            json.dump({"suite": suite, "bwd": table, "device": torch.cuda.get_device_name()}, f, indent=2)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jfa.kernels.tlx.hopper.gpu_check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation"))
+    parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd"))
+    parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
     parser.add_argument("--only", default="", help="correctness: substring of the case names to run")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
@@ -180,7 +245,9 @@ def main(argv=None) -> int:
     if args.what == "correctness":
         return correctness(args.only)
     if args.what == "sanitize":
-        return sanitize()
+        return sanitize(args.backward)
+    if args.what == "bwd":
+        return bwd(args.suite, args.out, args.rep)
     if args.what == "ablation":
         return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
     return bench(args.suite, ("shipped",), args.out, args.rep)

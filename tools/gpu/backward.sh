@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# TLX backward pass on the GPU (from the repo root, after `source .gpu/device-env.sh`): the dK/dV
+# kernel's oracle tests, its timing against the portable dK/dV pass, compute-sanitizer on the
+# gradients of the adversarial shapes. Everything lands in $OUT/backward.tgz.
+set -u
+source "$(dirname "$0")/lib.sh"; results_dir backward
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > $R/gpu.csv
+step 240 python3 -m pytest tests/test_tlx_gpu.py --device cuda -n 6 -q -rfE -p no:cacheprovider -k "${TESTS:-dkdv or backward}" \
+  --timeout 150 --timeout-method thread --junitxml $R/junit-tlx-bwd.xml > $R/pytest-tlx-bwd.log 2>&1
+tail -3 $R/pytest-tlx-bwd.log; grep -E "^(FAILED|ERROR)" $R/pytest-tlx-bwd.log | head -20
+step 150 python3 -m jfa.kernels.tlx.hopper.gpu_check bwd --rep ${REP:-60} --out $R/bwd.json 2>&1 | tee $R/bwd.log
+for tool in ${SANITIZERS:-memcheck racecheck}; do
+  step 90 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
+    python3 -m jfa.kernels.tlx.hopper.gpu_check sanitize --backward > $R/sanitizer-bwd-$tool.log 2>&1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-bwd-$tool.log | sort | uniq -c | head -6
+done

@@ -25,6 +25,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    from hypothesis import settings
+
+    if config.getoption("--device") == "cuda" and settings.get_current_profile_name() == "ci":
+        settings.load_profile("ci-gpu")  # fewer derandomised examples: each compiles GPU specialisations
     if config.getoption("--device") == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise pytest.UsageError("triton was imported before the interpreter could be enabled; "

@@ -1,7 +1,9 @@
 """Hypothesis profiles for the property suite, registered once (conftest and ``jfa fuzz`` both use them).
 
 - ``ci``: derandomised (same examples every run), bounded, no example database: fits the CI budget
-  and never flakes; the default.
+  and never flakes; the default. ``ci-gpu``: the same with fewer examples, which the GPU suite loads in
+  place of ``ci`` (each example there compiles new TLX and portable specialisations: 40 of them
+  overran a 120 s per-test limit on 14 busy workers; the nightly fuzzer is the GPU's search).
 - ``dev``: random, more examples, with the local example database (failures replay first).
 - ``nightly``: random and effectively unbounded; ``jfa fuzz`` bounds it by wall time instead.
 Select with ``--hypothesis-profile NAME`` or ``JFA_FUZZ_PROFILE=NAME``.
@@ -12,13 +14,14 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-PROFILES = ("ci", "dev", "nightly")
+PROFILES = ("ci", "ci-gpu", "dev", "nightly")
 _common = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
 def register_profiles() -> None:
     settings.register_profile("ci", max_examples=40, derandomize=True, database=None, **_common)
+    settings.register_profile("ci-gpu", max_examples=12, derandomize=True, database=None, **_common)
     settings.register_profile("dev", max_examples=300, **_common)
     settings.register_profile("nightly", max_examples=10_000_000, **_common)
 

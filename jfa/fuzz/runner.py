@@ -39,6 +39,7 @@ def case_record(case, report=None, *, backend="auto", device="cpu", note="") -> 
                               for v in report.verdicts]
         record["ok"] = report.ok
         record["kernel"] = report.kernel
+        record["backward_kernel"] = report.backward_kernel
     return record
 
 
@@ -133,7 +134,9 @@ def run_worker(index: int, out_dir: Path, deadline: float, backend: str, device:
         worst = report.worst
         log.write(json.dumps({"t": round(time.time(), 3), "case": case.id, "ok": report.ok, "ratio": worst.ratio
                               if worst.ratio != float("inf") else 1e9, "tensor": worst.name,
-                              "kernel": report.kernel, "seconds": round(time.time() - start, 3)}) + "\n")
+                              "kernel": report.kernel, "per_kernel": {k: min(r, 1e9) for k, r in
+                                                                      report.worst_per_kernel().items()},
+                              "seconds": round(time.time() - start, 3)}) + "\n")
         target(min(worst.ratio, 1e6), label="worst error / allowed")
         if not report.ok:
             state["last_failure"] = (case, report, "")
@@ -180,11 +183,12 @@ def _read_logs(out_dir: Path) -> dict:
                 n += 1
                 if row["ratio"] > stats["worst"]:
                     stats["worst"], stats["worst_case"] = row["ratio"], f"{row['tensor']} of {row['case']}"
-                kernel = stats["per_kernel"].setdefault(row.get("kernel") or "?", {"examples": 0, "worst": 0.0,
-                                                                                   "worst_case": ""})
-                kernel["examples"] += 1
-                if row["ratio"] > kernel["worst"]:
-                    kernel["worst"], kernel["worst_case"] = row["ratio"], f"{row['tensor']} of {row['case']}"
+                per_kernel = row.get("per_kernel") or {f"fwd {row.get('kernel') or '?'}": row["ratio"]}
+                for name, ratio in per_kernel.items():
+                    kernel = stats["per_kernel"].setdefault(name, {"examples": 0, "worst": 0.0, "worst_case": ""})
+                    kernel["examples"] += 1
+                    if ratio > kernel["worst"]:
+                        kernel["worst"], kernel["worst_case"] = ratio, row["case"]
             elif "failure" in row:
                 stats["failures"] += 1
             elif "error" in row:
@@ -192,6 +196,31 @@ def _read_logs(out_dir: Path) -> dict:
         stats["examples"] += n
         stats["per_worker"][path.stem] = n
     return stats
+
+
+def wait_for_workers(children: list, deadline: float, grace: float, on_tick=None) -> list:
+    """Wait for the worker processes; any still running ``grace`` seconds past the deadline (stuck in a
+    long compile or a large example) is terminated, then killed, so the run always ends and writes its
+    reports. Returns the indices of the workers stopped that way (their last example is lost, nothing
+    else: every finished example is already in their JSONL logs)."""
+    stopped = []
+    while any(c.poll() is None for c in children):
+        time.sleep(min(1.0, grace))
+        now = time.time()
+        if now > deadline + grace:
+            stopped = [i for i, c in enumerate(children) if c.poll() is None]
+            for i in stopped:
+                children[i].terminate()
+            for i in stopped:
+                try:
+                    children[i].wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    children[i].kill()
+                    children[i].wait()
+            break
+        if on_tick is not None:
+            on_tick(now)
+    return stopped
 
 
 def _write_reports(out_dir: Path, stats: dict, meta: dict) -> None:
@@ -202,9 +231,11 @@ def _write_reports(out_dir: Path, stats: dict, meta: dict) -> None:
              f"{meta['seconds']:.0f} s, {stats['examples']} examples "
              f"({stats['examples'] / max(meta['seconds'], 1e-9):.2f}/s)",
              f"- worst error/allowed: {stats['worst']:.3f} ({stats['worst_case']})"] + [
-             f"  - forward kernel {name}: {k['examples']} examples, worst {k['worst']:.3f} ({k['worst_case']})"
+             f"  - kernel {name}: {k['examples']} examples, worst {k['worst']:.3f} ({k['worst_case']})"
              for name, k in sorted(stats["per_kernel"].items())] + [
-             f"- failures: {len(failures)}"] + [f"  - `jfa repro {p}`" for p in failures]
+             f"- failures: {len(failures)}"] + [f"  - `jfa repro {p}`" for p in failures] + (
+             [f"- stopped at the deadline (mid-example): worker(s) {meta['stopped_at_deadline']}"]
+             if meta.get("stopped_at_deadline") else [])
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     cases = [f'<testcase classname="jfa.fuzz" name="{escape(name)}" time="{meta["seconds"]:.1f}">'
              f'<system-out>{n} examples</system-out></testcase>' for name, n in stats["per_worker"].items()]
@@ -268,22 +299,25 @@ def cmd_fuzz(argv=None) -> int:
           f"out {out_dir}", flush=True)
     tty = sys.stdout.isatty()
     last_print = 0.0
-    while any(c.poll() is None for c in children):
-        time.sleep(1.0)
-        now = time.time()
+
+    def progress(now: float) -> None:
+        nonlocal last_print
         if tty or now - last_print >= 30:
             s = _read_logs(out_dir)
             line = (f"{now - start:6.0f}s  examples {s['examples']:6d}  rate {s['examples'] / (now - start):6.2f}/s  "
                     f"worst err/allowed {s['worst']:.3f}  failures {s['failures']}")
             print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
             last_print = now
+
+    stopped = wait_for_workers(children, deadline, grace=max(20.0, 0.05 * args.minutes * 60), on_tick=progress)
     if tty:
         print()
     seconds = time.time() - start
     stats = _read_logs(out_dir)
     meta = {"backend": args.backend, "device": device, "workers": workers, "seconds": seconds, "seed": seed,
-            "max_tokens": max_tokens, "exit_codes": [c.returncode for c in children]}
+            "max_tokens": max_tokens, "exit_codes": [c.returncode for c in children],
+            "stopped_at_deadline": stopped}
     _write_reports(out_dir, stats, meta)
     print((out_dir / "summary.md").read_text())
-    crashed = any(c.returncode != 0 for c in children)
+    crashed = any(c.returncode != 0 for i, c in enumerate(children) if i not in stopped)
     return 1 if stats["failures"] or crashed else 0

@@ -247,12 +247,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NEW_IMPLS = ("sdpa-padded", "sdpa-njt", "fa4-varlen")
 
 
+SYNTHETIC_PROBLEMS = {
+    "gem": [("uniform-B512-L1024-H4-D128", 1024, 0.51), ("full-B8-L4096-H16-D128", 4096, 0.0)],
+    "sweep": [("sweep-L1000-s0.5-B1152-H4-D128", 1000, 0.5), ("sweep-L1000-s0.9-B1152-H4-D128", 1000, 0.9),
+              ("sweep-L4096-s0.5-B1152-H4-D128", 4096, 0.5)],
+    "dense": [("dense-B4-L2048-H32-D128", 2048, 0.0), ("dense-B4-L8192-H16-D128-causal", 8192, 0.0)],
+}
+
+
 def _synthetic_rows(suite="gem", sweep=False):
-    """Result rows as the runner makes them, for two problems, three impls, three passes."""
+    """Result rows as the runner makes them, for two or three problems (the sweep's with ``sweep``,
+    the dense ones for suite "dense", else gem's), three impls, three passes."""
     rows = []
-    problems = ([("sweep-L1000-s0.5-B1152-H4-D128", 1000, 0.5), ("sweep-L1000-s0.9-B1152-H4-D128", 1000, 0.9),
-                 ("sweep-L4096-s0.5-B1152-H4-D128", 4096, 0.5)] if sweep else
-                [("uniform-B512-L1024-H4-D128", 1024, 0.51), ("full-B8-L4096-H16-D128", 4096, 0.0)])
+    problems = SYNTHETIC_PROBLEMS["sweep" if sweep else "dense" if suite == "dense" else "gem"]
     for pi, (problem, max_len, s) in enumerate(problems):
         for impl, base in (("jfa-triton", 300.0), ("torch-varlen", 250.0), ("sdpa-njt", None)):
             for pass_, f in (("fwd", 1.0), ("bwd", 2.5), ("fwd_bwd", 3.5)):
@@ -389,6 +396,129 @@ def test_cli_passes_write_benchmarks(monkeypatch, tmp_path):
     assert seen["passes"] == ["fwd", "bwd", "fwd_bwd"]
     assert seen["benchmarks_path"] == str(tmp_path / "B.md")
     assert seen["command"].startswith("jfa bench --suite sweep") and seen["plots"] is True
+
+
+# ---------------------------------------------------------------------------------------
+# --suite all: gem, then sweep, then dense in one run
+# ---------------------------------------------------------------------------------------
+
+ALL_SUITES = ("gem", "sweep", "dense")
+
+
+@pytest.mark.parametrize("suite", [*ALL_SUITES, "all"])
+def test_parser_accepts_each_suite_and_all(suite):
+    assert runner.build_parser().parse_args(["--suite", suite]).suite == suite
+
+
+def test_all_stands_for_gem_then_sweep_then_dense():
+    assert runner.suite_names("all") == list(ALL_SUITES)
+    assert [name for name, _ in runner.plan("all")] == list(ALL_SUITES)
+
+
+def test_dry_run_all_lists_the_problems_of_every_suite(capsys):
+    assert runner.main(["--suite", "all", "--dry-run", "--impls", "jfa-triton,torch-varlen"]) == 0
+    out = capsys.readouterr().out
+    for suite in ALL_SUITES:
+        assert f"suite {suite}: {len(get_suite(suite))} problems" in out
+        for p in get_suite(suite):
+            assert p.name in out, p.name
+    assert out.index("suite gem:") < out.index("suite sweep:") < out.index("suite dense:")
+    assert out.count("\n  jfa-triton:") == 1  # the impls once, after every suite
+
+
+def test_dry_run_all_keeps_only_suites_with_selected_problems(capsys):
+    assert runner.main(["--suite", "all", "--dry-run", "--impls", "jfa-triton", "--problems", "s0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "suite sweep: 2 problems" in out and "sweep-L4096-s0.9-B1152-H4-D128" in out
+    assert "suite gem" not in out and "suite dense" not in out and "sweep-L1000-s0.5" not in out
+
+
+@pytest.mark.parametrize("entry", ["python -m jfa.bench", "jfa bench"])
+def test_both_command_lines_accept_all(entry, capsys):
+    from jfa import cli
+
+    argv = ["--suite", "all", "--dry-run", "--impls", "jfa-triton"]
+    code = runner.main(argv) if entry == "python -m jfa.bench" else cli.main(["bench", *argv])
+    assert code == 0 and "suite dense: 4 problems" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_all_without_gpu_exits_nonzero_with_message(capsys):
+    assert runner.main(["--suite", "all", "--impls", "jfa-triton"]) != 0
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_combined_benchmarks_has_one_header_and_a_section_per_suite(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    sections = [(s, _synthetic_rows(s, sweep=s == "sweep"), [str(out / f"{s}-tflops-fwd.png")]) for s in ALL_SUITES]
+    cmd = "jfa bench --suite all --out out --write-benchmarks B.md"
+    text = open(report.write_benchmarks(str(tmp_path / "B.md"), sections, META, cmd)).read()
+    for once in ("# Benchmarks\n", "- Date: 2026-11-29 10:00 UTC", "- GPU: NVIDIA H200 (sm_90)",
+                 "- torch 2.11.0+cu130, Triton 3.8.0", "```\n" + cmd + "\n```"):
+        assert text.count(once) == 1, once
+    assert "one run of suites `gem`, `sweep`, `dense`." in text
+    starts = [text.index(f"## Suite {s}\n") for s in ALL_SUITES]
+    assert starts == sorted(starts) and text.count("## Suite ") == 3
+    bodies = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    for suite, body in zip(ALL_SUITES, bodies):  # each section: its own tables, problems and plots
+        assert body.count("TFLOP/s, fwd / bwd / fwd+bwd:") == 1 and body.count("### Plots") == 1
+        assert f"![{suite}-tflops-fwd](out/{suite}-tflops-fwd.png)" in body
+        for name, _, _ in SYNTHETIC_PROBLEMS[suite]:
+            assert f"| {name} |" in body
+
+
+@pytest.fixture
+def fake_gpu_bench(monkeypatch):
+    """run_suite on CPU: CUDA "available", fixed meta, and a bench_problem that makes one ok row per
+    impl and pass at once (TFLOP/s rising with the problem's sparsity, so the sweep plot has lines)."""
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "_meta", lambda warmup, rep: dict(META))
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # progress as plain lines
+
+    def bench_problem(suite, problem, adapters, passes, check, warmup, rep, log=None):
+        lengths = make_lengths(problem)
+        sparsity = 1 - float(lengths.float().mean()) / problem.max_len
+        rows = [runner._row(suite, problem, impl.name, pass_, 1e12, ms=1.0, tflops=100.0 * (1 + sparsity + i),
+                            sparsity=sparsity) for i, impl in enumerate(adapters) for pass_ in passes]
+        report.add_ratios(rows)
+        return rows
+
+    monkeypatch.setattr(runner, "bench_problem", bench_problem)
+    return dict(impls=["jfa-triton", "torch-varlen"], passes=["fwd"], command="jfa bench --suite all")
+
+
+def test_run_all_writes_each_suite_files_as_a_single_suite_run_does(fake_gpu_bench, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (the optional 'bench' extra)")
+    rows = runner.run_suite("all", out_dir=str(tmp_path / "all"), verbose=False, **fake_gpu_bench)
+    assert [s for s in dict.fromkeys(r["suite"] for r in rows)] == list(ALL_SUITES)
+    for suite in ALL_SUITES:  # the same JSON, CSV and markdown as the suite run alone
+        runner.run_suite(suite, out_dir=str(tmp_path / suite), verbose=False, plots=False, **fake_gpu_bench)
+        for name in os.listdir(tmp_path / suite):
+            assert (tmp_path / "all" / name).read_text() == (tmp_path / suite / name).read_text(), name
+    pngs = sorted(n for n in os.listdir(tmp_path / "all") if n.endswith(".png"))
+    assert pngs == ["dense-tflops-fwd.png", "gem-tflops-fwd.png", "sweep-sparsity-fwd.png", "sweep-tflops-fwd.png"]
+
+
+def test_run_all_writes_one_benchmarks_file_with_every_suite(fake_gpu_bench, tmp_path):
+    path = tmp_path / "B.md"
+    runner.run_suite("all", out_dir=str(tmp_path / "out"), benchmarks_path=str(path), verbose=False,
+                     plots=False, **fake_gpu_bench)
+    text = path.read_text()
+    assert text.count("# Benchmarks\n") == 1 and text.count("jfa bench --suite all") == 1
+    assert [line for line in text.splitlines() if line.startswith("## ")] == [f"## Suite {s}" for s in ALL_SUITES]
+    for suite in ALL_SUITES:
+        assert f"| {get_suite(suite)[-1].name} |" in text
+
+
+def test_run_all_shows_progress_over_every_suite(fake_gpu_bench, tmp_path, capsys):
+    runner.run_suite("all", **fake_gpu_bench)
+    out = capsys.readouterr().out
+    total = sum(len(get_suite(s)) for s in ALL_SUITES)
+    for suite in ALL_SUITES:
+        assert f"## suite {suite}: {len(get_suite(suite))} problems" in out
+    assert f"[1/{total}] {get_suite('gem')[0].name} done" in out
+    assert f"[{total}/{total}] {get_suite('dense')[-1].name} done" in out
 
 
 def test_progress_lines_without_tqdm():

@@ -4,6 +4,7 @@ Usage (the body of ``jfa bench``)::
 
     python -m jfa.bench --suite gem --impls jfa-triton,torch-varlen --pass fwd,bwd,fwd_bwd --out DIR
     python -m jfa.bench --suite sweep --out DIR --write-benchmarks BENCHMARKS.md
+    python -m jfa.bench --suite all --out DIR --write-benchmarks BENCHMARKS.md   # gem, sweep, dense
     python -m jfa.bench --suite gem --dry-run        # list problems and impls, no GPU needed
 
 Per problem: bf16 packed Q/K/V with fresh normal data on the GPU, in as many copies as it
@@ -13,7 +14,9 @@ of sequences before it is timed (``wrong`` and not timed above 5e-2 absolute); t
 ``triton.testing.do_bench`` medians; backward = (forward + backward) - forward. After timing,
 one untimed call per pass measures the peak extra GPU memory. Progress: one line per finished
 problem (a tqdm bar when tqdm is installed). Reports (:mod:`jfa.bench.report`): terminal table,
-JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file.
+JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file. ``--suite all`` runs
+every suite in turn (gem, sweep, dense) and writes each suite's files as it finishes, as a run of
+that suite alone would, and one BENCHMARKS.md-style file holding every finished suite.
 Nothing touches CUDA at import time.
 """
 
@@ -34,12 +37,15 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from .impls import BASELINE, IMPLS, Impl, NotApplicable, PackedBatch, Prepared, _offsets, get_impl
-from .report import (_columns, add_ratios, format_table, markdown_report, write_benchmarks,
-                     write_outputs)
+from .report import (Section, _columns, add_ratios, format_table, markdown_report,
+                     write_benchmarks, write_outputs)
 from .suites import PASSES, SUITES, Problem, flops, get_suite, make_lengths, q_lengths
 
 __all__ = [
     "run_suite",
+    "plan",
+    "suite_names",
+    "ALL",
     "bench_problem",
     "reference_forward_rows",
     "check_forward",
@@ -65,6 +71,8 @@ MAX_COPIES = 64
 COPY_MEMORY_FRACTION = 0.25
 #: Sequences per problem checked against the reference.
 CHECK_SEQUENCES = 6
+#: ``--suite`` value that runs every suite of ``SUITES`` in turn.
+ALL = "all"
 #: Implementations whose failures are reported as "skipped" rather than "error".
 OPTIONAL_IMPLS = ("jfa-tlx", "flex-docmask", "sdpa-padded", "sdpa-njt", "fa4-varlen")
 
@@ -477,8 +485,10 @@ def benchmarks_files_dir(benchmarks_path: str) -> str:
 
 def write_reports(suite: str, results: list[dict], meta: dict, out_dir: str | None = None,
                   benchmarks_path: str | None = None, command: str = "", plots: bool = True,
-                  log: Callable[[str], None] = print) -> dict:
-    """Write JSON/markdown/CSV/PNG to ``out_dir`` and, if asked, a BENCHMARKS.md-style file.
+                  log: Callable[[str], None] = print, earlier: Sequence[Section] = ()) -> dict:
+    """Write one suite's JSON/markdown/CSV/PNG to ``out_dir`` and, if asked, a BENCHMARKS.md-style
+    file holding the sections ``earlier`` (suites of this run already written) and then this suite,
+    under one header made from ``meta`` (this suite's, so the latest date).
 
     With ``benchmarks_path`` and no ``out_dir`` the files go to :func:`benchmarks_files_dir`.
     Returns the paths written ({"json", "md", "csv", "png", "benchmarks"} as applicable).
@@ -489,9 +499,29 @@ def write_reports(suite: str, results: list[dict], meta: dict, out_dir: str | No
     if out_dir:
         paths = write_outputs(out_dir, suite, results, meta, plots=plots, log=log)
     if benchmarks_path:
-        paths["benchmarks"] = write_benchmarks(benchmarks_path, suite, results, meta, command,
-                                               paths.get("png", []))
+        sections = [*earlier, (suite, results, paths.get("png", []))]
+        paths["benchmarks"] = write_benchmarks(benchmarks_path, sections, meta, command)
     return paths
+
+
+def suite_names(suite_name: str) -> list[str]:
+    """The suites ``suite_name`` stands for: every suite of ``SUITES`` in its order for ``ALL``,
+    else ``[suite_name]``; a ``ValueError`` for an unknown name."""
+    if suite_name == ALL:
+        return list(SUITES)
+    get_suite(suite_name)
+    return [suite_name]
+
+
+def plan(suite_name: str, problems: Sequence[str] | None = None) -> list[tuple[str, list[Problem]]]:
+    """(suite, its problems) for each suite a run of ``suite_name`` covers, in running order.
+
+    ``problems`` keeps only problems whose name contains one of the given substrings; under
+    ``ALL`` a suite left without problems is dropped (a single suite is kept, even empty).
+    """
+    runs = [(name, [p for p in get_suite(name) if not problems or any(s in p.name for s in problems)])
+            for name in suite_names(suite_name)]
+    return [(name, ps) for name, ps in runs if ps or suite_name != ALL]
 
 
 def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASELINE),
@@ -499,13 +529,16 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
               warmup: int = 25, rep: int = 100, problems: Sequence[str] | None = None,
               verbose: bool = True, benchmarks_path: str | None = None, command: str = "",
               plots: bool = True) -> list[dict]:
-    """Benchmark every problem of a suite with every implementation; needs a CUDA GPU.
+    """Benchmark every problem of a suite (or of every suite, in turn, for ``ALL``) with every
+    implementation; needs a CUDA GPU.
 
     ``impls`` are names from ``IMPLS`` or adapter objects; ``problems`` optionally keeps
-    only problems whose name contains one of the given substrings. Returns the result
-    rows; prints progress (one line per finished problem, or a tqdm bar) and a final table;
-    writes JSON, markdown, CSV and PNG plots to ``out_dir`` if given, and a BENCHMARKS.md-style
-    file to ``benchmarks_path`` if given (``command`` is the command line it quotes).
+    only problems whose name contains one of the given substrings (see :func:`plan`). Returns
+    the result rows of all suites; prints progress (one line per finished problem over all
+    suites, or a tqdm bar) and each suite's table when it finishes. As each suite finishes,
+    its JSON, markdown, CSV and PNG plots go to ``out_dir`` if given, and the BENCHMARKS.md-style
+    file at ``benchmarks_path``, if given, is rewritten with every suite finished so far
+    (``command`` is the command line it quotes).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("jfa bench needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -513,27 +546,32 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
     if bad:
         raise ValueError(f"unknown pass {bad}; known: {PASSES}")
     adapters = [get_impl(i) if isinstance(i, str) else i for i in impls]
-    selected = [p for p in get_suite(suite_name) if not problems or any(s in p.name for s in problems)]
-    progress = Progress(len(selected), enabled=verbose)
-    results = []
+    runs = plan(suite_name, problems)
+    progress = Progress(sum(len(selected) for _, selected in runs), enabled=verbose)
+    results: list[dict] = []
+    done: list[Section] = []
     try:
-        for problem in selected:
-            progress.start(problem.name)
-            progress.log(f"# {problem.name}")
-            t0 = time.perf_counter()
-            results += bench_problem(suite_name, problem, adapters, passes, check, warmup, rep,
-                                     progress.log if verbose else None)
-            progress.finish(problem.name, time.perf_counter() - t0)
+        for name, selected in runs:
+            if len(runs) > 1:
+                progress.log(f"## suite {name}: {len(selected)} problem{'s' if len(selected) != 1 else ''}")
+            rows = []
+            for problem in selected:
+                progress.start(problem.name)
+                progress.log(f"# {problem.name}")
+                t0 = time.perf_counter()
+                rows += bench_problem(name, problem, adapters, passes, check, warmup, rep,
+                                      progress.log if verbose else None)
+                progress.finish(problem.name, time.perf_counter() - t0)
+            results += rows
+            progress.log("\n" + format_table(rows))
+            paths = write_reports(name, rows, _meta(warmup, rep), out_dir, benchmarks_path, command,
+                                  plots, progress.log, done)
+            done.append((name, rows, paths.get("png", [])))
+            if paths:
+                flat = [p for v in paths.values() for p in (v if isinstance(v, list) else [v])]
+                progress.log("wrote " + ", ".join(flat))
     finally:
         progress.close()
-    meta = _meta(warmup, rep)
-    log = (lambda s: print(s, flush=True)) if verbose else (lambda s: None)
-    if verbose:
-        print("\n" + format_table(results), flush=True)
-    paths = write_reports(suite_name, results, meta, out_dir, benchmarks_path, command, plots, log)
-    if paths:
-        flat = [p for v in paths.values() for p in (v if isinstance(v, list) else [v])]
-        log("wrote " + ", ".join(flat))
     return results
 
 
@@ -542,25 +580,28 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
 # ---------------------------------------------------------------------------------------
 
 def dry_run(suite_name: str, impl_names: Sequence[str], passes: Sequence[str] = PASSES,
-            file=None) -> None:
-    """Print the problems (shape, tokens, TFLOP per pass) and the impls with their availability
-    and the problems they do not apply to."""
+            file=None, problems: Sequence[str] | None = None) -> None:
+    """Print, per suite a run would cover (:func:`plan`), its problems (shape, tokens, TFLOP per
+    pass); then, once, the impls with their availability and the problems they do not apply to."""
     file = file or sys.stdout
-    rows = []
-    shapes = []
-    for p in get_suite(suite_name):
-        lk = make_lengths(p)
-        lq = q_lengths(p, lk)
-        shapes.append((p, lq, lk))
-        total_q = p.B * p.Lq if p.broadcast_q else int(lq.sum())
-        sparsity = 1 - float(lk.float().mean()) / p.max_len
-        rows.append([p.name, str(p.B), str(p.H), str(p.D), "y" if p.causal else "n",
-                     str(p.Lq) if p.broadcast_q else "-", str(total_q), str(int(lk.sum())),
-                     f"{sparsity:.2f}"] + [f"{flops(p, lq, lk, x) / 1e12:.3f}" for x in passes])
     head = ["problem", "B", "H", "D", "causal", "bcast Lq", "total q", "total k", "sparsity"] + \
            [f"{x} TFLOP" for x in passes]
-    print(f"suite {suite_name}: {len(rows)} problems", file=file)
-    print(_columns(head, rows), file=file)
+    shapes = []
+    for i, (name, selected) in enumerate(plan(suite_name, problems)):
+        rows = []
+        for p in selected:
+            lk = make_lengths(p)
+            lq = q_lengths(p, lk)
+            shapes.append((p, lq, lk))
+            total_q = p.B * p.Lq if p.broadcast_q else int(lq.sum())
+            sparsity = 1 - float(lk.float().mean()) / p.max_len
+            rows.append([p.name, str(p.B), str(p.H), str(p.D), "y" if p.causal else "n",
+                         str(p.Lq) if p.broadcast_q else "-", str(total_q), str(int(lk.sum())),
+                         f"{sparsity:.2f}"] + [f"{flops(p, lq, lk, x) / 1e12:.3f}" for x in passes])
+        if i:
+            print(file=file)
+        print(f"suite {name}: {len(rows)} problem{'s' if len(rows) != 1 else ''}", file=file)
+        print(_columns(head, rows), file=file)
     print("\nimpls:", file=file)
     for name in impl_names:
         impl = get_impl(name)
@@ -599,7 +640,8 @@ def _csv(s: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="jfa bench", description="Benchmark jagged attention implementations.")
-    ap.add_argument("--suite", default="gem", choices=sorted(SUITES))
+    ap.add_argument("--suite", default="gem", choices=[*SUITES, ALL],
+                    help=f"suite to run; {ALL}: {', '.join(SUITES)} in turn, with the same options")
     ap.add_argument("--impls", default=",".join(IMPLS), type=_csv,
                     help=f"comma-separated, from: {', '.join(IMPLS)} (default: all)")
     ap.add_argument("--pass", dest="passes", default=",".join(PASSES), type=_csv,
@@ -607,10 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--problems", default=None, type=_csv,
                     help="keep only problems whose name contains one of these substrings")
     ap.add_argument("--out", default=None,
-                    help="directory for <suite>.json, .md, .csv and the PNG plots")
+                    help="directory for <suite>.json, .md, .csv and the PNG plots (every suite's, "
+                         f"with --suite {ALL})")
     ap.add_argument("--write-benchmarks", dest="write_benchmarks", default=None, metavar="PATH",
                     help="also write a BENCHMARKS.md-style file of this run to PATH (date, GPU, "
-                         "versions, command line, tables, links to the PNGs; files go to --out, "
+                         "versions, command line, then per suite its tables and links to its PNGs; "
+                         "files go to --out, "
                          "default PATH's stem + '-files'; ignored with --dry-run)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
@@ -631,7 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if p not in PASSES:
             ap.error(f"unknown pass {p!r}; known: {', '.join(PASSES)}")
     if args.dry_run:
-        dry_run(args.suite, args.impls, args.passes)
+        dry_run(args.suite, args.impls, args.passes, problems=args.problems)
         return 0
     if not torch.cuda.is_available():
         print("error: jfa bench needs a CUDA GPU (torch.cuda.is_available() is False); "

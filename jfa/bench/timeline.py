@@ -7,7 +7,6 @@ busy), with the numbers that matter for load balance: the makespan and the idle 
 before the last SM finishes.
 
     python -m jfa.bench.timeline --shape longtail-B256-L4096-H4-D128 --out DIR
-    jfa bench --timeline ...   (same options)
 
 Needs a Hopper GPU. Writes ``timeline-<shape>.png`` and ``timeline-<shape>.json``.
 """

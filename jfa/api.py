@@ -253,7 +253,7 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
@@ -266,9 +266,9 @@ def _forward_op(name: str, module: str, launcher: str, backward):
 
     @torch.library.custom_op(f"jfa::{name}", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
-           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int,
-           len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor]:
-        launch = getattr(importlib.import_module(module), launcher)
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        launch = getattr(importlib.import_module(module), launcher)  # deterministic: for the backward
         return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                       num_seqs=num_seqs, len_q_bcast=len_q_bcast)
 
@@ -283,14 +283,16 @@ def _backward_op(name: str, module: str, launcher: str):
     @torch.library.custom_op(f"jfa::{name}", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
            dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
-           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int,
-           len_q_bcast: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         launch = getattr(importlib.import_module(module), launcher)
         return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                      broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse)
+                      broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
+                      deterministic=deterministic)
 
     @op.register_fake
-    def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+    def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+          deterministic):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     return op
@@ -301,10 +303,10 @@ _tlx_backward = _backward_op("tlx_backward", "jfa.kernels.tlx.hopper.backward", 
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast = inputs
+    q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast)
+    ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
 
 
 def _portable_backward(ctx, dout, dlse):
@@ -312,7 +314,7 @@ def _portable_backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = _triton_backward(q, k, v, out, lse, _last_dim_contiguous(dout), dlse, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * 8
 
 
 def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
@@ -343,7 +345,7 @@ def _tlx_backward_or_portable(ctx, dout, dlse):
             log.info("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
         return _portable_backward(ctx, dout, dlse)
     dq, dk, dv = _tlx_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * 8
 
 
 _triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward", _portable_backward)
@@ -362,8 +364,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     ``q``: [total_q, H, D] (or [Lq, H, D] with ``broadcast_q``); ``k``, ``v``: [total_k, H, D];
     ``cu_seqlens_*``: [B+1] int32/int64 offsets. Returns ``out`` ([total_q or B*Lq, H, D], q's dtype),
     or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
-    Differentiable in q, k, v. Gradients of the Triton path are bitwise reproducible (no atomics), so
-    ``deterministic=True`` costs nothing there.
+    Differentiable in q, k, v. The portable backward is bitwise reproducible (no atomics); the TLX
+    backward is too unless its fused dQ reduction runs (TMA reduce-add, order varies), which
+    ``deterministic=True`` switches off (dQ then comes from the portable dQ pass).
 
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
@@ -382,5 +385,5 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     else:
         forward = _tlx_forward if problem.backend == "tlx" else _triton_forward
         out, lse = forward(problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
-                           problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast)
+                           problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)
     return (out, lse) if return_lse else out

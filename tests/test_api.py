@@ -67,7 +67,7 @@ def test_custom_op_registration_passes_opcheck(device):
     from jfa.api import _triton_forward
 
     inp = _inputs(device, "fp32")
-    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0)
+    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0, False)
     torch.library.opcheck(_triton_forward, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
 

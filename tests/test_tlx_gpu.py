@@ -171,6 +171,49 @@ def test_tlx_backward_meets_the_oracle(case):
     assert report.ok, str(report)
 
 
+FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
+    pytest.importorskip("jfa.kernels.tlx.hopper.backward"), "FUSED_DQ_HEAD_DIMS", ())]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_tlx_backward_with_fused_dq_meets_the_oracle(case, monkeypatch):
+    """The fused dQ reduction (dQ = dS K per step, TMA reduce-add into an fp32 accumulator), judged by
+    the rule: tails, empty sequences and broadcast Q (every sequence adding into the same rows)."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    launches = []
+    original = tlx_backward.jagged_dkdv_tlx
+
+    def spy(*args, **kwargs):
+        launches.append(kwargs.get("dq_accum") is not None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tlx_backward, "jagged_dkdv_tlx", spy)
+    report = run_case(case, backend="auto", device="cuda", backward=True)
+    if report.backward_kernel == "tlx-hopper" and case.lengths_k and case.lengths_q:
+        assert launches and all(launches), "the fused dQ path did not run"
+    assert report.ok, str(report)
+
+
+def test_deterministic_switches_the_fused_dq_off(monkeypatch):
+    """deterministic=True takes dQ from the portable pass (rows written once, fixed order), even when the
+    fused reduction is the default: bitwise equal over reruns on a contended broadcast Q."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    q, k, v, cu = packed([300, 0, 77, 512] * 16, head_dim=64)
+    q = q[:128].contiguous()
+    dout = torch.randn(cu.numel() - 1, 128, q.shape[1], 64, device="cuda", dtype=q.dtype).flatten(0, 1)
+    grads = []
+    for _ in range(3):
+        qq = q.detach().requires_grad_()
+        jfa.jagged_attention(qq, k, v, None, cu, broadcast_q=True, deterministic=True).backward(dout)
+        grads.append(qq.grad)
+    assert all(torch.equal(g, grads[0]) for g in grads)
+    assert tlx_backward.fused_dq_default()  # the switch was on, and determinism still held
+
+
 def test_tlx_backward_falls_back_visibly_for_a_misaligned_grad(caplog):
     """A grad of out whose rows TMA cannot address (odd row stride) runs the portable backward, logged."""
     q, k, v, cu = packed([5, 9], head_dim=64)

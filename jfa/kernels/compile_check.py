@@ -94,17 +94,22 @@ def tlx_targets() -> list:
 
 
 def tlx_backward_targets() -> list:
-    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q."""
-    from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
+    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q; and the fused dQ build
+    (variant "fused-dq", head dims in FUSED_DQ_HEAD_DIMS)."""
+    from jfa.kernels.tlx.hopper.backward import FUSED_DQ_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
     targets = []
     for dtype in ("bf16", "fp16"):
         for head_dim in SUPPORTED_HEAD_DIMS:
-            for causal in (False, True):
-                name = f"tlx-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}"
-                targets.append(Target(name, "dkdv", dtype, head_dim, causal, False, backend="tlx"))
-            targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq", "dkdv", dtype, head_dim, False, True,
-                                  backend="tlx"))
+            variants = ("", "fused-dq") if head_dim in FUSED_DQ_HEAD_DIMS else ("",)
+            for variant in variants:
+                suffix = f"[{variant}]" if variant else ""
+                for causal in (False, True):
+                    name = f"tlx-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}{suffix}"
+                    targets.append(Target(name, "dkdv", dtype, head_dim, causal, False, backend="tlx",
+                                          variant=variant))
+                targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
+                                      False, True, backend="tlx", variant=variant))
     return targets
 
 
@@ -220,6 +225,7 @@ def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
         "requested_registers": [int(x) for x in requested.group(1).split(",")] if requested else [],
         "setmaxnreg": {kind: sorted({int(n) for k, n in setmaxnreg if k == kind}) for kind in ("dec", "inc")},
         "tma_loads": ptx.count("cp.async.bulk.tensor"),
+        "tma_reduce_adds": ptx.count("cp.reduce.async.bulk.tensor"),
         "expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
         "mbarrier_waits": ptx.count("mbarrier.try_wait"),
         "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive\.shared", ptx)),
@@ -343,9 +349,11 @@ def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
+        fused = target.variant == "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                         broadcast_q=target.broadcast_q)
+                                         broadcast_q=target.broadcast_q, fused_dq=fused)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS)
+        expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
         return _finish(result, expected)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 

@@ -234,9 +234,26 @@ def jagged_dq_kernel(
     tl.store(DQ + hk * stride_dqh + o_rows[:, None] * stride_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 
+def row_delta(out: torch.Tensor, dout: torch.Tensor, dlse=None) -> torch.Tensor:
+    """``delta = rowsum(dO * O) - dlse`` per output row and head, float32 [rows, H] (the backward's
+    pre-pass; ``dlse`` is the gradient reaching the returned lse, if any)."""
+    rows, num_heads, head_dim = out.shape
+    delta = alloc.empty((rows, num_heads), torch.float32, out.device)
+    if rows > 0 and num_heads > 0:
+        block_t = 64
+        delta_kernel[(triton.cdiv(rows, block_t) * num_heads,)](
+            out, dout, delta, rows, num_heads, head_dim, *_head_strides(out), *_head_strides(dout),
+            BLOCK_T=block_t, BLOCK_D=padded_head_dim(head_dim))
+    if dlse is not None:
+        delta = delta - dlse.to(torch.float32)
+    return delta
+
+
 def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
-                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, dkdv=None):
+                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, dkdv=None,
+                    deterministic: bool = True):
     """Gradients (dq, dk, dv) in the inputs' dtypes; dq is [Lq, H, D] summed over the batch for a broadcast Q.
+    Always bitwise reproducible (no atomics): ``deterministic`` is accepted for a common signature.
 
     ``dlse`` (optional, [rows, H]): the gradient reaching the returned lse. Since d lse_i / d s_ij = P_ij,
     it enters exactly as ``delta - dlse``. ``dkdv`` (optional): a launcher that writes dk and dv in
@@ -257,14 +274,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         return (dq_rows.sum(0) if broadcast_q else dq_rows), dk, dv
     common = dict(CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision, BLOCK_D=block_d)
 
-    delta = alloc.empty((rows, num_heads), torch.float32, q.device)
-    if rows > 0:
-        block_t = 64
-        delta_kernel[(triton.cdiv(rows, block_t) * num_heads,)](
-            out, dout, delta, rows, num_heads, head_dim, *_head_strides(out), *_head_strides(dout),
-            BLOCK_T=block_t, BLOCK_D=block_d)
-    if dlse is not None:
-        delta = delta - dlse.to(torch.float32)
+    delta = row_delta(out, dout, dlse)
 
     total_k = k.shape[0]
     if dkdv is not None:

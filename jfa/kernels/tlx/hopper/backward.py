@@ -2,7 +2,10 @@
 
 ``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable backward
 (``jfa.kernels.triton.backward``: delta pre-pass, dQ pass without atomics) with its dK/dV pass on this
-kernel. The staged dQ reduction (TMA reduce-add) is issue 4's next part.
+kernel. A fused dQ build (``FUSED_DQ``, D 64) also computes dQ = dS K per step and reduce-adds it into
+an fp32 accumulator by TMA from double-buffered shared memory, replacing the portable dQ pass.
+STATUS of the fused dQ: compile-verified offline only (no GPU time was left to run it); off unless
+``JFA_TLX_FUSED_DQ=1``, and never for ``deterministic=True``. Its GPU tests are in tests/test_tlx_gpu.py.
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -29,6 +32,7 @@ Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +78,9 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+# fused dQ (dQ = dS K per step, TMA reduce-add): needs 64 query rows per step (the M of its wgmma); at D 128
+# the 32-row steps cannot, and 64-row steps spill
+FUSED_DQ_HEAD_DIMS = tuple(d for d, cfg in _CONFIGS.items() if cfg.block_m == 64)
 
 
 def config_for(head_dim: int) -> HopperDkDvConfig:
@@ -158,10 +165,12 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_start, offs_n, len_q, causal_shift,
-               qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr):
+def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, dq_row,
+               dq_col, m_start, offs_n, len_q, causal_shift, qk_scale, sm_scale, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
-    dV += P^T dO and dK += dS^T Q. Returns (dk, dv) with both MMAs retired."""
+    dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows, reduce-added into the
+    fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every MMA retired."""
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     lse2 = tlx.local_load(lse_tile)                          # [1, BLOCK_M]: lse * log2(e), +inf for empty rows
@@ -178,53 +187,77 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
     dp_t = tlx.async_dot_wait(0, dp_t)
     dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
     ds_t = p_t * (dp_t - delta)
+    if FUSED_DQ:
+        if MASKED:  # rows past the sequence are reduce-added into the next one's dQ: exactly 0 there
+            ds_t = tl.where(visible, ds_t, 0.0)
     dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
-    dv = tlx.async_dot_wait(1, dv)
-    dk = tlx.async_dot_wait(0, dk)
+    if FUSED_DQ:
+        tlx.local_store(ds_tile, ds_t.to(DTYPE))
+        tlx.fence_async_shared()
+        dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)  # [BLOCK_M, HEAD_DIM] = dS K (this tile's keys)
+        dv = tlx.async_dot_wait(2, dv)
+        dk = tlx.async_dot_wait(1, dk)
+        dq = tlx.async_dot_wait(0, dq)
+        # the stage was last handed to TMA two steps ago: wait until that reduce-add has read it
+        tlx.async_descriptor_store_wait(1)
+        tlx.local_store(dq_stage, dq * sm_scale)
+        tlx.fence_async_shared()
+        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+    else:
+        dv = tlx.async_dot_wait(1, dv)
+        dk = tlx.async_dot_wait(0, dk)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, m_start, offs_n, len_q, causal_shift, qk_scale, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+                    qdo_empties, ds_tile, dq_stages, desc_dq, q_row0, dq_col, m_start, offs_n, len_q, causal_shift,
+                    qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                    FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                    DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
-                        m_start, offs_n, len_q, causal_shift, qk_scale, MASKED, CAUSAL, BLOCK_M, DTYPE)
+                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, q_row0 + m_start, dq_col, m_start,
+                        offs_n, len_q, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL, FUSED_DQ, BLOCK_M, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
 
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt, stride_dkh,
-                       stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
-                       cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DK, DV, TILES, CU_Q, CU_K,
+                       stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs,
+                       len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                       DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
-    head, _qr, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
+    head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
         _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
                    TILE_N, BLOCK_M)
     n_masked = n_lead + num_q_tiles - bulk_end
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
+    ds_tile = ds_tiles[cid]
+    dq_col = head * col_stride_dq
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for j in tl.range(0, n_masked):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, causal_shift, qk_scale,
-            True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, q_row0, dq_col, _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M,
+            offs_n, len_q, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO,
+            DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            i * BLOCK_M, offs_n, len_q, causal_shift, qk_scale, False, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, causal_shift, qk_scale, sm_scale,
+            cid, False, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -240,11 +273,11 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_dkdv_tlx_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_stats, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
+    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -259,6 +292,11 @@ def jagged_dkdv_tlx_kernel(
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
+    # fused dQ: each consumer's dS^T (the A operand of dS K, read transposed) and two fp32 dQ stages per
+    # consumer (one being read by its TMA reduce-add while the next step fills the other)
+    DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
+    ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS)
+    dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, 2 * _CONSUMERS)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
@@ -274,9 +312,9 @@ def jagged_dkdv_tlx_kernel(
                     kv_cnt, qdo_cnt = _produce_dkdv_item(
                         item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
                         q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
-                        TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
-                        col_stride_v, col_stride_do, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        KV_BYTES, QDO_BYTES)
+                        TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+                        col_stride_k, col_stride_v, col_stride_do, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M,
+                        NUM_BUFFERS_QDO, KV_BYTES, QDO_BYTES)
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
@@ -287,17 +325,19 @@ def jagged_dkdv_tlx_kernel(
                 if item < num_items:
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt,
-                        stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale,
-                        qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        DTYPE)
+                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DK, DV, TILES,
+                        CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
+                        num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
+                        FUSED_DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            if FUSED_DQ:
+                tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
 
 # ----------------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------------
-def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, BLOCK_N=cfg.block_n,
+def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq, BLOCK_N=cfg.block_n,
                 BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
 
 
@@ -305,10 +345,11 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)  # explicit pipelining only
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, config: HopperDkDvConfig = None):
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = False,
+                 config: HopperDkDvConfig = None):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
     cfg = config or config_for(head_dim)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq)
     blocks = {"desc_q": cfg.block_m, "desc_do": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
     signature, attrs = {}, {}
     for index, name in enumerate(jagged_dkdv_tlx_kernel.arg_names):
@@ -318,6 +359,9 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
             signature[name] = f"tensordesc<{dtype}[{blocks[name]}, {head_dim}]>"
         elif name == "desc_stats":
             signature[name] = f"tensordesc<fp32[1, {cfg.block_m}]>"
+        elif name == "desc_dq":  # unused without fused dQ: the launcher passes desc_q there
+            signature[name] = (f"tensordesc<fp32[{cfg.block_m}, {head_dim}]>" if fused_dq
+                               else f"tensordesc<{dtype}[{cfg.block_m}, {head_dim}]>")
         elif name in ("DK", "DV"):
             signature[name] = f"*{dtype}"
         elif name in ("CU_Q", "CU_K", "TILES"):
@@ -378,15 +422,19 @@ def _stats_descriptor(stats: torch.Tensor, block_m: int):
 
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
-                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None) -> None:
+                    broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None,
+                    dq_accum: torch.Tensor = None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
-    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). Raises ValueError when the
-    TLX kernel cannot take these inputs (``forward.supports``, dout included). ``config`` overrides the
-    shipped config (measurements)."""
+    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum`` (float32,
+    like q, zeroed by the caller) the kernel also reduce-adds every tile's dQ into it (fused dQ: the
+    order of the additions varies from run to run). Raises ValueError when the TLX kernel cannot take
+    these inputs (``forward.supports``, dout included). ``config`` overrides the shipped config."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if ok and head_dim not in SUPPORTED_HEAD_DIMS:
         ok, reason = False, f"head_dim {head_dim} not supported by the dK/dV kernel (only {SUPPORTED_HEAD_DIMS})"
+    if ok and dq_accum is not None and head_dim not in FUSED_DQ_HEAD_DIMS:
+        ok, reason = False, f"head_dim {head_dim}: no fused dQ (only {FUSED_DQ_HEAD_DIMS})"
     if ok:
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
@@ -404,24 +452,48 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_do, col_do = _descriptor(dout, cfg.block_m)
     desc_k, col_k = _descriptor(k, cfg.block_n)
     desc_v, col_v = _descriptor(v, cfg.block_n)
+    desc_dq, col_dq = (desc_q, col_q) if dq_accum is None else _descriptor(dq_accum, cfg.block_m)
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
     grid = (min(_sm_count(q.device), num_items),)
     jagged_dkdv_tlx_kernel[grid](
-        desc_q, desc_k, desc_v, desc_do, desc_stats, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do, col_dq,
         num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
-        **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q), **_launch_options())
+        **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None),
+        **_launch_options())
+
+
+def fused_dq_default() -> bool:
+    """Whether the TLX backward reduces dQ inside the dK/dV kernel (``JFA_TLX_FUSED_DQ``, default off
+    until it has been measured on the GPU; deterministic calls never do)."""
+    return os.environ.get("JFA_TLX_FUSED_DQ", "0") == "1"
 
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
-                        broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None):
-    """The portable backward with its dK/dV pass on this kernel (same contract as
-    ``jfa.kernels.triton.backward.jagged_backward``)."""
+                        broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
+                        fused_dq: bool = None):
+    """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the portable
+    delta pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
+    head dims in ``FUSED_DQ_HEAD_DIMS``, never when ``deterministic``; ``fused_dq`` None means
+    ``fused_dq_default()``) or by the portable dQ pass, which writes each row once in a fixed order
+    (bitwise reproducible)."""
     from jfa.kernels.triton import backward as portable
 
-    return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
-                                    softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
-                                    len_q_bcast=len_q_bcast, dlse=dlse, dkdv=jagged_dkdv_tlx)
+    if fused_dq is None:
+        fused_dq = fused_dq_default()
+    fused = fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
+    if not fused:
+        return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
+                                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
+                                        len_q_bcast=len_q_bcast, dlse=dlse, dkdv=jagged_dkdv_tlx)
+    out_cu = portable.virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    delta = portable.row_delta(out, dout, dlse)
+    dk = alloc.empty(k.shape, k.dtype, k.device)
+    dv = alloc.empty(v.shape, v.dtype, v.device)
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum)
+    return dq_accum.to(q.dtype), dk, dv

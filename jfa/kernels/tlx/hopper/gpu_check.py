@@ -170,9 +170,10 @@ def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep
 
 
 def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
-    """Backward TFLOP/s: the portable backward, and the same with its dK/dV pass on the TLX kernel (shipped
-    config; at D64 also 32-row steps). The dK/dV pass alone is the difference to a run that skips it
-    (same delta and dQ passes). dK/dV of every variant are checked against the portable ones."""
+    """Backward TFLOP/s: the portable backward; the same with its dK/dV pass on the TLX kernel (shipped
+    config; at D64 also 32-row steps); the TLX backward with the fused dQ reduction where it applies.
+    The dK/dV pass alone is the difference to a run that skips it (same delta and dQ passes). Every
+    variant's gradients are compared with the portable ones (max abs difference)."""
     import dataclasses
     import functools
     import json
@@ -196,26 +197,32 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
-        hooks = {"portable": None, "tlx": tlx_backward.jagged_dkdv_tlx}
+        runs = {"portable": functools.partial(jagged_backward, dkdv=None),
+                "tlx": functools.partial(jagged_backward, dkdv=tlx_backward.jagged_dkdv_tlx)}
         if problem.D == 64:
             m32 = dataclasses.replace(tlx_backward.config_for(64), block_m=32)
-            hooks["tlx-m32"] = functools.partial(tlx_backward.jagged_dkdv_tlx, config=m32)
+            runs["tlx-m32"] = functools.partial(
+                jagged_backward, dkdv=functools.partial(tlx_backward.jagged_dkdv_tlx, config=m32))
+        if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
+            runs["tlx-fused-dq"] = functools.partial(tlx_backward.jagged_backward_tlx, fused_dq=True)
         ref = jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
         row = table[problem.name] = {}
-        for name, hook in hooks.items():
-            got = jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=hook, **kwargs)
-            diff = max((float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
-                       for a, r in zip(got[1:], ref[1:]))
-            ms = triton.testing.do_bench(lambda hook=hook: jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=hook,
-                                                                           **kwargs), warmup=25, rep=rep)
-            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), "dkdv_max_abs_diff": diff}
+        for name, fn in runs.items():
+            got = fn(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
+            diff = {f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
+                    for x, a, r in zip("qkv", got, ref)}
+            ms = triton.testing.do_bench(lambda fn=fn: fn(q, k, v, o, lse, do, cu_q, cu_k, **kwargs),
+                                         warmup=25, rep=rep)
+            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **diff}
         rest = triton.testing.do_bench(lambda: jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, dkdv=skip_dkdv,
                                                                **kwargs), warmup=25, rep=rep)
-        for name in hooks:
-            row[name]["dkdv_ms"] = round(row[name]["ms"] - rest, 4)
+        for name in runs:
+            if name != "tlx-fused-dq":
+                row[name]["dkdv_ms"] = round(row[name]["ms"] - rest, 4)
         row["delta_and_dq_ms"] = round(rest, 4)
         _say(f"{problem.name:40s} " + "  ".join(
-            f"{n}: {r['bwd_tflops']} TFLOP/s (dK/dV {r['dkdv_ms']} ms, diff {r['dkdv_max_abs_diff']:.2g})"
+            f"{n}: {r['bwd_tflops']} TFLOP/s ({r['ms']} ms, dK/dV {r.get('dkdv_ms', '-')} ms, max diff dq/dk/dv "
+            f"{r['dq_max_abs_diff']:.2g}/{r['dk_max_abs_diff']:.2g}/{r['dv_max_abs_diff']:.2g})"
             for n, r in row.items() if isinstance(r, dict)) + f"  delta+dQ {rest:.3f} ms")
     if out:
         with open(out, "w") as f:

@@ -172,7 +172,10 @@ def test_tlx_backward_meets_the_oracle(case):
 
 
 FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
-    pytest.importorskip("jfa.kernels.tlx.hopper.backward"), "FUSED_DQ_HEAD_DIMS", ())]
+    pytest.importorskip("jfa.kernels.tlx.hopper.backward"), "FUSED_DQ_HEAD_DIMS", ())] + [
+    # long sequences, more work items than SMs: the dQ stages alternate across items and wrap
+    Case((600, 513) * 20, (600, 513) * 20, heads=4, head_dim=64, dtype="bf16", causal=causal,
+         name=f"fused-dq-many-items{'-causal' if causal else ''}") for causal in (False, True)]
 
 
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])

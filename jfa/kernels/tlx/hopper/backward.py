@@ -166,7 +166,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 @triton.jit
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, dq_row,
-               dq_col, m_start, offs_n, len_q, causal_shift, qk_scale, sm_scale, MASKED: tl.constexpr,
+               dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows, reduce-added into the
@@ -188,8 +188,14 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
     dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
     ds_t = p_t * (dp_t - delta)
     if FUSED_DQ:
-        if MASKED:  # rows past the sequence are reduce-added into the next one's dQ: exactly 0 there
+        # dQ sums over this tile's keys and lands in other rows' dQ: query rows past the sequence must
+        # add exactly 0 (masked steps), and so must key rows past it (the next sequence's keys, loaded
+        # by the tile's TMA box; causal masking already excludes them). where, not a product: P^T of a
+        # foreign key can be inf.
+        if MASKED:
             ds_t = tl.where(visible, ds_t, 0.0)
+        if not CAUSAL:
+            ds_t = tl.where((offs_n < len_k)[:, None], ds_t, 0.0)
     dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
     if FUSED_DQ:
         tlx.local_store(ds_tile, ds_t.to(DTYPE))
@@ -211,8 +217,8 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tile, dq_stages, desc_dq, q_row0, dq_col, m_start, offs_n, len_q, causal_shift,
-                    qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                    qdo_empties, ds_tile, dq_stages, desc_dq, q_row0, dq_col, m_start, offs_n, len_q, len_k,
+                    causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                     FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                     DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
@@ -220,7 +226,7 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
                         ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, q_row0 + m_start, dq_col, m_start,
-                        offs_n, len_q, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL, FUSED_DQ, BLOCK_M, DTYPE)
+                        offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL, FUSED_DQ, BLOCK_M, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
@@ -251,13 +257,13 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             ds_tile, dq_stages, desc_dq, q_row0, dq_col, _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M,
-            offs_n, len_q, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO,
-            DTYPE)
+            offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, BLOCK_M,
+            NUM_BUFFERS_QDO, DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, causal_shift, qk_scale, sm_scale,
-            cid, False, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k, causal_shift, qk_scale,
+            sm_scale, cid, False, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written

@@ -110,3 +110,24 @@ def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device
         expected[:heads, cols] = torch.where(lse_b == float("-inf"), float("inf"), lse_b * math.log2(math.e))
         expected[heads:, cols] = delta[int(cu[b]):int(cu[b + 1])].t()
     torch.testing.assert_close(stats, expected, rtol=1e-6, atol=0)
+
+
+def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
+    """JFA_TLX_OWN_WAITS changes what a TLX compile produces, so it must change Triton's cache key (a
+    build with the generic pipeliner must never be reused for one without); installing twice is a no-op."""
+    from triton import knobs
+
+    from jfa.kernels.tlx import pipeline
+
+    pipeline.install()
+    hook = knobs.runtime.add_stages_inspection_hook
+    pipeline.install()
+    assert knobs.runtime.add_stages_inspection_hook is hook
+    monkeypatch.setenv(pipeline.ENV, "0")
+    off = hook()
+    monkeypatch.setenv(pipeline.ENV, "1")
+    on = hook()
+    assert off[0] != on[0] and off[1] != on[1]
+    with pipeline.own_waits(False):
+        assert not pipeline.enabled()
+    assert pipeline.enabled()  # restored

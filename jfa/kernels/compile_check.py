@@ -44,6 +44,7 @@ class Target:
     backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
     variant: str = ""  # tlx: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped
     profile: bool = False  # tlx: the timeline (profiling) build
+    own_waits: bool = False  # tlx: compiled with JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline)
 
 
 @dataclass
@@ -90,6 +91,8 @@ def tlx_targets() -> list:
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
                           backend="tlx", variant="schedule=dynamic", profile=True))
+    targets += [Target(f"tlx-forward-bf16-D{d}{'-causal' if c else ''}[own-waits]", "forward", "bf16", d, c, False,
+                       backend="tlx", own_waits=True) for d in (64, 128) for c in (False, True)]
     return targets + tlx_backward_targets()
 
 
@@ -110,6 +113,11 @@ def tlx_backward_targets() -> list:
                                           variant=variant))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
+    for head_dim in SUPPORTED_HEAD_DIMS:  # JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline), not shipped yet
+        for variant in ("", "fused-dq") if head_dim in FUSED_DQ_HEAD_DIMS else ("",):
+            tag = f"[{variant},own-waits]" if variant else "[own-waits]"
+            targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}{tag}", "dkdv", "bf16", head_dim,
+                               c, False, backend="tlx", variant=variant, own_waits=True) for c in (False, True)]
     return targets
 
 
@@ -231,6 +239,9 @@ def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
         "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive\.shared", ptx)),
         "named_barriers": sorted({int(n) for n in re.findall(r"\bbar\.(?:sync|arrive)\s+(\d+),\s*256;", ptx)}),
         "wgmma_waits": ptx.count("wgmma.wait_group"),
+        # commits not followed by a wait-all before the next commit: MMAs in flight together
+        "wgmma_overlaps": len(re.findall(r"wgmma\.commit_group(?=(?:(?!wgmma\.wait_group\.sync\.aligned 0;)[\s\S])*?"
+                                         r"wgmma\.commit_group)", ptx)),
         "ptxas_spill_bytes": sum(spills) if spills else -1,
         "ptxas_warnings": sorted(set(re.findall(r"ptxas (?:warning|info)\s*: \((C\d+)\)[^\n]*", ptxas_log))),
     }
@@ -320,8 +331,12 @@ def _compile_tlx(target: Target, spec, num_consumers: int):
     """Compile a TLX kernel and judge what every one must show: one warp-specialised region with the
     consumer partitions, setmaxnreg both ways, TMA loads, mbarrier waits, no ptxas spill, no wgmma
     serialisation. Returns (compiled, result, expected) with the checks still to be applied."""
+    from jfa.kernels.tlx import pipeline
+
     fn, sig, constants, attrs, options = spec
-    compiled, result = _compile(target, fn, sig, constants, attrs, options)
+    pipeline.install()
+    with pipeline.own_waits(target.own_waits):
+        compiled, result = _compile(target, fn, sig, constants, attrs, options)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
                               _ptxas_log(compiled.asm["ptx"], target.arch))
     result.details = structure
@@ -336,6 +351,9 @@ def _compile_tlx(target: Target, spec, num_consumers: int):
         "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
         "no ptxas C7513 (wgmma serialised)": "C7513" not in structure["ptxas_warnings"],
     }
+    if target.own_waits:
+        expected["MMAs in flight together (the source's waits, not a wait-all per commit)"] = \
+            structure["wgmma_overlaps"] > 0
     return compiled, result, expected
 
 

@@ -57,6 +57,9 @@ import triton.language as tl
 try:  # the import itself touches no GPU (checked on a CPU-only machine); it fails on a Triton without uTLX
     import triton.language.extra.tlx as tlx
 
+    from jfa.kernels.tlx import pipeline as _pipeline
+
+    _pipeline.install()  # JFA_TLX_OWN_WAITS=1: no generic pipeliner on TLX kernels (see that module)
     _TLX_IMPORT_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the installed Triton
     tlx = None

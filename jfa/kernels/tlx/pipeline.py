@@ -1,0 +1,98 @@
+"""Keep Triton's generic software pipeliner off the TLX kernels, so their wgmma waits are the ones written.
+
+Fork TLX tags a TLX module ``triton.skip_generic_pipeline`` and its pipeliners return early on it. uTLX
+(the plugin this project builds with) runs stock Triton's ``make_ttgir`` on NVIDIA, whose pipeline pass
+inserts ``warp_group_dot_wait {pendings = 0}`` right after every async dot it does not pipeline itself.
+The effect, read off the PTX of every TLX kernel here: each ``wgmma.commit_group`` is followed by
+``wgmma.wait_group 0``, so a consumer never has an MMA in flight while it computes (the forward's
+QK(j) never overlaps PV(j-1); the dK/dV kernel's S^T and dP^T run one after the other). The
+``tlx.async_dot_wait(n, ...)`` counts in the source do nothing.
+
+With ``JFA_TLX_OWN_WAITS=1`` a compile of a TLX module skips the generic latency assignment, loop
+scheduling and pipelining (the kernels pipeline by hand: TMA rings, mbarriers, explicit waits), and the
+PTX waits follow the source (``commit, commit, wait 1, wait 0``). ptxas reports no serialisation
+(C7513) and no spill for these builds (offline gate, variant "own-waits"). OFF by default: it changes
+which MMAs are in flight together, and it has not run on a GPU yet.
+
+Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
+the flag is part of the compilation cache key, so builds with and without it never share a cache entry.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+ENV = "JFA_TLX_OWN_WAITS"
+_SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
+_installed = False
+
+
+def enabled() -> bool:
+    """Whether TLX compiles skip the generic pipeliner (read at each compile)."""
+    return os.environ.get(ENV, "0") == "1"
+
+
+@contextlib.contextmanager
+def own_waits(on: bool = True):
+    """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements)."""
+    saved = os.environ.get(ENV)
+    os.environ[ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved
+
+
+@contextlib.contextmanager
+def _without_generic_pipeline():
+    from triton._C.libtriton import passes
+
+    saved = {name: getattr(passes.ttgpuir, name) for name in _SKIPPED_PASSES}
+    try:
+        for name in saved:
+            setattr(passes.ttgpuir, name, lambda *args, **kwargs: None)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(passes.ttgpuir, name, fn)
+
+
+def _is_tlx_module(mod) -> bool:
+    from utlx_plugin.custom_stages import is_tlx_module
+
+    return is_tlx_module(mod)
+
+
+def install() -> None:
+    """Wrap the current Triton stages hook (once per process). Does nothing without uTLX."""
+    global _installed
+    if _installed:
+        return
+    try:
+        from triton import knobs
+    except ImportError:  # pragma: no cover - Triton is a dependency
+        return
+    inner = knobs.runtime.add_stages_inspection_hook
+    if inner is None:  # no uTLX: there are no TLX kernels to compile
+        return
+
+    def hook(self=None, stages=None, options=None, language=None, capability=None):
+        key, digest = inner(self, stages, options, language, capability)
+        flag = "1" if enabled() else "0"
+        if stages is not None and enabled() and "ttgir" in stages and getattr(self, "name", "") != "amd":
+            make_ttgir = stages["ttgir"]
+
+            def ttgir(src, metadata):
+                if _is_tlx_module(src):
+                    with _without_generic_pipeline():
+                        return make_ttgir(src, metadata)
+                return make_ttgir(src, metadata)
+
+            stages["ttgir"] = ttgir
+        return f"{key}\njfa-own-waits={flag}", f"{digest}-jfa-own-waits-{flag}"
+
+    knobs.runtime.add_stages_inspection_hook = hook
+    _installed = True

@@ -137,22 +137,34 @@ ABLATIONS = {
 }
 
 
+def _suite_inputs(suite: str, head_dims):
+    """(problem, one fresh input batch, launcher kwargs) for each problem of ``suite`` at ``head_dims``."""
+    from jfa.bench.runner import launcher_inputs
+    from jfa.bench.suites import get_suite
+
+    for problem in get_suite(suite):
+        if problem.D in head_dims:
+            yield (problem, *launcher_inputs(problem))
+
+
+def _write_json(path: str, record: dict) -> None:
+    import json
+
+    if path:
+        with open(path, "w") as f:
+            json.dump({**record, "device": torch.cuda.get_device_name()}, f, indent=2)
+
+
 def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep: int = 100) -> int:
     """TFLOP/s of the TLX forward (each variant) and the portable forward on each shape of ``suite``;
     the launchers are timed directly (no API validation), inputs fresh per shape."""
-    import json
-
     import triton
 
-    from jfa.bench.runner import launcher_inputs
-    from jfa.bench.suites import flops, get_suite
+    from jfa.bench.suites import flops
     from jfa.kernels.triton.forward import jagged_forward
 
     table = {}
-    for problem in get_suite(suite):
-        if problem.D not in tlx_forward.SUPPORTED_HEAD_DIMS:
-            continue
-        b, kwargs = launcher_inputs(problem)
+    for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):
         q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
         work = flops(problem, b.lengths_q, b.lengths_k, "fwd")
         row = table[problem.name] = {}
@@ -163,9 +175,7 @@ def bench(suite: str = "gem", variants: tuple = ("shipped",), out: str = "", rep
             ms = triton.testing.do_bench(fn, warmup=25, rep=rep)
             row[name] = round(work / ms / 1e9, 1)
         _say(f"{problem.name:36s} " + "  ".join(f"{n} {t:6.1f}" for n, t in row.items()) + "  TFLOP/s")
-    if out:
-        with open(out, "w") as f:
-            json.dump({"suite": suite, "tflops": table, "device": torch.cuda.get_device_name()}, f, indent=2)
+    _write_json(out, {"suite": suite, "tflops": table})
     return 0
 
 
@@ -176,12 +186,10 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     variant's gradients are compared with the portable ones (max abs difference)."""
     import dataclasses
     import functools
-    import json
 
     import triton
 
-    from jfa.bench.runner import launcher_inputs
-    from jfa.bench.suites import flops, get_suite
+    from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import backward as tlx_backward
     from jfa.kernels.triton.backward import jagged_backward
 
@@ -189,10 +197,7 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
         return None
 
     table = {}
-    for problem in get_suite(suite):
-        if problem.D not in tlx_backward.SUPPORTED_HEAD_DIMS:
-            continue
-        b, kwargs = launcher_inputs(problem)
+    for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS):
         q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
@@ -224,9 +229,7 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
             f"{n}: {r['bwd_tflops']} TFLOP/s ({r['ms']} ms, dK/dV {r.get('dkdv_ms', '-')} ms, max diff dq/dk/dv "
             f"{r['dq_max_abs_diff']:.2g}/{r['dk_max_abs_diff']:.2g}/{r['dv_max_abs_diff']:.2g})"
             for n, r in row.items() if isinstance(r, dict)) + f"  delta+dQ {rest:.3f} ms")
-    if out:
-        with open(out, "w") as f:
-            json.dump({"suite": suite, "bwd": table, "device": torch.cuda.get_device_name()}, f, indent=2)
+    _write_json(out, {"suite": suite, "bwd": table})
     return 0
 
 

@@ -250,7 +250,8 @@ def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float
         ks = k[cu_k[b]:cu_k[b + 1]]
         qs = q if broadcast_q else q[cu_q[b]:cu_q[b + 1]]
         if len(ks) and len(qs):
-            peak = max(peak, float(np.einsum("ihd,jhd->hij", qs, ks).max()) * scale)
+            logits = qs.transpose(1, 0, 2) @ ks.transpose(1, 2, 0)  # [H, lq, lk] of sum_d |q_d k_d|
+            peak = max(peak, float(logits.max()) * scale)
     return peak
 
 

@@ -1,7 +1,7 @@
 """Float64 NumPy oracle for jagged (packed variable-length) attention.
 
 This is the ground truth every kernel is judged against (DESIGN.md section 4). It is deliberately
-simple: one Python loop over sequences, exact float64 arithmetic vectorised over heads with einsum,
+simple: one Python loop over sequences, float64 arithmetic batched over heads with matmul (BLAS),
 a numerically stable forward (row max subtracted) and an analytic backward. It never imports torch.
 
 Semantics (DESIGN.md section 3):
@@ -103,6 +103,16 @@ def _seq_rows(b, cu_q, cu_k, lq_bcast):
     return qs, oq, ks
 
 
+def _heads(x):
+    """[rows, H, D] -> [H, rows, D] (a view), for matmuls batched over heads."""
+    return x.transpose(1, 0, 2)
+
+
+def _rows(x):
+    """[H, rows, D] -> [rows, H, D] (a view): back to the packed layout."""
+    return x.transpose(1, 0, 2)
+
+
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
                       broadcast_q=False):
     """Exact float64 jagged attention forward.
@@ -125,7 +135,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
         if lq == 0 or lk == 0:
             continue  # nothing to compute; rows (if any) stay out = 0, lse = -inf
         vis = _visible(lq, lk, causal)                                  # [lq, lk]
-        s = np.einsum("ihd,jhd->hij", qb, kb) * scale                   # [H, lq, lk]
+        s = _heads(qb) @ _heads(kb).transpose(0, 2, 1) * scale         # [H, lq, lk]
         s = np.where(vis[None], s, -np.inf)
         m = s.max(axis=-1, keepdims=True)                               # [H, lq, 1]
         m_safe = np.where(np.isfinite(m), m, 0.0)
@@ -133,7 +143,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
         l = p.sum(axis=-1, keepdims=True)
         seen = l > 0
         l_safe = np.where(seen, l, 1.0)
-        out[oq] = np.einsum("hij,jhd->ihd", p / l_safe, vb)
+        out[oq] = _rows((p / l_safe) @ _heads(vb))
         lse[oq] = np.where(seen, m_safe + np.log(l_safe), -np.inf)[..., 0].T
     return out, lse
 
@@ -178,17 +188,19 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         ob, dob = out[oq], dout[oq]
         lse_b = lse[oq].T[..., None]                                    # [H, lq, 1]
         vis = _visible(lq, lk, causal)[None] & np.isfinite(lse_b)       # [H, lq, lk]
-        s = np.einsum("ihd,jhd->hij", qb, kb) * scale
+        qh, kh, vh, doh = _heads(qb), _heads(kb), _heads(vb), _heads(dob)  # [H, rows, D]
+        s = qh @ kh.transpose(0, 2, 1) * scale
         lse_safe = np.where(np.isfinite(lse_b), lse_b, 0.0)
         p = np.where(vis, np.exp(np.where(vis, s - lse_safe, 0.0)), 0.0)
-        dv[ks] += np.einsum("hij,ihd->jhd", p, np.abs(dob) if magnitudes else dob)
-        dp = np.einsum("ihd,jhd->hij", dob, vb)
-        delta = np.einsum("ihd,ihd->hi", dob, ob)[..., None] - dlse[oq].T[..., None]  # [H, lq, 1]
+        pt = p.transpose(0, 2, 1)                                       # [H, lk, lq]
+        dv[ks] += _rows(pt @ (np.abs(doh) if magnitudes else doh))
+        dp = doh @ vh.transpose(0, 2, 1)
+        delta = (dob * ob).sum(-1).T[..., None] - dlse[oq].T[..., None]  # [H, lq, 1]
         ds = p * (dp - delta)
         if magnitudes:
-            dq[qs] += abs(scale) * np.einsum("hij,jhd->ihd", np.abs(ds), np.abs(kb))
-            dk[ks] += abs(scale) * np.einsum("hij,ihd->jhd", np.abs(ds), np.abs(qb))
-            continue
-        dq[qs] += scale * np.einsum("hij,jhd->ihd", ds, kb)
-        dk[ks] += scale * np.einsum("hij,ihd->jhd", ds, qb)
+            ds, qh, kh, factor = np.abs(ds), np.abs(qh), np.abs(kh), abs(scale)
+        else:
+            factor = scale
+        dq[qs] += factor * _rows(ds @ kh)
+        dk[ks] += factor * _rows(ds.transpose(0, 2, 1) @ qh)
     return dq, dk, dv

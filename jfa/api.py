@@ -140,6 +140,13 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 _fallbacks_logged: set = set()
 
 
+def _log_fallback_once(message: str, reason: str) -> None:
+    """Log (INFO, logger "jfa") why a TLX kernel was not used, once per distinct reason."""
+    if reason not in _fallbacks_logged:
+        _fallbacks_logged.add(reason)
+        log.info(message, reason)
+
+
 def _tlx_or_portable(backend: str, q, k, v) -> tuple[str, str]:
     """("tlx" or "triton", why not TLX). An explicit backend='tlx' the kernel cannot run raises; 'auto'
     falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
@@ -151,9 +158,7 @@ def _tlx_or_portable(backend: str, q, k, v) -> tuple[str, str]:
     if backend == "tlx":
         raise ValueError(f"backend: 'tlx' cannot run this call: {reason}; use backend='auto' to fall back to "
                          "the portable kernel")
-    if reason not in _fallbacks_logged:
-        _fallbacks_logged.add(reason)
-        log.info("jfa: TLX forward not used, running the portable Triton kernel: %s", reason)
+    _log_fallback_once("jfa: TLX forward not used, running the portable Triton kernel: %s", reason)
     return "triton", reason
 
 
@@ -309,12 +314,20 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
 
 
-def _portable_backward(ctx, dout, dlse):
+_NO_GRADS = (None,) * 8  # for the forward's non-tensor inputs, cu_q .. deterministic
+
+
+def _grad_inputs(ctx, dout):
+    """(q, k, v, out, lse, dout, cu_q, cu_k) for a backward op: a missing grad of out is zeros, and the
+    head dim is made contiguous (the one layout rule every backward kernel has)."""
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = _triton_backward(q, k, v, out, lse, _last_dim_contiguous(dout), dlse, cu_q, cu_k, *ctx.args)
-    return (dq, dk, dv) + (None,) * 8
+    dout = _last_dim_contiguous(torch.zeros_like(out) if dout is None else dout)
+    return q, k, v, out, lse, dout, cu_q, cu_k
+
+
+def _portable_backward(ctx, dout, dlse):
+    q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
+    return tuple(_triton_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
 
 
 def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
@@ -334,18 +347,12 @@ def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) 
 
 def _tlx_backward_or_portable(ctx, dout, dlse):
     """After the TLX forward: the TLX backward where it applies, else the portable one (logged once)."""
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dout = _last_dim_contiguous(dout)
+    q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
     ok, reason = tlx_backward_supports(q, dout)
     if not ok:
-        if reason not in _fallbacks_logged:
-            _fallbacks_logged.add(reason)
-            log.info("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
-        return _portable_backward(ctx, dout, dlse)
-    dq, dk, dv = _tlx_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)
-    return (dq, dk, dv) + (None,) * 8
+        _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
+    backward = _tlx_backward if ok else _triton_backward
+    return tuple(backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
 
 
 _triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward", _portable_backward)

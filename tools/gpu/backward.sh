@@ -9,8 +9,4 @@ step 240 python3 -m pytest tests/test_tlx_gpu.py --device cuda -n 6 -q -rfE -p n
   --timeout 150 --timeout-method thread --junitxml $R/junit-tlx-bwd.xml > $R/pytest-tlx-bwd.log 2>&1
 tail -3 $R/pytest-tlx-bwd.log; grep -E "^(FAILED|ERROR)" $R/pytest-tlx-bwd.log | head -20
 step 150 python3 -m jfa.kernels.tlx.hopper.gpu_check bwd --rep ${REP:-60} --out $R/bwd.json 2>&1 | tee $R/bwd.log
-for tool in ${SANITIZERS:-memcheck racecheck}; do
-  step 90 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
-    python3 -m jfa.kernels.tlx.hopper.gpu_check sanitize --backward > $R/sanitizer-bwd-$tool.log 2>&1
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-bwd-$tool.log | sort | uniq -c | head -6
-done
+sanitize 90 bwd --backward

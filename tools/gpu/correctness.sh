@@ -15,8 +15,5 @@ step 150 python3 -m pytest tests/test_tlx_gpu.py --device cuda -n 4 -v -p no:cac
   --timeout-method thread > $R/pytest-tlx.log 2>&1; tail -3 $R/pytest-tlx.log; grep -E "FAILED|ERROR" $R/pytest-tlx.log | head -20
 step 250 python3 -m pytest tests --ignore=tests/test_tlx_gpu.py --device cuda -n 8 -q -rfE -p no:cacheprovider --timeout 150 --timeout-method thread \
   --junitxml $R/junit-cuda.xml > $R/pytest.log 2>&1; tail -3 $R/pytest.log; grep -E "^(FAILED|ERROR)" $R/pytest.log | head -20
-for tool in memcheck racecheck; do
-  step 60 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m jfa.kernels.tlx.hopper.gpu_check sanitize --backward \
-    > $R/sanitizer-$tool.log 2>&1; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-$tool.log | head -5
-done
+sanitize 60 bwd --backward
 wait $FUZZ; echo "== fuzz rc=$?"; cat $R/fuzz/summary.md 2>/dev/null || tail -5 $R/fuzz.log

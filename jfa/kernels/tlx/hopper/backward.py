@@ -48,6 +48,7 @@ from jfa.kernels.tlx.hopper.forward import (
     _item_sequence,
     _sm_count,
     _static_item,
+    offline_signature,
     supports,
     tlx,
 )
@@ -356,30 +357,14 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
     cfg = config or config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq)
-    blocks = {"desc_q": cfg.block_m, "desc_do": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
-    signature, attrs = {}, {}
-    for index, name in enumerate(jagged_dkdv_tlx_kernel.arg_names):
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name in blocks:
-            signature[name] = f"tensordesc<{dtype}[{blocks[name]}, {head_dim}]>"
-        elif name == "desc_stats":
-            signature[name] = f"tensordesc<fp32[1, {cfg.block_m}]>"
-        elif name == "desc_dq":  # unused without fused dQ: the launcher passes desc_q there
-            signature[name] = (f"tensordesc<fp32[{cfg.block_m}, {head_dim}]>" if fused_dq
-                               else f"tensordesc<{dtype}[{cfg.block_m}, {head_dim}]>")
-        elif name in ("DK", "DV"):
-            signature[name] = f"*{dtype}"
-        elif name in ("CU_Q", "CU_K", "TILES"):
-            signature[name] = "*i32"
-        elif name == "STATS_CU":
-            signature[name] = "*i64"
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-        if signature[name].startswith("*") or "stride" in name:
-            attrs[(index,)] = [["tt.divisibility", 16]]
+    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    types.update(
+        desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
+        # unused without fused dQ: the launcher passes desc_q there
+        desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{cfg.block_m}, {head_dim}]>",
+        DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
+    signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
 

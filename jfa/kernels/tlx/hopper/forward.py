@@ -685,35 +685,31 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)
 
 
+def offline_signature(kernel, constants: dict, types: dict) -> tuple[dict, dict]:
+    """(signature, attrs) of ``kernel`` for an offline ``triton.compile``, shared by the TLX kernels:
+    constexprs from ``constants``, every other argument typed by ``types`` (name -> Triton type string)
+    or "i32"; pointers and strides declared 16-divisible, as Triton specialises them at launch."""
+    signature, attrs = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        signature[name] = "constexpr" if name in constants else types.get(name, "i32")
+        if signature[name].startswith("*") or "stride" in name:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, variant: Variant = SHIPPED,
                  profile: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
-    config (used by jfa.kernels.compile_check). Descriptors are typed from the config's block shapes;
-    pointers and strides are declared 16-divisible, as Triton specialises them at launch."""
+    config (used by jfa.kernels.compile_check). Descriptors are typed from the config's block shapes
+    (as the launcher's binder spells them)."""
     cfg = config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
                             variant=variant, profile=profile)
-    blocks = {"desc_q": cfg.block_m, "desc_k": cfg.block_n, "desc_v": cfg.block_n}
-    signature, attrs = {}, {}
-    for index, name in enumerate(jagged_fwd_tlx_kernel.arg_names):
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name in blocks:
-            signature[name] = f"tensordesc<{dtype}[{blocks[name]}, {head_dim}]>"  # as the launcher's binder spells it
-        elif name == "OUT":
-            signature[name] = f"*{dtype}"
-        elif name == "LSE":
-            signature[name] = "*fp32"
-        elif name in ("CU_Q", "CU_K", "TILES", "COUNTER"):
-            signature[name] = "*i32"
-        elif name == "TIMELINE":
-            signature[name] = "*i64"
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-        if signature[name].startswith("*") or "stride" in name:
-            attrs[(index,)] = [["tt.divisibility", 16]]
+    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+             for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", COUNTER="*i32",
+                 TIMELINE="*i64", sm_scale="fp32")
+    signature, attrs = offline_signature(jagged_fwd_tlx_kernel, constants, types)
     return jagged_fwd_tlx_kernel, signature, constants, attrs, _launch_options()
 
 

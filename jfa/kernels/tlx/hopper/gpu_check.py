@@ -103,17 +103,12 @@ def sanitize_cases() -> list:
 
 
 def sanitize(backward: bool = False) -> int:
-    """Launch each sanitizer case (forward, backend="tlx"; with ``backward`` also the gradients, the
-    dK/dV pass on the TLX kernel where it applies) and check it against the oracle; run this under
+    """Launch each sanitizer case (forward, backend="tlx"; with ``backward`` also the gradients, which
+    autograd runs on the TLX backward where it applies) and check it against the oracle; run this under
     ``compute-sanitizer --tool memcheck|racecheck --error-exitcode 9``."""
-    import functools
-
-    import jfa.kernels.triton.backward as portable
     from jfa.kernels.tlx.hopper import backward as tlx_backward
     from jfa.testing import run_case
 
-    if backward:  # the API's backward looks the launcher up at each call
-        portable.jagged_backward = functools.partial(portable.jagged_backward, dkdv=tlx_backward.jagged_dkdv_tlx)
     bad = 0
     for case in sanitize_cases():
         if backward and case.head_dim not in tlx_backward.SUPPORTED_HEAD_DIMS:

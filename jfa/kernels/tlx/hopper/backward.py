@@ -4,8 +4,9 @@
 (``jfa.kernels.triton.backward``: delta pre-pass, dQ pass without atomics) with its dK/dV pass on this
 kernel. A fused dQ build (``FUSED_DQ``, D 64) also computes dQ = dS K per step and reduce-adds it into
 an fp32 accumulator by TMA from double-buffered shared memory, replacing the portable dQ pass.
-STATUS of the fused dQ: compile-verified offline only (no GPU time was left to run it); off unless
-``JFA_TLX_FUSED_DQ=1``, and never for ``deterministic=True``. Its GPU tests are in tests/test_tlx_gpu.py.
+The fused dQ ships at D 64 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for ``deterministic=True``:
+measured on the H200 1-16% faster than the portable dQ pass, most on broadcast Q (``gpu_check
+bwd-ablation``); at D 128 the 32-row query steps are below wgmma's M of 64, so dQ stays portable.
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -32,6 +33,7 @@ Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -42,7 +44,7 @@ import triton.language as tl
 from jfa.kernels import alloc
 from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx.hopper.forward import (
-    SCHEDULE_ZIGZAG,
+    SCHEDULES,
     _bufidx_phase,
     _descriptor,
     _item_sequence,
@@ -86,6 +88,33 @@ FUSED_DQ_HEAD_DIMS = tuple(d for d, cfg in _CONFIGS.items() if cfg.block_m == 64
 
 def config_for(head_dim: int) -> HopperDkDvConfig:
     return _CONFIGS[head_dim]
+
+
+DQ_REDUCES = ("tma", "atomic", "none")
+
+
+@dataclass(frozen=True)
+class BackwardVariant:
+    """Switches of the backward's ablation study (``gpu_check bwd-ablation``); the defaults ship.
+    ``dq_reduce`` applies to the fused dQ build only: "tma" reduce-adds each step's dQ from shared
+    memory (staged, what ships), "atomic" adds it from registers with element-wise atomics, "none" drops
+    it (timing only: dq is NOT computed; the compiler may drop the dQ MMA too). On the H200 (NOTES.md,
+    2026-11-29) staging beat atomics by 7-27%; a paired variant (consumer 1 adding consumer 0's partial
+    in shared memory, one reduce-add per step) was 4-7% slower than one reduce-add per consumer and
+    was removed."""
+
+    schedule: str = "zigzag"  # "zigzag" or "round-robin" (the forward's static schedules)
+    persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
+    dq_reduce: str = "tma"
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES[:2]:
+            raise ValueError(f"BackwardVariant.schedule: must be one of {SCHEDULES[:2]}, got {self.schedule!r}")
+        if self.dq_reduce not in DQ_REDUCES:
+            raise ValueError(f"BackwardVariant.dq_reduce: must be one of {DQ_REDUCES}, got {self.dq_reduce!r}")
+
+
+SHIPPED = BackwardVariant()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -166,9 +195,10 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, dq_row,
-               dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr):
+def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, DQ,
+               stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows, reduce-added into the
     fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every MMA retired."""
@@ -205,11 +235,17 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         dv = tlx.async_dot_wait(2, dv)
         dk = tlx.async_dot_wait(1, dk)
         dq = tlx.async_dot_wait(0, dq)
-        # the stage was last handed to TMA two steps ago: wait until that reduce-add has read it
-        tlx.async_descriptor_store_wait(1)
-        tlx.local_store(dq_stage, dq * sm_scale)
-        tlx.fence_async_shared()
-        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+        if DQ_REDUCE == 0:  # staged: registers -> shared memory -> TMA reduce-add (runs behind the next step)
+            # the stage was last handed to TMA two steps ago: wait until that reduce-add has read it
+            tlx.async_descriptor_store_wait(1)
+            tlx.local_store(dq_stage, dq * sm_scale)
+            tlx.fence_async_shared()
+            tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+        elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
+            rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
+            offs_d = tl.arange(0, HEAD_DIM)
+            tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
+                          mask=(m_start + tl.arange(0, BLOCK_M) < len_q)[:, None], sem="relaxed")
     else:
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
@@ -218,28 +254,29 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tile, dq_stages, desc_dq, q_row0, dq_col, m_start, offs_n, len_q, len_k,
-                    causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                    FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                    DTYPE: tl.constexpr):
+                    qdo_empties, ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, m_start, offs_n, len_q,
+                    len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
-                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, q_row0 + m_start, dq_col, m_start,
-                        offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL, FUSED_DQ, BLOCK_M, DTYPE)
+                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt, q_row0 + m_start,
+                        dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
+                        FUSED_DQ, DQ_REDUCE, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
 
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DK, DV, TILES, CU_Q, CU_K,
-                       stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs,
-                       len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       DTYPE: tl.constexpr):
+                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q,
+                       CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
+                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
+                       DQ_REDUCE: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
@@ -257,14 +294,14 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     for j in tl.range(0, n_masked):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, q_row0, dq_col, _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M,
-            offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, BLOCK_M,
-            NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M,
+            offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, BLOCK_M,
+            HEAD_DIM, NUM_BUFFERS_QDO, DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k, causal_shift, qk_scale,
-            sm_scale, cid, False, CAUSAL, FUSED_DQ, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k, causal_shift, qk_scale,
+            sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -280,11 +317,12 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_dkdv_tlx_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-    col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DQ, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
+    stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
+    col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    DQ_REDUCE: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -314,7 +352,7 @@ def jagged_dkdv_tlx_kernel(
             kv_cnt = 0
             qdo_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, num_progs)):
-                item = _static_item(rounds, pid, num_progs, SCHEDULE_ZIGZAG)
+                item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
                     kv_cnt, qdo_cnt = _produce_dkdv_item(
                         item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
@@ -328,24 +366,27 @@ def jagged_dkdv_tlx_kernel(
             kv_cnt = 0
             qdo_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, num_progs)):
-                item = _static_item(rounds, pid, num_progs, SCHEDULE_ZIGZAG)
+                item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DK, DV, TILES,
-                        CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
-                        num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
-                        FUSED_DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
-            if FUSED_DQ:
+                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV,
+                        TILES, CU_Q, CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq,
+                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL,
+                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+            if FUSED_DQ and DQ_REDUCE == 0:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
 
 # ----------------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------------
-def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq, BLOCK_N=cfg.block_n,
-                BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
+def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
+                variant: BackwardVariant = SHIPPED) -> dict:
+    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
+                DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce), SCHEDULE=SCHEDULES.index(variant.schedule),
+                BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
+                CONSUMER_REGS=cfg.consumer_regs)
 
 
 def _launch_options() -> dict:
@@ -353,17 +394,18 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = False,
-                 config: HopperDkDvConfig = None):
+                 config: HopperDkDvConfig = None, variant: BackwardVariant = SHIPPED):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
     cfg = config or config_for(head_dim)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq,
+                            variant=variant)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         # unused without fused dQ: the launcher passes desc_q there
         desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{cfg.block_m}, {head_dim}]>",
-        DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
+        DQ="*fp32" if fused_dq else f"*{dtype}", DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -414,12 +456,13 @@ def _stats_descriptor(stats: torch.Tensor, block_m: int):
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None,
-                    dq_accum: torch.Tensor = None) -> None:
+                    dq_accum: torch.Tensor = None, variant: BackwardVariant = SHIPPED) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum`` (float32,
     like q, zeroed by the caller) the kernel also reduce-adds every tile's dQ into it (fused dQ: the
     order of the additions varies from run to run). Raises ValueError when the TLX kernel cannot take
-    these inputs (``forward.supports``, dout included). ``config`` overrides the shipped config."""
+    these inputs (``forward.supports``, dout included). ``config`` and ``variant`` override what ships
+    (measurements)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if ok and head_dim not in SUPPORTED_HEAD_DIMS:
@@ -448,24 +491,35 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
-    grid = (min(_sm_count(q.device), num_items),)
+    grid = (min(_sm_count(q.device), num_items) if variant.persistent else num_items,)
+    dq_ptr = q if dq_accum is None else dq_accum  # read only by the atomic fused dQ (ablation)
     jagged_dkdv_tlx_kernel[grid](
-        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do, col_dq,
-        num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
-        **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None),
+        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
+        dq_ptr.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+        col_dq, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
+        **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
+                      variant=variant),
         **_launch_options())
 
 
+def default_variant() -> BackwardVariant:
+    """What ships, with the fused dQ's reduction overridable by ``JFA_TLX_DQ_REDUCE`` ("tma" or "atomic":
+    tests and measurements of each; "none" drops dQ and is refused here)."""
+    mode = os.environ.get("JFA_TLX_DQ_REDUCE", SHIPPED.dq_reduce)
+    if mode not in DQ_REDUCES or mode == "none":
+        raise ValueError(f"JFA_TLX_DQ_REDUCE: must be one of {[m for m in DQ_REDUCES if m != 'none']}, got {mode!r}")
+    return BackwardVariant(dq_reduce=mode)
+
+
 def fused_dq_default() -> bool:
-    """Whether the TLX backward reduces dQ inside the dK/dV kernel (``JFA_TLX_FUSED_DQ``, default off
-    until it has been measured on the GPU; deterministic calls never do)."""
-    return os.environ.get("JFA_TLX_FUSED_DQ", "0") == "1"
+    """Whether the TLX backward reduces dQ inside the dK/dV kernel where it can (``JFA_TLX_FUSED_DQ``,
+    default on: 1-16% faster than the portable dQ pass at D64 on the H200; deterministic calls never do)."""
+    return os.environ.get("JFA_TLX_FUSED_DQ", "1") == "1"
 
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                         broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
-                        fused_dq: bool = None):
+                        fused_dq: bool = None, variant: BackwardVariant = None):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the portable
     delta pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
     head dims in ``FUSED_DQ_HEAD_DIMS``, never when ``deterministic``; ``fused_dq`` None means
@@ -475,16 +529,20 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
 
     if fused_dq is None:
         fused_dq = fused_dq_default()
+    if variant is None:
+        variant = default_variant()
     fused = fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
-                                        len_q_bcast=len_q_bcast, dlse=dlse, dkdv=jagged_dkdv_tlx)
+                                        len_q_bcast=len_q_bcast, dlse=dlse,
+                                        dkdv=functools.partial(jagged_dkdv_tlx, variant=variant))
     out_cu = portable.virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
     delta = portable.row_delta(out, dout, dlse)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
-                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum)
+                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
+                    variant=variant)
     return dq_accum.to(q.dtype), dk, dv

@@ -6,6 +6,7 @@
     python -m jfa.kernels.tlx.hopper.gpu_check bench        # gem suite: TLX vs portable forward, TFLOP/s
     python -m jfa.kernels.tlx.hopper.gpu_check ablation     # each schedule/pingpong/peeling switch off in turn
     python -m jfa.kernels.tlx.hopper.gpu_check bwd          # backward: portable vs TLX dK/dV pass, TFLOP/s
+    python -m jfa.kernels.tlx.hopper.gpu_check bwd-ablation # backward: scheduling, dQ reductions, determinism
 
 Run each under ``timeout -s KILL`` (a pipeline bug shows up as a hang: mbarrier phases or the pingpong
 handshake out of step); every line is flushed before the next launch, so the last line printed names
@@ -132,14 +133,20 @@ ABLATIONS = {
 }
 
 
-def _suite_inputs(suite: str, head_dims):
-    """(problem, one fresh input batch, launcher kwargs) for each problem of ``suite`` at ``head_dims``."""
+def _suite_inputs(suite: str, head_dims, also_at_d64: bool = False):
+    """(problem, one fresh input batch, launcher kwargs) for each problem of ``suite`` at ``head_dims``;
+    with ``also_at_d64`` each other jagged problem once more at head dim 64 (named ``...-D64``)."""
+    import dataclasses
+
     from jfa.bench.runner import launcher_inputs
     from jfa.bench.suites import get_suite
 
     for problem in get_suite(suite):
         if problem.D in head_dims:
             yield (problem, *launcher_inputs(problem))
+        if also_at_d64 and problem.D != 64 and 64 in head_dims and not problem.name.startswith("full"):
+            at64 = dataclasses.replace(problem, D=64, name=problem.name.replace(f"D{problem.D}", "D64"))
+            yield (at64, *launcher_inputs(at64))
 
 
 def _write_json(path: str, record: dict) -> None:
@@ -228,10 +235,52 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     return 0
 
 
+def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
+    """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
+    off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
+    persistent), and, where the fused dQ builds (the suite's jagged shapes again at D64), each dQ
+    reduction: staged TMA reduce-add ("tma", shipped), element-wise atomics ("atomic"), dropped ("none":
+    the cost without the reduction, dq wrong), against the deterministic backward (portable dQ pass:
+    each row written once, fixed order)."""
+    import triton
+
+    from jfa.bench.suites import flops
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    BV = tlx_backward.BackwardVariant
+    unfused = {"deterministic (shipped)": BV(), "round-robin": BV(schedule="round-robin"),
+               "not persistent": BV(persistent=False)}
+    fused = {f"fused {mode}": BV(dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES}
+    table = {}
+    for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
+        q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
+        o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
+        do = torch.randn_like(o)
+        work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
+        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items()}
+        if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
+            runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()})
+        ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
+        row = table[problem.name] = {}
+        for name, extra in runs.items():
+            fn = lambda extra=extra: tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **extra,
+                                                                        **kwargs)
+            got = fn()
+            ms = triton.testing.do_bench(fn, warmup=25, rep=rep)
+            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **{
+                f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
+                for x, a, r in zip("qkv", got, ref)}}
+        _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} ({r['ms']} ms, dq diff "
+                                                 f"{r['dq_max_abs_diff']:.2g})" for n, r in row.items()))
+    _write_json(out, {"suite": suite, "bwd_ablation": table})
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jfa.kernels.tlx.hopper.gpu_check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd"))
+    parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd",
+                                         "bwd-ablation"))
     parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
     parser.add_argument("--only", default="", help="correctness: substring of the case names to run")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
@@ -253,6 +302,8 @@ def main(argv=None) -> int:
         return sanitize(args.backward)
     if args.what == "bwd":
         return bwd(args.suite, args.out, args.rep)
+    if args.what == "bwd-ablation":
+        return bwd_ablation(args.suite, args.out, args.rep)
     if args.what == "ablation":
         return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
     return bench(args.suite, ("shipped",), args.out, args.rep)

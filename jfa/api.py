@@ -372,7 +372,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     ``cu_seqlens_*``: [B+1] int32/int64 offsets. Returns ``out`` ([total_q or B*Lq, H, D], q's dtype),
     or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
     Differentiable in q, k, v. The portable backward is bitwise reproducible (no atomics); the TLX
-    backward is too unless its fused dQ reduction runs (TMA reduce-add, order varies), which
+    backward is too unless its fused dQ reduction runs (head dim 64: TMA reduce-adds, order varies), which
     ``deterministic=True`` switches off (dQ then comes from the portable dQ pass).
 
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and

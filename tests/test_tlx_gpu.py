@@ -178,24 +178,31 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
          name=f"fused-dq-many-items{'-causal' if causal else ''}") for causal in (False, True)]
 
 
-@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_tlx_backward_with_fused_dq_meets_the_oracle(case, monkeypatch):
-    """The fused dQ reduction (dQ = dS K per step, TMA reduce-add into an fp32 accumulator), judged by
-    the rule: tails, empty sequences and broadcast Q (every sequence adding into the same rows)."""
+# the shipped reduction of the fused dQ on every case; the atomic one (the ablation's baseline) on the long ones
+FUSED_RUNS = [(case, "tma") for case in FUSED_CASES] + [
+    (case, "atomic") for case in FUSED_CASES if case.name.startswith("fused-dq-many-items")]
+
+
+@pytest.mark.parametrize("case, dq_reduce", FUSED_RUNS, ids=[f"{mode}-{c.id}" for c, mode in FUSED_RUNS])
+def test_tlx_backward_with_fused_dq_meets_the_oracle(case, dq_reduce, monkeypatch):
+    """The fused dQ reduction (dQ = dS K per step, reduce-added into an fp32 accumulator: staged TMA
+    reduce-adds, or atomics), judged by the rule: tails, empty sequences and broadcast Q (every
+    sequence adding into the same rows)."""
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    monkeypatch.setenv("JFA_TLX_DQ_REDUCE", dq_reduce)
     launches = []
     original = tlx_backward.jagged_dkdv_tlx
 
     def spy(*args, **kwargs):
-        launches.append(kwargs.get("dq_accum") is not None)
+        launches.append(kwargs.get("dq_accum") is not None and kwargs["variant"].dq_reduce == dq_reduce)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tlx_backward, "jagged_dkdv_tlx", spy)
     report = run_case(case, backend="auto", device="cuda", backward=True)
     if report.backward_kernel == "tlx-hopper" and case.lengths_k and case.lengths_q:
-        assert launches and all(launches), "the fused dQ path did not run"
+        assert launches and all(launches), f"the fused dQ path ({dq_reduce}) did not run"
     assert report.ok, str(report)
 
 
@@ -218,15 +225,19 @@ def test_deterministic_switches_the_fused_dq_off(monkeypatch):
 
 
 def test_tlx_backward_falls_back_visibly_for_a_misaligned_grad(caplog):
-    """A grad of out whose rows TMA cannot address (odd row stride) runs the portable backward, logged."""
+    """A grad of out whose rows TMA cannot address (odd row stride) runs the portable backward, logged,
+    on the TLX forward's own out and lse: bitwise what a direct call of the portable backward gives."""
+    from jfa.kernels.triton.backward import jagged_backward
+
     q, k, v, cu = packed([5, 9], head_dim=64)
     q.requires_grad_()
-    out = jfa.jagged_attention(q, k, v, cu, cu)
+    out, lse = jfa.jagged_attention(q, k, v, cu, cu, return_lse=True)
     wide = torch.randn(out.shape[0], out.shape[1], out.shape[2] + 1, device="cuda", dtype=out.dtype)
     dout = wide[..., :out.shape[2]]  # row stride 2 * 65 elements: not 16-byte aligned
     jfa.api._fallbacks_logged.clear()
     with caplog.at_level(logging.INFO, logger="jfa"):
         out.backward(dout)
     assert any("TLX backward not used" in r.getMessage() for r in caplog.records)
-    dq_ref = torch.autograd.grad(jfa.jagged_attention(q, k, v, cu, cu, backend="triton"), q, dout.contiguous())[0]
-    torch.testing.assert_close(q.grad, dq_ref, atol=2e-2, rtol=2e-2)  # TLX and portable forwards round apart
+    dq, _, _ = jagged_backward(q.detach(), k, v, out.detach(), lse, dout.contiguous(), cu, cu, causal=False,
+                               softmax_scale=q.shape[-1] ** -0.5, broadcast_q=False, num_seqs=cu.numel() - 1)
+    assert torch.equal(q.grad, dq)

@@ -10,10 +10,9 @@ timeout -s KILL 585 python3 -m jfa.cli fuzz --minutes "${FUZZ_MINUTES:-8.5}" \
   --workers "${FUZZ_WORKERS:-6}" --out $R/fuzz > $R/fuzz.log 2>&1 &
 FUZZ=$!
 
-step 60 python3 -m jfa.kernels.tlx.hopper.gpu_check smoke 2>&1 | tee $R/smoke.log
-step 150 python3 -m pytest tests/test_tlx_gpu.py --device cuda -n 4 -v -p no:cacheprovider --timeout 120 \
+step 170 python3 -m pytest tests/test_tlx_gpu.py --device cuda -n 6 -v -p no:cacheprovider --timeout 120 \
   --timeout-method thread > $R/pytest-tlx.log 2>&1; tail -3 $R/pytest-tlx.log; grep -E "FAILED|ERROR" $R/pytest-tlx.log | head -20
-step 250 python3 -m pytest tests --ignore=tests/test_tlx_gpu.py --device cuda -n 8 -q -rfE -p no:cacheprovider --timeout 150 --timeout-method thread \
+step 270 python3 -m pytest tests --ignore=tests/test_tlx_gpu.py --device cuda -n 8 -q -rfE -p no:cacheprovider --timeout 150 --timeout-method thread \
   --junitxml $R/junit-cuda.xml > $R/pytest.log 2>&1; tail -3 $R/pytest.log; grep -E "^(FAILED|ERROR)" $R/pytest.log | head -20
-sanitize 60 bwd --backward
+sanitize 55 bwd --backward
 wait $FUZZ; echo "== fuzz rc=$?"; cat $R/fuzz/summary.md 2>/dev/null || tail -5 $R/fuzz.log

@@ -45,7 +45,8 @@ class Problem:
 class KernelChoice:
     """Which kernels a call runs (``jfa.which_kernels``): ``forward`` and ``backward`` are each
     "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not the TLX kernel ("" when both
-    are). The TLX backward (TLX dK/dV, portable delta and dQ) follows only the TLX forward."""
+    are). The TLX backward follows only the TLX forward: its dK/dV kernel, with dQ reduced inside it
+    at head dim 64 (unless ``deterministic=True``) and by the portable dQ pass otherwise."""
 
     forward: str
     backward: str

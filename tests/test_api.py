@@ -103,3 +103,20 @@ def test_tlx_variant_switches_parse_and_reject_typos():
                        ("schedule=lifo", "schedule")):
         with pytest.raises(ValueError, match=words):
             Variant.parse(bad)
+
+
+def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
+    from jfa.kernels.tlx.hopper.backward import SHIPPED, BackwardVariant, default_variant
+
+    assert BackwardVariant.parse("") == SHIPPED
+    assert BackwardVariant.parse("dq_first=1, schedule=round-robin") == BackwardVariant(dq_first=True,
+                                                                                      schedule="round-robin")
+    for bad, words in (("dq_reduce=tma-pair", "dq_reduce"), ("dq-first=2", "0 or 1"),
+                       ("dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch")):
+        with pytest.raises(ValueError, match=words):
+            BackwardVariant.parse(bad)
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_reduce=atomic")
+    assert default_variant() == BackwardVariant(dq_reduce="atomic")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_reduce=none")
+    with pytest.raises(ValueError, match="no dQ"):
+        default_variant()

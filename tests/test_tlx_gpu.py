@@ -178,31 +178,34 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
          name=f"fused-dq-many-items{'-causal' if causal else ''}") for causal in (False, True)]
 
 
-# the shipped reduction of the fused dQ on every case; the atomic one (the ablation's baseline) on the long ones
-FUSED_RUNS = [(case, "tma") for case in FUSED_CASES] + [
-    (case, "atomic") for case in FUSED_CASES if case.name.startswith("fused-dq-many-items")]
+# the shipped fused dQ on every case; the ablation's switches (atomic reduction, dQ MMA before dK) on the
+# long ones and the tails
+FUSED_RUNS = [(case, "") for case in FUSED_CASES] + [
+    (case, switches) for switches in ("dq_reduce=atomic", "dq_first=1") for case in FUSED_CASES
+    if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
 
 
-@pytest.mark.parametrize("case, dq_reduce", FUSED_RUNS, ids=[f"{mode}-{c.id}" for c, mode in FUSED_RUNS])
-def test_tlx_backward_with_fused_dq_meets_the_oracle(case, dq_reduce, monkeypatch):
+@pytest.mark.parametrize("case, switches", FUSED_RUNS, ids=[f"{s or 'shipped'}-{c.id}" for c, s in FUSED_RUNS])
+def test_tlx_backward_with_fused_dq_meets_the_oracle(case, switches, monkeypatch):
     """The fused dQ reduction (dQ = dS K per step, reduce-added into an fp32 accumulator: staged TMA
     reduce-adds, or atomics), judged by the rule: tails, empty sequences and broadcast Q (every
     sequence adding into the same rows)."""
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
-    monkeypatch.setenv("JFA_TLX_DQ_REDUCE", dq_reduce)
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", switches)
+    expected = tlx_backward.BackwardVariant.parse(switches)
     launches = []
     original = tlx_backward.jagged_dkdv_tlx
 
     def spy(*args, **kwargs):
-        launches.append(kwargs.get("dq_accum") is not None and kwargs["variant"].dq_reduce == dq_reduce)
+        launches.append(kwargs.get("dq_accum") is not None and kwargs["variant"] == expected)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tlx_backward, "jagged_dkdv_tlx", spy)
     report = run_case(case, backend="auto", device="cuda", backward=True)
     if report.backward_kernel == "tlx-hopper" and case.lengths_k and case.lengths_q:
-        assert launches and all(launches), f"the fused dQ path ({dq_reduce}) did not run"
+        assert launches and all(launches), f"the fused dQ path ({switches or 'shipped'}) did not run"
     assert report.ok, str(report)
 
 

@@ -97,8 +97,9 @@ def tlx_targets() -> list:
 
 
 def tlx_backward_targets() -> list:
-    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q; and the fused dQ build
-    (variant "fused-dq", head dims in FUSED_DQ_HEAD_DIMS)."""
+    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q; the fused dQ build
+    (variant "fused-dq", head dims in FUSED_DQ_HEAD_DIMS); the ablation's builds (variant
+    "fused-dq,<BackwardVariant switches>") and the JFA_TLX_OWN_WAITS=1 builds."""
     from jfa.kernels.tlx.hopper.backward import FUSED_DQ_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
     targets = []
@@ -113,11 +114,15 @@ def tlx_backward_targets() -> list:
                                           variant=variant))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
-    for head_dim in SUPPORTED_HEAD_DIMS:  # JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline), not shipped yet
-        for variant in ("", "fused-dq") if head_dim in FUSED_DQ_HEAD_DIMS else ("",):
+    for head_dim in SUPPORTED_HEAD_DIMS:  # JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline), not shipped
+        for variant in ("", "fused-dq", "fused-dq,dq_first=1") if head_dim in FUSED_DQ_HEAD_DIMS else ("",):
             tag = f"[{variant},own-waits]" if variant else "[own-waits]"
             targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}{tag}", "dkdv", "bf16", head_dim,
                                c, False, backend="tlx", variant=variant, own_waits=True) for c in (False, True)]
+    for head_dim in FUSED_DQ_HEAD_DIMS:  # the ablation's step order with the generic pipeliner (shipped waits)
+        targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}[fused-dq,dq_first=1]", "dkdv",
+                           "bf16", head_dim, c, False, backend="tlx", variant="fused-dq,dq_first=1")
+                    for c in (False, True)]
     return targets
 
 
@@ -373,9 +378,12 @@ def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
-        fused = target.variant == "fused-dq"
+        # variant: "" (shipped), "fused-dq", or "fused-dq,<BackwardVariant switches>"
+        build, _, switches = target.variant.partition(",")
+        fused = build == "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                         broadcast_q=target.broadcast_q, fused_dq=fused)
+                                         broadcast_q=target.broadcast_q, fused_dq=fused,
+                                         variant=tlx_backward.BackwardVariant.parse(switches))
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
         return _finish(result, expected)

@@ -51,6 +51,7 @@ from jfa.kernels.tlx.hopper.forward import (
     _sm_count,
     _static_item,
     offline_signature,
+    parse_switches,
     supports,
     tlx,
 )
@@ -106,12 +107,23 @@ class BackwardVariant:
     schedule: str = "zigzag"  # "zigzag" or "round-robin" (the forward's static schedules)
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     dq_reduce: str = "tma"
+    # fused dQ, step order: store dS^T and issue the dQ MMA before the dK MMA, so that the dQ
+    # reduction (store, fence, reduce-add) runs while dK computes. Only with JFA_TLX_OWN_WAITS=1 do the
+    # source's waits hold (Triton's generic pipeliner waits after every MMA): measure both.
+    dq_first: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
             raise ValueError(f"BackwardVariant.schedule: must be one of {SCHEDULES[:2]}, got {self.schedule!r}")
         if self.dq_reduce not in DQ_REDUCES:
             raise ValueError(f"BackwardVariant.dq_reduce: must be one of {DQ_REDUCES}, got {self.dq_reduce!r}")
+        if self.dq_first and self.dq_reduce != "tma":
+            raise ValueError("BackwardVariant.dq_first: only with dq_reduce='tma'")
+
+    @classmethod
+    def parse(cls, text: str) -> "BackwardVariant":
+        """``"dq_reduce=atomic,dq_first=1"`` -> BackwardVariant; unknown keys, bad values raise ValueError."""
+        return parse_switches(cls, text, "JFA_TLX_BWD_VARIANT")
 
 
 SHIPPED = BackwardVariant()
@@ -195,10 +207,21 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
+def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale):
+    """Staged dQ reduction: registers -> shared memory -> TMA reduce-add into the fp32 accumulator (the
+    copy runs behind the next step). The stage was last handed to TMA two steps ago: wait until that
+    reduce-add has read it."""
+    tlx.async_descriptor_store_wait(1)
+    tlx.local_store(dq_stage, dq * sm_scale)
+    tlx.fence_async_shared()
+    tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+
+
+@triton.jit
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, DQ,
                stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
-               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+               DQ_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows, reduce-added into the
     fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every MMA retired."""
@@ -227,28 +250,35 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
             ds_t = tl.where(visible, ds_t, 0.0)
         if not CAUSAL:
             ds_t = tl.where((offs_n < len_k)[:, None], ds_t, 0.0)
-    dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
-    if FUSED_DQ:
+    if DQ_FIRST:
+        # dS^T to shared memory and the dQ MMA first; its reduction then overlaps the dK MMA
         tlx.local_store(ds_tile, ds_t.to(DTYPE))
         tlx.fence_async_shared()
-        dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)  # [BLOCK_M, HEAD_DIM] = dS K (this tile's keys)
-        dv = tlx.async_dot_wait(2, dv)
-        dk = tlx.async_dot_wait(1, dk)
-        dq = tlx.async_dot_wait(0, dq)
-        if DQ_REDUCE == 0:  # staged: registers -> shared memory -> TMA reduce-add (runs behind the next step)
-            # the stage was last handed to TMA two steps ago: wait until that reduce-add has read it
-            tlx.async_descriptor_store_wait(1)
-            tlx.local_store(dq_stage, dq * sm_scale)
-            tlx.fence_async_shared()
-            tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
-        elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
-            rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
-            offs_d = tl.arange(0, HEAD_DIM)
-            tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
-                          mask=(m_start + tl.arange(0, BLOCK_M) < len_q)[:, None], sem="relaxed")
-    else:
+        dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)
+        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
+        dq = tlx.async_dot_wait(1, dq)  # retires dV and dQ (committed before dK)
         dv = tlx.async_dot_wait(1, dv)
+        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale)
         dk = tlx.async_dot_wait(0, dk)
+    else:
+        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
+        if FUSED_DQ:
+            tlx.local_store(ds_tile, ds_t.to(DTYPE))
+            tlx.fence_async_shared()
+            dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)  # [BLOCK_M, HEAD_DIM] = dS K, this tile's keys
+            dv = tlx.async_dot_wait(2, dv)
+            dk = tlx.async_dot_wait(1, dk)
+            dq = tlx.async_dot_wait(0, dq)
+            if DQ_REDUCE == 0:  # staged
+                _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale)
+            elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
+                rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
+                offs_d = tl.arange(0, HEAD_DIM)
+                tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
+                              mask=(m_start + tl.arange(0, BLOCK_M) < len_q)[:, None], sem="relaxed")
+        else:
+            dv = tlx.async_dot_wait(1, dv)
+            dk = tlx.async_dot_wait(0, dk)
     return dk, dv
 
 
@@ -256,15 +286,16 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, m_start, offs_n, len_q,
                     len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+                    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
+                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                    DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
                         ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt, q_row0 + m_start,
                         dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
-                        FUSED_DQ, DQ_REDUCE, BLOCK_M, HEAD_DIM, DTYPE)
+                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
@@ -275,8 +306,8 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
                        num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
                        CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-                       DQ_REDUCE: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+                       DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
@@ -294,14 +325,16 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     for j in tl.range(0, n_masked):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M,
-            offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, BLOCK_M,
-            HEAD_DIM, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col,
+            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift,
+            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM,
+            NUM_BUFFERS_QDO, DTYPE)
     for i in tl.range(first + n_lead, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k, causal_shift, qk_scale,
-            sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
+            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM,
+            NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -321,8 +354,8 @@ def jagged_dkdv_tlx_kernel(
     stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_REDUCE: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -373,7 +406,8 @@ def jagged_dkdv_tlx_kernel(
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV,
                         TILES, CU_Q, CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq,
                         num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL,
-                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -384,7 +418,8 @@ def jagged_dkdv_tlx_kernel(
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 variant: BackwardVariant = SHIPPED) -> dict:
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
-                DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce), SCHEDULE=SCHEDULES.index(variant.schedule),
+                DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce), DQ_FIRST=fused_dq and variant.dq_first,
+                SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=cfg.consumer_regs)
 
@@ -405,7 +440,8 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         # unused without fused dQ: the launcher passes desc_q there
         desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{cfg.block_m}, {head_dim}]>",
-        DQ="*fp32" if fused_dq else f"*{dtype}", DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
+        DQ="*fp32" if fused_dq else f"*{dtype}", DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32",
+        TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -503,12 +539,13 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
 
 
 def default_variant() -> BackwardVariant:
-    """What ships, with the fused dQ's reduction overridable by ``JFA_TLX_DQ_REDUCE`` ("tma" or "atomic":
-    tests and measurements of each; "none" drops dQ and is refused here)."""
-    mode = os.environ.get("JFA_TLX_DQ_REDUCE", SHIPPED.dq_reduce)
-    if mode not in DQ_REDUCES or mode == "none":
-        raise ValueError(f"JFA_TLX_DQ_REDUCE: must be one of {[m for m in DQ_REDUCES if m != 'none']}, got {mode!r}")
-    return BackwardVariant(dq_reduce=mode)
+    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_reduce=atomic,dq_first=1"``
+    (tests and measurements of each switch; dq_reduce=none drops dQ and is refused here)."""
+    text = os.environ.get("JFA_TLX_BWD_VARIANT", "")
+    variant = BackwardVariant.parse(text) if text else SHIPPED
+    if variant.dq_reduce == "none":
+        raise ValueError("JFA_TLX_BWD_VARIANT: dq_reduce=none computes no dQ (timing only), not through the API")
+    return variant
 
 
 def fused_dq_default() -> bool:

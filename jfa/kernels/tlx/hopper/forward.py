@@ -623,6 +623,25 @@ def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: torch.Ten
     return True, ""
 
 
+def parse_switches(cls, text: str, source: str):
+    """``"key=value,key=value"`` -> ``cls(...)`` for a dataclass of ablation switches (shared by the TLX
+    kernels): bool fields take 0/1/true/false, the others the text; unknown keys and bad values raise
+    ValueError naming ``source`` (the environment variable)."""
+    fields = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if key not in cls.__dataclass_fields__:
+            raise ValueError(f"{source}: unknown switch {key!r} (known: {list(cls.__dataclass_fields__)})")
+        if cls.__dataclass_fields__[key].type not in (bool, "bool"):
+            fields[key] = value
+        elif value in ("0", "1", "true", "false"):
+            fields[key] = value in ("1", "true")
+        else:
+            raise ValueError(f"{source}: {key} must be 0 or 1, got {value!r}")
+    return cls(**fields)
+
+
 @dataclass(frozen=True)
 class Variant:
     """Switches of the ablation study (``python -m jfa.kernels.tlx.hopper.gpu_check ablation``). The
@@ -642,19 +661,7 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> "Variant":
         """``"schedule=dynamic,pingpong=0"`` -> Variant; unknown keys and bad values raise ValueError."""
-        fields = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            key, _, value = part.partition("=")
-            key = key.strip().replace("-", "_")
-            if key not in cls.__dataclass_fields__:
-                raise ValueError(f"JFA_TLX_VARIANT: unknown switch {key!r} (known: {list(cls.__dataclass_fields__)})")
-            if key == "schedule":
-                fields[key] = value.strip()
-            elif value.strip() in ("0", "1", "true", "false"):
-                fields[key] = value.strip() in ("1", "true")
-            else:
-                raise ValueError(f"JFA_TLX_VARIANT: {key} must be 0 or 1, got {value!r}")
-        return cls(**fields)
+        return parse_switches(cls, text, "JFA_TLX_VARIANT")
 
     def name(self) -> str:
         off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]

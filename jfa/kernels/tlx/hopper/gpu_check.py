@@ -251,6 +251,10 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     unfused = {"deterministic (shipped)": BV(), "round-robin": BV(schedule="round-robin"),
                "not persistent": BV(persistent=False)}
     fused = {f"fused {mode}": BV(dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES}
+    fused["fused tma, dQ before dK"] = BV(dq_first=True)
+    from jfa.kernels.tlx import pipeline
+
+    _say(f"JFA_TLX_OWN_WAITS={int(pipeline.enabled())}")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
         q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
@@ -272,7 +276,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
                 for x, a, r in zip("qkv", got, ref)}}
         _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} ({r['ms']} ms, dq diff "
                                                  f"{r['dq_max_abs_diff']:.2g})" for n, r in row.items()))
-    _write_json(out, {"suite": suite, "bwd_ablation": table})
+    _write_json(out, {"suite": suite, "own_waits": pipeline.enabled(), "bwd_ablation": table})
     return 0
 
 

@@ -235,6 +235,24 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     return 0
 
 
+def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
+    """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): delta, the
+    transposed row statistics, zeroing the fp32 dQ accumulator, converting it to q's dtype."""
+    import triton
+
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+    from jfa.kernels.triton.backward import row_delta, virtual_cu_seqlens
+
+    num_seqs = kwargs["num_seqs"]
+    out_cu = (virtual_cu_seqlens(num_seqs, kwargs["len_q_bcast"], q.device) if kwargs["broadcast_q"] else cu_q)
+    delta = row_delta(o, do)
+    accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    parts = {"delta": lambda: row_delta(o, do),
+             "row stats": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
+             "zero dq_accum": lambda: accum.zero_(), "convert dq": lambda: accum.to(q.dtype)}
+    return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
+
+
 def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
@@ -274,8 +292,13 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
             row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **{
                 f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
                 for x, a, r in zip("qkv", got, ref)}}
+        if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
+            row["outside the fused kernel, ms"] = _fused_path_parts(q, o, do, lse, b.cu_q, kwargs, rep)
         _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} ({r['ms']} ms, dq diff "
-                                                 f"{r['dq_max_abs_diff']:.2g})" for n, r in row.items()))
+                                                 f"{r['dq_max_abs_diff']:.2g})" for n, r in row.items()
+                                                 if "bwd_tflops" in r))
+        if "outside the fused kernel, ms" in row:
+            _say(f"{'':40s} outside the fused kernel, ms: {row['outside the fused kernel, ms']}")
     _write_json(out, {"suite": suite, "own_waits": pipeline.enabled(), "bwd_ablation": table})
     return 0
 

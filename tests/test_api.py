@@ -117,6 +117,7 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
             BackwardVariant.parse(bad)
     monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_reduce=atomic")
     assert default_variant() == BackwardVariant(dq_reduce="atomic")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_reduce=none")
-    with pytest.raises(ValueError, match="no dQ"):
-        default_variant()
+    for timing_only in ("dq_reduce=none", "dq_reduce=stage-only"):
+        monkeypatch.setenv("JFA_TLX_BWD_VARIANT", timing_only)
+        with pytest.raises(ValueError, match="no dQ"):
+            default_variant()

@@ -91,7 +91,7 @@ def config_for(head_dim: int) -> HopperDkDvConfig:
     return _CONFIGS[head_dim]
 
 
-DQ_REDUCES = ("tma", "atomic", "none")
+DQ_REDUCES = ("tma", "atomic", "none", "stage-only")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,9 @@ class BackwardVariant:
     """Switches of the backward's ablation study (``gpu_check bwd-ablation``); the defaults ship.
     ``dq_reduce`` applies to the fused dQ build only: "tma" reduce-adds each step's dQ from shared
     memory (staged, what ships), "atomic" adds it from registers with element-wise atomics, "none" drops
-    it (timing only: dq is NOT computed; the compiler may drop the dQ MMA too). On the H200 (NOTES.md,
+    it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX shows), "stage-only" stores it to
+    the shared stage but issues no reduce-add (timing only: what the staging costs without the L2
+    traffic). On the H200 (NOTES.md,
     2026-11-29) staging beat atomics by 7-27%; a paired variant (consumer 1 adding consumer 0's partial
     in shared memory, one reduce-add per step) was 4-7% slower than one reduce-add per consumer and
     was removed."""
@@ -271,6 +273,9 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
             dq = tlx.async_dot_wait(0, dq)
             if DQ_REDUCE == 0:  # staged
                 _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale)
+            elif DQ_REDUCE == 3:  # the staging without the reduce-add (timing only)
+                tlx.local_store(dq_stage, dq * sm_scale)
+                tlx.fence_async_shared()
             elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
                 rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
                 offs_d = tl.arange(0, HEAD_DIM)
@@ -543,8 +548,9 @@ def default_variant() -> BackwardVariant:
     (tests and measurements of each switch; dq_reduce=none drops dQ and is refused here)."""
     text = os.environ.get("JFA_TLX_BWD_VARIANT", "")
     variant = BackwardVariant.parse(text) if text else SHIPPED
-    if variant.dq_reduce == "none":
-        raise ValueError("JFA_TLX_BWD_VARIANT: dq_reduce=none computes no dQ (timing only), not through the API")
+    if variant.dq_reduce in ("none", "stage-only"):
+        raise ValueError(f"JFA_TLX_BWD_VARIANT: dq_reduce={variant.dq_reduce} computes no dQ (timing only), "
+                         "not through the API")
     return variant
 
 

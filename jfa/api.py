@@ -379,7 +379,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
     why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
-    backward runs the TLX dK/dV kernel (head dims 64 and 128) with the portable delta and dQ passes.
+    backward runs the TLX dK/dV kernel (head dims 64 and 128) after the portable delta pass, with dQ
+    reduced inside it at head dim 64 (unless ``deterministic``) and by the portable dQ pass otherwise.
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,

@@ -1,8 +1,8 @@
-"""Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel (issue 4, first part).
+"""Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel, with dQ fused at D 64.
 
-``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable backward
-(``jfa.kernels.triton.backward``: delta pre-pass, dQ pass without atomics) with its dK/dV pass on this
-kernel. A fused dQ build (``FUSED_DQ``, D 64) also computes dQ = dS K per step and reduce-adds it into
+``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable delta pre-pass, then
+this kernel for dK and dV, and dQ either fused into it (below) or from the portable dQ pass (no atomics,
+bitwise reproducible: D 128, and every ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``, D 64) also computes dQ = dS K per step and reduce-adds it into
 an fp32 accumulator by TMA from double-buffered shared memory, replacing the portable dQ pass.
 The fused dQ ships at D 64 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for ``deterministic=True``:
 measured on the H200 1-16% faster than the portable dQ pass, most on broadcast Q (``gpu_check
@@ -124,7 +124,7 @@ class BackwardVariant:
 
     @classmethod
     def parse(cls, text: str) -> "BackwardVariant":
-        """``"dq_reduce=atomic,dq_first=1"`` -> BackwardVariant; unknown keys, bad values raise ValueError."""
+        """``"dq_first=1,schedule=round-robin"`` -> BackwardVariant; unknown keys, bad values raise ValueError."""
         return parse_switches(cls, text, "JFA_TLX_BWD_VARIANT")
 
 
@@ -423,7 +423,9 @@ def jagged_dkdv_tlx_kernel(
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 variant: BackwardVariant = SHIPPED) -> dict:
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
-                DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce), DQ_FIRST=fused_dq and variant.dq_first,
+                # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
+                DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
+                DQ_FIRST=fused_dq and variant.dq_first,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=cfg.consumer_regs)
@@ -544,7 +546,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
 
 
 def default_variant() -> BackwardVariant:
-    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_reduce=atomic,dq_first=1"``
+    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_reduce=atomic"`` (or ``dq_first=1``)
     (tests and measurements of each switch; dq_reduce=none drops dQ and is refused here)."""
     text = os.environ.get("JFA_TLX_BWD_VARIANT", "")
     variant = BackwardVariant.parse(text) if text else SHIPPED
@@ -557,7 +559,10 @@ def default_variant() -> BackwardVariant:
 def fused_dq_default() -> bool:
     """Whether the TLX backward reduces dQ inside the dK/dV kernel where it can (``JFA_TLX_FUSED_DQ``,
     default on: 1-16% faster than the portable dQ pass at D64 on the H200; deterministic calls never do)."""
-    return os.environ.get("JFA_TLX_FUSED_DQ", "1") == "1"
+    value = os.environ.get("JFA_TLX_FUSED_DQ", "1").strip().lower()
+    if value not in ("0", "1", "true", "false"):
+        raise ValueError(f"JFA_TLX_FUSED_DQ: must be 0 or 1, got {value!r}")
+    return value in ("1", "true")
 
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,

@@ -266,7 +266,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     BV = tlx_backward.BackwardVariant
-    unfused = {"deterministic (shipped)": BV(), "round-robin": BV(schedule="round-robin"),
+    unfused = {"deterministic": BV(), "round-robin": BV(schedule="round-robin"),
                "not persistent": BV(persistent=False)}
     fused = {f"fused {mode}": BV(dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES}
     fused["fused tma, dQ before dK"] = BV(dq_first=True)

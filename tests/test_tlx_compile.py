@@ -83,7 +83,7 @@ def test_layout_rules_for_tma():
 
 def test_variants_and_timeline_build_are_targets():
     names = {t.name for t in tlx_targets()}
-    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "peel=0", "profile"):
+    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "pingpong_pv=1", "peel=0", "profile"):
         assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant
     assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq", "tlx-dkdv-bf16-D128",
             "tlx-dkdv-bf16-D128-causal", "tlx-dkdv-fp16-D128-bcastq"} <= names

@@ -84,7 +84,7 @@ def tlx_targets() -> list:
                     name = f"tlx-forward-{dtype}-D{head_dim}{flags}"
                     targets.append(Target(name, "forward", dtype, head_dim, causal, broadcast_q, backend="tlx"))
     # the ablation variants and the timeline build must compile too (they are measured, never shipped)
-    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "peel=0"):
+    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "pingpong_pv=1", "peel=0"):
         targets.append(Target(f"tlx-forward-bf16-D128-causal[{variant}]", "forward", "bf16", 128, True, False,
                               backend="tlx", variant=variant))
     targets.append(Target("tlx-forward-bf16-D128[profile]", "forward", "bf16", 128, False, False, backend="tlx",
@@ -93,6 +93,9 @@ def tlx_targets() -> list:
                           backend="tlx", variant="schedule=dynamic", profile=True))
     targets += [Target(f"tlx-forward-bf16-D{d}{'-causal' if c else ''}[own-waits]", "forward", "bf16", d, c, False,
                        backend="tlx", own_waits=True) for d in (64, 128) for c in (False, True)]
+    # the pingpong turn over both MMAs is meant for the own-waits build (QK(j) + PV(j-1) in flight together)
+    targets += [Target(f"tlx-forward-bf16-D{d}[pingpong_pv=1,own-waits]", "forward", "bf16", d, False, False,
+                       backend="tlx", variant="pingpong_pv=1", own_waits=True) for d in (64, 128)]
     return targets + tlx_backward_targets()
 
 

@@ -180,9 +180,19 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
-def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
+def _pass_turn(CID: tl.constexpr):
+    """Pingpong: hand the tensor-core turn to the other consumer."""
+    if CID == 0:
+        tlx.named_barrier_arrive(BAR_TO_C1, PINGPONG_THREADS)
+    else:
+        tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)
+
+
+@triton.jit
+def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr, PASS_TURN: tl.constexpr):
     """Issue S = Q K^T on wgmma in pingpong order: consumer 0 issues, then consumer 1, then 0, ...
-    (PINGPONG=False, an ablation: both issue whenever their operands are ready)."""
+    (PINGPONG=False, an ablation: both issue whenever their operands are ready). PASS_TURN=False keeps
+    the turn (the caller passes it after issuing more MMAs)."""
     k_t = tlx.local_trans(k_tile)
     if PINGPONG:
         if CID == 0:
@@ -190,11 +200,8 @@ def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
         else:
             tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
     qk = tlx.async_dot(q_tile, k_t)
-    if PINGPONG:
-        if CID == 0:
-            tlx.named_barrier_arrive(BAR_TO_C1, PINGPONG_THREADS)
-        else:
-            tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)
+    if PINGPONG and PASS_TURN:
+        _pass_turn(CID)
     return qk
 
 
@@ -233,16 +240,20 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
 def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              n_start, offs_m, len_k, causal_shift, qk_scale,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-             PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+             PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+             BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
-    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
+    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer. PINGPONG_PV
+    (ablation): the pingpong turn covers both MMAs, so the other consumer's pair queues behind them."""
     k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[k_buf], k_phase)
-    qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG)
+    qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG, not PINGPONG_PV)
 
     v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
     acc = tlx.async_dot(p, v_tiles[v_buf], acc)
+    if PINGPONG and PINGPONG_PV:
+        _pass_turn(CID)
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
     tlx.barrier_arrive(k_empties[k_buf], 1)
@@ -346,7 +357,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   num_heads, num_seqs, len_q_bcast, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr, PROFILE: tl.constexpr,
+                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr,
+                  PEEL: tl.constexpr, PROFILE: tl.constexpr,
                   DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores. Returns the advanced
@@ -376,7 +388,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         # block 0, peeled: QK^T and softmax only (its PV is issued by the next step)
         k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[k_buf], k_phase)
-        qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG)
+        qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG, True)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[k_buf], 1)
         if n_bulk > 0:
@@ -396,14 +408,16 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
                                         len_k, causal_shift, qk_scale, cid, False, CAUSAL,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                                        SCALE_NONNEG, PINGPONG, PINGPONG_PV, NUM_BUFFERS_KV, BLOCK_N,
+                                        DTYPE)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
                                         len_k, causal_shift, qk_scale, cid, True, CAUSAL,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                                        SCALE_NONNEG, PINGPONG, PINGPONG_PV, NUM_BUFFERS_KV, BLOCK_N,
+                                        DTYPE)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
         tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
@@ -448,8 +462,8 @@ def jagged_fwd_tlx_kernel(
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-    CONSUMER_REGS: tl.constexpr, SCHEDULE: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr, SCHEDULE: tl.constexpr, PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr,
+    PEEL: tl.constexpr, PROFILE: tl.constexpr,
 ):
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
@@ -527,8 +541,8 @@ def jagged_fwd_tlx_kernel(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
                         num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
-                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL,
-                        PROFILE, DTYPE)
+                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
+                        PINGPONG_PV, PEEL, PROFILE, DTYPE)
                     rounds += 1
                     item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -540,7 +554,7 @@ def jagged_fwd_tlx_kernel(
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot,
                             stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL,
                             BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                            PINGPONG, PEEL, PROFILE, DTYPE)
+                            PINGPONG, PINGPONG_PV, PEEL, PROFILE, DTYPE)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -652,11 +666,14 @@ class Variant:
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
     pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
+    pingpong_pv: bool = False  # True: a consumer's turn covers QK^T(j) and PV(j - 1), not QK^T alone
     peel: bool = True  # False: every key block goes through the masked softmax
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Variant.schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.pingpong_pv and not self.pingpong:
+            raise ValueError("Variant.pingpong_pv: needs pingpong")
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -665,7 +682,7 @@ class Variant:
 
     def name(self) -> str:
         off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
-        return self.schedule + "".join(f" -{f}" for f in off)
+        return self.schedule + "".join(f" -{f}" for f in off) + (" +pingpong_pv" if self.pingpong_pv else "")
 
 
 SHIPPED = Variant()
@@ -682,7 +699,8 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs,
-                SCHEDULE=SCHEDULES.index(variant.schedule), PINGPONG=variant.pingpong, PEEL=variant.peel,
+                SCHEDULE=SCHEDULES.index(variant.schedule), PINGPONG=variant.pingpong,
+                PINGPONG_PV=variant.pingpong_pv, PEEL=variant.peel,
                 PROFILE=profile)
 
 

@@ -129,6 +129,7 @@ ABLATIONS = {
     "no LPT sort": tlx_forward.Variant(longest_first=False),
     "not persistent": tlx_forward.Variant(schedule="round-robin", persistent=False),
     "no pingpong": tlx_forward.Variant(pingpong=False),
+    "pingpong turn over QK and PV": tlx_forward.Variant(pingpong_pv=True),
     "no loop peeling": tlx_forward.Variant(peel=False),
 }
 

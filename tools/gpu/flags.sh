@@ -4,7 +4,8 @@
 # dQ and deterministic tests with the default build), then timing alone on the GPU: the forward
 # (`gpu_check bench`) and the backward (`gpu_check bwd`, which includes the fused dQ) with and without
 # JFA_TLX_OWN_WAITS. Everything lands in $OUT/flags.tgz.
-#   CHECKS: the gpu_check timing commands (default "bench bwd"; add bwd-ablation); TESTS=0 skips the tests.
+#   CHECKS: the gpu_check timing commands (default "bench bwd"; also ablation, bwd-ablation), each with a
+#   CHECK_SECONDS limit (default 160) per wait build; TESTS=0 skips the tests.
 set -u
 source "$(dirname "$0")/lib.sh"; results_dir flags
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > $R/gpu.csv
@@ -19,7 +20,7 @@ for log in own-waits fused; do echo "-- $log"; tail -2 $R/pytest-$log.log; grep 
 fi
 for what in ${CHECKS:-bench bwd}; do
   for flag in 0 1; do
-    step 110 env JFA_TLX_OWN_WAITS=$flag python3 -m jfa.kernels.tlx.hopper.gpu_check $what --rep ${REP:-40} \
+    step ${CHECK_SECONDS:-160} env JFA_TLX_OWN_WAITS=$flag python3 -m jfa.kernels.tlx.hopper.gpu_check $what --rep ${REP:-40} \
       --out $R/$what-own-waits-$flag.json 2>&1 | tee $R/$what-own-waits-$flag.log
   done
 done

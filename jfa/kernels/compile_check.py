@@ -387,11 +387,11 @@ def _check_tlx(target: Target) -> Result:
         # variant: "" (shipped), "fused-dq", or "fused-dq,<BackwardVariant switches>"
         build, _, switches = target.variant.partition(",")
         fused = build == "fused-dq"
+        variant = tlx_backward.BackwardVariant.parse(switches)
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                         broadcast_q=target.broadcast_q, fused_dq=fused,
-                                         variant=tlx_backward.BackwardVariant.parse(switches))
+                                         broadcast_q=target.broadcast_q, fused_dq=fused, variant=variant)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS)
-        staged = fused and tlx_backward.BackwardVariant.parse(switches).dq_reduce == "tma"
+        staged = fused and variant.dq_reduce == "tma"
         expected["TMA reduce-adds of dQ exactly in the staged fused build"] = \
             (result.details["tma_reduce_adds"] > 0) == staged
         return _finish(result, expected)

@@ -24,7 +24,7 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
-    virtual_cu_seqlens,
+    output_offsets,
 )
 
 install_bf16_dot_fix()
@@ -262,7 +262,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
     cfgs = configs_for(head_dim, q.dtype)
     block_d = padded_head_dim(head_dim)
     precision = _dot_precision(q.dtype)
-    out_cu = virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = out.shape[0]
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)

@@ -163,6 +163,11 @@ def virtual_cu_seqlens(num_seqs: int, len_q: int, device) -> torch.Tensor:
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int64) * len_q
 
 
+def output_offsets(cu_q, num_seqs: int, len_q_bcast: int, broadcast_q: bool, device):
+    """Offsets of the output (and lse, dout) rows: ``cu_q``, or for a broadcast Q the virtual ones."""
+    return virtual_cu_seqlens(num_seqs, len_q_bcast, device) if broadcast_q else cu_q
+
+
 def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
                    num_seqs: int, len_q_bcast: int = 0):
     """Launch the forward. Returns (out [rows, H, D] in q's dtype, lse [rows, H] float32), where rows is
@@ -170,7 +175,7 @@ def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     head_dim = q.shape[-1]
     num_heads = q.shape[1]
     cfg = configs_for(head_dim, q.dtype).forward
-    out_cu = virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
     lse = alloc.empty((rows, num_heads), torch.float32, q.device)

@@ -99,12 +99,11 @@ class BackwardVariant:
     """Switches of the backward's ablation study (``gpu_check bwd-ablation``); the defaults ship.
     ``dq_reduce`` applies to the fused dQ build only: "tma" reduce-adds each step's dQ from shared
     memory (staged, what ships), "atomic" adds it from registers with element-wise atomics, "none" drops
-    it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX shows), "stage-only" stores it to
-    the shared stage but issues no reduce-add (timing only: what the staging costs without the L2
-    traffic). On the H200 (NOTES.md,
-    2026-11-29) staging beat atomics by 7-27%; a paired variant (consumer 1 adding consumer 0's partial
-    in shared memory, one reduce-add per step) was 4-7% slower than one reduce-add per consumer and
-    was removed."""
+    it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX shows), "stage-only"
+    stores it to the shared stage but issues no reduce-add (timing only: what the staging costs without
+    the L2 traffic). On the H200 (NOTES.md, 2026-11-29) staging beat atomics by 7-27%; a paired variant
+    (consumer 1 adding consumer 0's partial in shared memory, one reduce-add per step) was 4-7% slower
+    than one reduce-add per consumer and was removed."""
 
     schedule: str = "zigzag"  # "zigzag" or "round-robin" (the forward's static schedules)
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
@@ -585,7 +584,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
                                         len_q_bcast=len_q_bcast, dlse=dlse,
                                         dkdv=functools.partial(jagged_dkdv_tlx, variant=variant))
-    out_cu = portable.virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    out_cu = portable.output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     delta = portable.row_delta(out, dout, dlse)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)

@@ -818,7 +818,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     ``variant``: ablation switches (default: ``JFA_TLX_VARIANT`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
     kernel ran)."""
-    from jfa.kernels.triton.forward import virtual_cu_seqlens
+    from jfa.kernels.triton.forward import output_offsets
 
     variant = variant_from_env() if variant is None else variant
     head_dim, num_heads = q.shape[-1], q.shape[1]
@@ -826,7 +826,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     if not ok:
         raise ValueError(f"jagged_forward_tlx: {reason}")
     cfg = config_for(head_dim)
-    out_cu = virtual_cu_seqlens(num_seqs, len_q_bcast, q.device) if broadcast_q else cu_q
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
     lse = alloc.empty((rows, num_heads), torch.float32, q.device)

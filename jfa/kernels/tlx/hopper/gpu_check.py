@@ -150,6 +150,12 @@ def _suite_inputs(suite: str, head_dims, also_at_d64: bool = False):
             yield (at64, *launcher_inputs(at64))
 
 
+def _max_abs_diffs(got, ref) -> dict:
+    """``{"dq_max_abs_diff": ..., "dk_...", "dv_..."}`` of two (dq, dk, dv) triples."""
+    return {f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
+            for x, a, r in zip("qkv", got, ref)}
+
+
 def _write_json(path: str, record: dict) -> None:
     import json
 
@@ -216,9 +222,7 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
         ref = jagged_backward(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
         row = table[problem.name] = {}
         for name, fn in runs.items():
-            got = fn(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
-            diff = {f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
-                    for x, a, r in zip("qkv", got, ref)}
+            diff = _max_abs_diffs(fn(q, k, v, o, lse, do, cu_q, cu_k, **kwargs), ref)
             ms = triton.testing.do_bench(lambda fn=fn: fn(q, k, v, o, lse, do, cu_q, cu_k, **kwargs),
                                          warmup=25, rep=rep)
             row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **diff}
@@ -242,10 +246,11 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
-    from jfa.kernels.triton.backward import row_delta, virtual_cu_seqlens
+    from jfa.kernels.triton.backward import row_delta
+    from jfa.kernels.triton.forward import output_offsets
 
     num_seqs = kwargs["num_seqs"]
-    out_cu = (virtual_cu_seqlens(num_seqs, kwargs["len_q_bcast"], q.device) if kwargs["broadcast_q"] else cu_q)
+    out_cu = output_offsets(cu_q, num_seqs, kwargs["len_q_bcast"], kwargs["broadcast_q"], q.device)
     delta = row_delta(o, do)
     accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     parts = {"delta": lambda: row_delta(o, do),
@@ -258,12 +263,14 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
     persistent), and, where the fused dQ builds (the suite's jagged shapes again at D64), each dQ
-    reduction: staged TMA reduce-add ("tma", shipped), element-wise atomics ("atomic"), dropped ("none":
-    the cost without the reduction, dq wrong), against the deterministic backward (portable dQ pass:
-    each row written once, fixed order)."""
+    reduction (``BackwardVariant.dq_reduce``: "tma" ships; "atomic"; "none" and "stage-only", timing
+    only, dq wrong) and the dQ-before-dK step order, against the deterministic backward (portable dQ
+    pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it
+    with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it."""
     import triton
 
     from jfa.bench.suites import flops
+    from jfa.kernels.tlx import pipeline
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     BV = tlx_backward.BackwardVariant
@@ -271,8 +278,6 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
                "not persistent": BV(persistent=False)}
     fused = {f"fused {mode}": BV(dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES}
     fused["fused tma, dQ before dK"] = BV(dq_first=True)
-    from jfa.kernels.tlx import pipeline
-
     _say(f"JFA_TLX_OWN_WAITS={int(pipeline.enabled())}")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
@@ -288,11 +293,9 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
         for name, extra in runs.items():
             fn = lambda extra=extra: tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **extra,
                                                                         **kwargs)
-            got = fn()
+            diff = _max_abs_diffs(fn(), ref)
             ms = triton.testing.do_bench(fn, warmup=25, rep=rep)
-            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **{
-                f"d{x}_max_abs_diff": (float((a.float() - r.float()).abs().max()) if a.numel() else 0.0)
-                for x, a, r in zip("qkv", got, ref)}}
+            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **diff}
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
             row["outside the fused kernel, ms"] = _fused_path_parts(q, o, do, lse, b.cu_q, kwargs, rep)
         _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} ({r['ms']} ms, dq diff "

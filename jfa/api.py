@@ -46,7 +46,7 @@ class KernelChoice:
     """Which kernels a call runs (``jfa.which_kernels``): ``forward`` and ``backward`` are each
     "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not the TLX kernel ("" when both
     are). The TLX backward follows only the TLX forward: its dK/dV kernel, with dQ reduced inside it
-    at head dim 64 (unless ``deterministic=True``) and by the portable dQ pass otherwise."""
+    (unless ``deterministic=True``, which takes the portable dQ pass)."""
 
     forward: str
     backward: str
@@ -373,14 +373,14 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     ``cu_seqlens_*``: [B+1] int32/int64 offsets. Returns ``out`` ([total_q or B*Lq, H, D], q's dtype),
     or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
     Differentiable in q, k, v. The portable backward is bitwise reproducible (no atomics); the TLX
-    backward is too unless its fused dQ reduction runs (head dim 64: TMA reduce-adds, order varies), which
+    backward is too unless its fused dQ reduction runs (TMA reduce-adds, order varies: the default), which
     ``deterministic=True`` switches off (dQ then comes from the portable dQ pass).
 
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
     why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
     backward runs the TLX dK/dV kernel (head dims 64 and 128) after the portable delta pass, with dQ
-    reduced inside it at head dim 64 (unless ``deterministic``) and by the portable dQ pass otherwise.
+    reduced inside it (unless ``deterministic``, which takes the portable dQ pass).
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,

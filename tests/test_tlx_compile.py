@@ -115,6 +115,48 @@ def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device
     torch.testing.assert_close(stats, expected, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("layout", ["jagged", "broadcast-q", "empty"])
+def test_fused_dq_accumulator_reads_back_as_dq(head_dim, layout, device):
+    """The fused dQ's fp32 accumulator starts at zero and reads back as dq in q's dtype and shape,
+    exactly: like q, or, where the kernel computes dQ^T, transposed with each sequence's tokens from an
+    aligned column (those of a broadcast Q from column 0); columns outside them are never read."""
+    from jfa.kernels.tlx.hopper import backward
+
+    lengths = {"jagged": (0, 5, 1, 37, 3, 0), "broadcast-q": (37,), "empty": (0, 0)}[layout]
+    cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
+    rows, heads = int(cu[-1]), 3
+    q = torch.empty(rows, heads, head_dim, dtype=torch.bfloat16, device=device)
+    dq = torch.randn(rows, heads, head_dim, generator=torch.Generator().manual_seed(rows)).to(device)
+    accum = backward.DqAccumulator(q, cu.to(device), len(lengths), broadcast_q=layout == "broadcast-q")
+    assert accum.tensor.dtype == torch.float32 and not accum.tensor.any()
+    assert accum.transposed == backward.dq_transposed(backward.config_for(head_dim))
+    if accum.transposed:  # tensor[c // block, h * D + d, c % block] holds dq[t, h, d], c the column of t
+        blocks, block_rows, block = accum.tensor.shape
+        assert block_rows == heads * head_dim and block == backward.config_for(head_dim).block_m
+        columns = torch.full((block_rows, blocks * block), float("nan"))  # never read where left NaN
+        col_cu = accum.col_cu.cpu() if accum.col_cu is not None else torch.zeros(1, dtype=torch.int64)
+        assert (col_cu % block == 0).all() and (col_cu % 4 == 0).all()
+        for b in range(len(col_cu) - 1 if accum.col_cu is not None else 1):
+            n = int(cu[b + 1] - cu[b]) if accum.col_cu is not None else rows
+            first = int(cu[b]) if accum.col_cu is not None else 0
+            assert int(col_cu[b]) + n <= blocks * block
+            columns[:, int(col_cu[b]):int(col_cu[b]) + n] = dq[first:first + n].cpu().reshape(n, block_rows).t()
+        accum.tensor.copy_(columns.reshape(block_rows, blocks, block).permute(1, 0, 2))
+    else:
+        assert accum.tensor.shape == q.shape
+        accum.tensor.copy_(dq)
+    got = accum.read().cpu()
+    assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
+    rounded = dq.cpu().to(torch.bfloat16)  # to nearest even, as the GPU converts
+    if device == "cpu" and accum.transposed:
+        # Triton's interpreter truncates float32 -> bfloat16: accept that, element by element
+        truncated = (dq.cpu().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+        assert ((got == rounded) | (got == truncated)).all()
+    else:
+        assert torch.equal(got, rounded)
+
+
 def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
     """JFA_TLX_OWN_WAITS changes what a TLX compile produces, so it must change Triton's cache key (a
     build with the generic pipeliner must never be reused for one without); installing twice is a no-op."""

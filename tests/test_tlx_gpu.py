@@ -163,9 +163,10 @@ DKDV_CASES = _dkdv_cases()
 
 
 @pytest.mark.parametrize("case", DKDV_CASES, ids=[c.id for c in DKDV_CASES])
-def test_tlx_backward_meets_the_oracle(case):
-    """The TLX backward (TLX dK/dV, portable delta and dQ), reached through autograd after the TLX
-    forward, judged by the rule on NaN-poisoned outputs."""
+def test_tlx_backward_meets_the_oracle(case, monkeypatch):
+    """The TLX backward with the fused dQ off (TLX dK/dV, portable delta and dQ: what deterministic=True
+    runs), reached through autograd after the TLX forward, judged by the rule on NaN-poisoned outputs."""
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "0")  # the fused dQ's own test follows
     report = run_case(case, backend="auto", device="cuda", backward=True)
     if report.kernel == "tlx-hopper":  # a few structural cases (strides TMA cannot take) run portable
         assert report.backward_kernel == "tlx-hopper", str(report)
@@ -175,8 +176,9 @@ def test_tlx_backward_meets_the_oracle(case):
 FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
     pytest.importorskip("jfa.kernels.tlx.hopper.backward"), "FUSED_DQ_HEAD_DIMS", ())] + [
     # long sequences, more work items than SMs: the dQ stages alternate across items and wrap
-    Case((600, 513) * 20, (600, 513) * 20, heads=4, head_dim=64, dtype="bf16", causal=causal,
-         name=f"fused-dq-many-items{'-causal' if causal else ''}") for causal in (False, True)]
+    Case((600, 513) * 20, (600, 513) * 20, heads=4, head_dim=head_dim, dtype="bf16", causal=causal,
+         name=f"fused-dq-many-items{'-causal' if causal else ''}-D{head_dim}")
+    for causal in (False, True) for head_dim in (64, 128)]
 
 
 # the shipped fused dQ on every case; the ablation's switches (atomic reduction, dQ MMA before dK) on the

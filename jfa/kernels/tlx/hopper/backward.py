@@ -1,12 +1,15 @@
-"""Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel, with dQ fused at D 64.
+"""Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel, with dQ fused into it.
 
 ``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable delta pre-pass, then
 this kernel for dK and dV, and dQ either fused into it (below) or from the portable dQ pass (no atomics,
-bitwise reproducible: D 128, and every ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``, D 64) also computes dQ = dS K per step and reduce-adds it into
-an fp32 accumulator by TMA from double-buffered shared memory, replacing the portable dQ pass.
-The fused dQ ships at D 64 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for ``deterministic=True``:
-measured on the H200 1-16% faster than the portable dQ pass, most on broadcast Q (``gpu_check
-bwd-ablation``); at D 128 the 32-row query steps are below wgmma's M of 64, so dQ stays portable.
+bitwise reproducible: every ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``) also computes
+dQ = dS K per step and reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from
+double-buffered shared memory, replacing the portable dQ pass. At D 128 the 32-row query steps are
+below wgmma's M of 64: the kernel computes dQ^T = K^T dS^T instead, into a transposed accumulator
+blocked by 32 tokens (``DQ_T``). The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it
+off), never for ``deterministic=True``: against the portable dQ pass on the H200, -2% to +17% at D 64
+(the uniform shapes within the run-to-run spread) and +4% to +27% at D 128, most on broadcast Q
+(``gpu_check bwd-ablation``, BENCHMARKS.md).
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -78,17 +81,24 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=240),
     # D 128: dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
     # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
-    # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B) = 113 KB.
+    # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B) = 113 KB; with the fused dQ
+    # also dS^T 2 x 4 KB and the transposed dQ stages 4 x 16 KB: 185 KB of the 227 KB.
     128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
-# fused dQ (dQ = dS K per step, TMA reduce-add): needs 64 query rows per step (the M of its wgmma); at D 128
-# the 32-row steps cannot, and 64-row steps spill
-FUSED_DQ_HEAD_DIMS = tuple(d for d, cfg in _CONFIGS.items() if cfg.block_m == 64)
+# fused dQ (dQ = dS K per step, TMA reduce-add into an fp32 accumulator): every supported head dim
+FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 
 
 def config_for(head_dim: int) -> HopperDkDvConfig:
     return _CONFIGS[head_dim]
+
+
+def dq_transposed(cfg: HopperDkDvConfig) -> bool:
+    """Whether the fused dQ is computed transposed: a step of fewer than 64 query rows is below wgmma's M,
+    so the kernel computes dQ^T = K^T dS^T ([HEAD_DIM, BLOCK_M], M = HEAD_DIM) and reduce-adds it into a
+    transposed accumulator (``DqAccumulator``), which TMA reads straight from the stage."""
+    return cfg.block_m < 64
 
 
 DQ_REDUCES = ("tma", "atomic", "none", "stage-only")
@@ -160,6 +170,14 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
+def _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs):
+    """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
+    statistics, the transposed dQ accumulator: ``aligned_columns``); a multiple of COLUMN_ALIGN."""
+    seq = tl.minimum(tl.load(TILES + item // num_heads), num_seqs - 1)
+    return tl.load(STATS_CU + seq).to(tl.int32)
+
+
+@triton.jit
 def _step_order(s, first, n_lead, n_masked, bulk_end):
     """Query tile of the s-th step of an item, in the order producer and consumers share: the masked
     steps first (the causal diagonal tiles, then the sequence's partial last tile), the fully visible
@@ -180,10 +198,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
     row statistics (lse2 and delta rows of the transposed stats tensor)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
-    # the sequence's first column in the stats tensor (a multiple of 4: TMA's innermost coordinate must
-    # be 16-byte aligned, or the copy is an illegal instruction)
-    seq = tl.minimum(tl.load(TILES + item // num_heads), num_seqs - 1)
-    stats_col0 = tl.load(STATS_CU + seq).to(tl.int32)
+    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
     n_masked = n_lead + num_q_tiles - bulk_end
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -208,24 +223,40 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
-def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale):
+def _dq_mma(ds_tile, k_tile, DQ_T: tl.constexpr):
+    """Issue this step's dQ MMA over the consumer's keys: dQ = dS K [BLOCK_M, HEAD_DIM], or with DQ_T
+    its transpose K^T dS^T [HEAD_DIM, BLOCK_M] (steps of fewer than 64 query rows: wgmma's M is 64)."""
+    if DQ_T:
+        return tlx.async_dot(tlx.local_trans(k_tile), ds_tile)
+    else:
+        return tlx.async_dot(tlx.local_trans(ds_tile), k_tile)
+
+
+@triton.jit
+def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.constexpr):
     """Staged dQ reduction: registers -> shared memory -> TMA reduce-add into the fp32 accumulator (the
     copy runs behind the next step). The stage was last handed to TMA two steps ago: wait until that
-    reduce-add has read it."""
+    reduce-add has read it. With DQ_T, ``dq`` is transposed and the accumulator blocked
+    (``DqAccumulator``): ``dq_row`` is the row of the step's block and head there."""
     tlx.async_descriptor_store_wait(1)
     tlx.local_store(dq_stage, dq * sm_scale)
     tlx.fence_async_shared()
-    tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+    if DQ_T:
+        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, 0], store_reduce="add")
+    else:
+        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
 
 
 @triton.jit
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, DQ,
                stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
-               DQ_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+               DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+               DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
-    dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows, reduce-added into the
-    fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every MMA retired."""
+    dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows (transposed with DQ_T),
+    reduce-added into the fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every
+    MMA retired."""
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     lse2 = tlx.local_load(lse_tile)                          # [1, BLOCK_M]: lse * log2(e), +inf for empty rows
@@ -235,51 +266,56 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         # the TMA boxes may reach into the next sequence's rows: their P^T (and so dS^T) must be 0
         offs_m = m_start + tl.arange(0, BLOCK_M)
         visible = (offs_m < len_q)[None, :]
-        if CAUSAL:
+        if CAUSAL:  # also excludes key rows past the sequence
             visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+        elif FUSED_DQ:  # dQ sums over the keys: the next sequence's must add nothing
+            visible = visible & (offs_n < len_k)[:, None]
         p_t = tl.where(visible, p_t, 0.0)
     delta = tlx.local_load(delta_tile)                       # [1, BLOCK_M]
     dp_t = tlx.async_dot_wait(0, dp_t)
     dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
     ds_t = p_t * (dp_t - delta)
-    if FUSED_DQ:
+    if FUSED_DQ and MASKED:
         # dQ sums over this tile's keys and lands in other rows' dQ: query rows past the sequence must
-        # add exactly 0 (masked steps), and so must key rows past it (the next sequence's keys, loaded
-        # by the tile's TMA box; causal masking already excludes them). where, not a product: P^T of a
-        # foreign key can be inf.
-        if MASKED:
-            ds_t = tl.where(visible, ds_t, 0.0)
-        if not CAUSAL:
-            ds_t = tl.where((offs_n < len_k)[:, None], ds_t, 0.0)
+        # add exactly 0, and so must key rows past it (the next sequence's keys, loaded by the tile's TMA
+        # box; a tile that has such keys runs every step masked). P^T is 0 there already, but dP^T of a
+        # foreign row need not be finite: select, do not multiply (on P^T, not the mask: registers).
+        ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
     if DQ_FIRST:
         # dS^T to shared memory and the dQ MMA first; its reduction then overlaps the dK MMA
         tlx.local_store(ds_tile, ds_t.to(DTYPE))
         tlx.fence_async_shared()
-        dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)
+        dq = _dq_mma(ds_tile, k_tile, DQ_T)
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
         dq = tlx.async_dot_wait(1, dq)  # retires dV and dQ (committed before dK)
         dv = tlx.async_dot_wait(1, dv)
-        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale)
+        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
         dk = tlx.async_dot_wait(0, dk)
     else:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
         if FUSED_DQ:
             tlx.local_store(ds_tile, ds_t.to(DTYPE))
             tlx.fence_async_shared()
-            dq = tlx.async_dot(tlx.local_trans(ds_tile), k_tile)  # [BLOCK_M, HEAD_DIM] = dS K, this tile's keys
+            dq = _dq_mma(ds_tile, k_tile, DQ_T)  # dS K over this consumer's keys
             dv = tlx.async_dot_wait(2, dv)
             dk = tlx.async_dot_wait(1, dk)
             dq = tlx.async_dot_wait(0, dq)
             if DQ_REDUCE == 0:  # staged
-                _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale)
+                _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
             elif DQ_REDUCE == 3:  # the staging without the reduce-add (timing only)
                 tlx.local_store(dq_stage, dq * sm_scale)
                 tlx.fence_async_shared()
             elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
                 rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
+                row_ok = m_start + tl.arange(0, BLOCK_M) < len_q
                 offs_d = tl.arange(0, HEAD_DIM)
-                tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
-                              mask=(m_start + tl.arange(0, BLOCK_M) < len_q)[:, None], sem="relaxed")
+                if DQ_T:  # the blocked transposed accumulator (DqAccumulator)
+                    acc_rows = (dq_row + offs_d).to(tl.int64) * BLOCK_M
+                    tl.atomic_add(DQ + acc_rows[:, None] + tl.arange(0, BLOCK_M)[None, :], dq * sm_scale,
+                                  mask=row_ok[None, :], sem="relaxed")
+                else:
+                    tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
+                                  mask=row_ok[:, None], sem="relaxed")
         else:
             dv = tlx.async_dot_wait(1, dv)
             dk = tlx.async_dot_wait(0, dk)
@@ -288,18 +324,19 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, m_start, offs_n, len_q,
+                    qdo_empties, ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, m_start, offs_n, len_q,
                     len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr,
                     CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
-                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                    DQ_T: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                     DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
-                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt, q_row0 + m_start,
+                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
+                        dq_row0 + (m_start // BLOCK_M) * stride_dqt if DQ_T else dq_row0 + m_start,
                         dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
-                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM, DTYPE)
+                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
@@ -307,37 +344,53 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q,
-                       CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
+                       CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
                        num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
                        CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-                       DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
         _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
                    TILE_N, BLOCK_M)
-    n_masked = n_lead + num_q_tiles - bulk_end
+    n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (_step_order)
+    n_masked_steps = n_masked
+    bulk_start = first + n_lead
+    if FUSED_DQ and not CAUSAL:
+        # a key tile reaching past the sequence (its TMA box holds the next sequence's first keys) runs
+        # every step masked, so that the bulk step carries no key mask (registers: D 128 spilled with it)
+        partial = n_start + TILE_N > len_k
+        n_masked_steps = tl.where(partial, num_q_tiles - first, n_masked)
+        bulk_start = tl.where(partial, bulk_end, bulk_start)
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
     ds_tile = ds_tiles[cid]
     dq_col = head * col_stride_dq
+    dq_row0 = q_row0  # the step's dQ row is dq_row0 + m_start
+    if DQ_T:
+        # the blocked transposed accumulator (DqAccumulator): each sequence starts on an aligned column
+        # (a broadcast Q's at 0); the step's block row is dq_row0 + (m_start // BLOCK_M) * stride_dqt
+        if not BROADCAST_Q:
+            dq_row0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
+        dq_row0 = (dq_row0 // BLOCK_M) * stride_dqt + dq_col
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    for j in tl.range(0, n_masked):  # the producer's order (_step_order): masked steps, then the bulk
+    for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col,
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift,
-            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM,
+            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM,
             NUM_BUFFERS_QDO, DTYPE)
-    for i in tl.range(first + n_lead, bulk_end):
+    for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, q_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
-            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, BLOCK_M, HEAD_DIM,
+            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
+            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM,
             NUM_BUFFERS_QDO, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
@@ -358,7 +411,7 @@ def jagged_dkdv_tlx_kernel(
     stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr,
+    DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -374,11 +427,14 @@ def jagged_dkdv_tlx_kernel(
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
-    # fused dQ: each consumer's dS^T (the A operand of dS K, read transposed) and two fp32 dQ stages per
-    # consumer (one being read by its TMA reduce-add while the next step fills the other)
+    # fused dQ: each consumer's dS^T (an operand of its dQ MMA) and two fp32 dQ stages per consumer (one
+    # being read by its TMA reduce-add while the next step fills the other), transposed with DQ_T
     DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
     ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS)
-    dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, 2 * _CONSUMERS)
+    if DQ_T:
+        dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, 2 * _CONSUMERS)
+    else:
+        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, 2 * _CONSUMERS)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
@@ -408,9 +464,9 @@ def jagged_dkdv_tlx_kernel(
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV,
-                        TILES, CU_Q, CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq,
+                        TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq,
                         num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL,
-                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
                         DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
@@ -425,6 +481,7 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
                 # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
                 DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
                 DQ_FIRST=fused_dq and variant.dq_first,
+                DQ_T=fused_dq and dq_transposed(cfg),
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=cfg.consumer_regs)
@@ -442,10 +499,11 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
                             variant=variant)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    dq_box = (head_dim, cfg.block_m) if fused_dq and dq_transposed(cfg) else (cfg.block_m, head_dim)
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         # unused without fused dQ: the launcher passes desc_q there
-        desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{cfg.block_m}, {head_dim}]>",
+        desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>",
         DQ="*fp32" if fused_dq else f"*{dtype}", DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32",
         TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
@@ -471,18 +529,32 @@ def row_stats_kernel(LSE, DELTA, OUT_CU, STATS_CU, STATS, num_heads, stride_stat
         tl.store(STATS + (num_heads + head) * stride_stats + col0 + offs, delta, mask=ok)
 
 
+# Sequences start on columns that are multiples of this in the tensors whose token axis is TMA's
+# innermost (row statistics, transposed dQ accumulator). TMA needs 4 (16 bytes of fp32, or the copy is
+# an illegal instruction); the transposed dQ accumulator's blocks of 32 tokens need 32 (one query step
+# of 32 rows is one block). One layout for both, so that one offset array serves both.
+COLUMN_ALIGN = 32
+
+
+def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[torch.Tensor, int]:
+    """The column layout of the tensors whose token axis is TMA's innermost (the row statistics, the
+    transposed dQ accumulator): row t of sequence b sits in column ``col_cu[b] + (t - out_cu[b])``, and
+    every ``col_cu[b]`` is a multiple of COLUMN_ALIGN. Returns (col_cu [B+1] int64, width: >=
+    col_cu[-1], a multiple of COLUMN_ALIGN, from the sizes alone). No host sync."""
+    lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
+    col_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=out_cu.device)
+    torch.cumsum((lengths + COLUMN_ALIGN - 1) // COLUMN_ALIGN * COLUMN_ALIGN, 0, out=col_cu[1:])
+    return col_cu, -(-(rows + (COLUMN_ALIGN - 1) * num_seqs + 1) // COLUMN_ALIGN) * COLUMN_ALIGN
+
+
 def row_stats(lse: torch.Tensor, delta: torch.Tensor, out_cu: torch.Tensor, num_seqs: int):
     """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
     ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
-    ``stats[H + h, c] = delta[t, h]``, where row t of sequence b sits in column
-    ``stats_cu[b] + (t - out_cu[b])``. Every sequence starts at a multiple of 4 columns (TMA's innermost
-    coordinate must be 16-byte aligned); the gaps hold 0, so a box reaching past a sequence reads finite
-    values (the kernel masks them). Returns (stats [2H, width] float32, stats_cu [B+1] int64). No host sync."""
+    ``stats[H + h, c] = delta[t, h]``, columns as ``aligned_columns``; the gaps hold 0, so a box reaching
+    past a sequence reads finite values (the kernel masks them). Returns (stats [2H, width] float32,
+    stats_cu [B+1] int64). No host sync."""
     rows, num_heads = lse.shape
-    lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
-    stats_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=lse.device)
-    torch.cumsum((lengths + 3) // 4 * 4, 0, out=stats_cu[1:])
-    width = -(-(rows + 3 * num_seqs + 1) // 4) * 4  # >= stats_cu[-1], a multiple of 4 (16-byte row stride)
+    stats_cu, width = aligned_columns(out_cu, num_seqs, rows)
     stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
     if rows and num_heads and num_seqs:
         row_stats_kernel[(num_seqs, num_heads)](lse, delta, out_cu, stats_cu, stats, num_heads, stats.stride(0),
@@ -496,15 +568,104 @@ def _stats_descriptor(stats: torch.Tensor, block_m: int):
     return TensorDescriptor(stats, shape=list(stats.shape), strides=[stats.stride(0), 1], block_shape=[1, block_m])
 
 
+@triton.jit
+def dq_from_transposed_kernel(ACC, DQ, OUT_CU, COL_CU, rows, block_rows, stride_dqt, stride_dqh,
+                              SEGMENTED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """dq[t, h, d] = ACC[c // BLOCK_T, h * HEAD_DIM + d, c % BLOCK_T] in dq's dtype, c the column of row
+    t. Program (segment, head, split) takes every split-th block of BLOCK_T rows of one sequence
+    (SEGMENTED: columns as ``aligned_columns``) or of all ``rows`` (column = row: a broadcast Q)."""
+    head = tl.program_id(1)
+    if SEGMENTED:
+        seq = tl.program_id(0)
+        row0 = tl.load(OUT_CU + seq).to(tl.int64)
+        length = tl.load(OUT_CU + seq + 1).to(tl.int64) - row0
+        col0 = tl.load(COL_CU + seq)
+    else:
+        row0 = tl.zeros((), dtype=tl.int64)
+        length = rows + tl.zeros((), dtype=tl.int64)
+        col0 = tl.zeros((), dtype=tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_c = tl.arange(0, BLOCK_T)
+    for start in range(tl.program_id(2) * BLOCK_T, length, tl.num_programs(2) * BLOCK_T):
+        offs = start + offs_c
+        ok = offs < length
+        block = (col0 + start) // BLOCK_T  # col0 and start are multiples of BLOCK_T
+        acc_rows = (block * block_rows + head * HEAD_DIM + offs_d).to(tl.int64) * BLOCK_T
+        acc = tl.load(ACC + acc_rows[:, None] + offs_c[None, :], mask=ok[None, :], other=0.0)
+        tl.store(DQ + (row0 + offs)[:, None] * stride_dqt + head * stride_dqh + offs_d[None, :],
+                 tl.trans(acc).to(DQ.dtype.element_ty, fp_downcast_rounding="rtne"), mask=ok[:, None])
+
+
+class DqAccumulator:
+    """The zeroed fp32 accumulator the fused dQ reduce-adds into, and its read-out as dq.
+
+    Like q ([T, H, D]), or, where the kernel computes dQ^T (``dq_transposed``), transposed and blocked:
+    ``tensor[c // BLOCK_M, h * D + d, c % BLOCK_M]`` for column c, columns as ``aligned_columns`` of the
+    query rows (for a broadcast Q the dense rows themselves). A query step's reduce-add is then one
+    contiguous 16 KB box (BLOCK_M = 32 columns of 128 bytes, every head dim of the head). Over a plain
+    [H * D, T] layout its 128 rows lay megabytes apart: on the H200 the reduce-adds then cost 0.69 ms of
+    a 3.66 ms backward (uniform-B512-D128), blocked 0.03 ms (NOTES.md, 2026-11-29)."""
+
+    def __init__(self, q: torch.Tensor, out_cu: torch.Tensor, num_seqs: int, broadcast_q: bool,
+                 config: HopperDkDvConfig = None):
+        rows, num_heads, head_dim = q.shape
+        self.q, self.out_cu, self.num_seqs = q, out_cu, num_seqs
+        self.config = config or config_for(head_dim)
+        self.transposed = dq_transposed(self.config)
+        self.segmented = self.transposed and not broadcast_q
+        self.col_cu = None
+        if not self.transposed:
+            self.tensor = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            return
+        block = self.config.block_m
+        assert COLUMN_ALIGN % block == 0, "a query step must not straddle two blocks"
+        if self.segmented:
+            self.col_cu, width = aligned_columns(out_cu, num_seqs, rows)
+        else:
+            width = -(-rows // block) * block
+        self.tensor = torch.zeros((width // block, num_heads * head_dim, block), dtype=torch.float32,
+                                  device=q.device)
+
+    def descriptor(self):
+        """(TMA descriptor, row stride, step of one head along the head-dim axis) for the kernel."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if not self.transposed:
+            desc, head_step = _descriptor(self.tensor, self.config.block_m)
+            return desc, self.tensor.stride(0), head_step
+        blocks, block_rows, block = self.tensor.shape
+        head_dim = self.q.shape[2]
+        desc = TensorDescriptor(self.tensor, shape=[blocks * block_rows, block], strides=[block, 1],
+                                block_shape=[head_dim, block])
+        return desc, block_rows, head_dim
+
+    def read(self) -> torch.Tensor:
+        """dq in q's dtype and shape (contiguous); padding columns are never read."""
+        q = self.q
+        if not self.transposed:
+            return self.tensor.to(q.dtype)
+        rows, num_heads, head_dim = q.shape
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        segments = self.num_seqs if self.segmented else 1
+        if rows and num_heads and segments:
+            _, block_rows, block = self.tensor.shape
+            # a few programs per sequence and head (a single long sequence must not run on H programs)
+            splits = max(1, min(64, rows // (segments * 8 * block)))
+            dq_from_transposed_kernel[(segments, num_heads, splits)](
+                self.tensor, dq, self.out_cu, self.col_cu if self.segmented else self.out_cu, rows, block_rows,
+                dq.stride(0), dq.stride(1), SEGMENTED=self.segmented, HEAD_DIM=head_dim, BLOCK_T=block)
+        return dq
+
+
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None,
                     dq_accum: torch.Tensor = None, variant: BackwardVariant = SHIPPED) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
-    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum`` (float32,
-    like q, zeroed by the caller) the kernel also reduce-adds every tile's dQ into it (fused dQ: the
-    order of the additions varies from run to run). Raises ValueError when the TLX kernel cannot take
-    these inputs (``forward.supports``, dout included). ``config`` and ``variant`` override what ships
-    (measurements)."""
+    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum``
+    (a ``DqAccumulator`` of q, same config) the kernel also reduce-adds every tile's dQ into it (fused
+    dQ: the order of the additions varies from run to run; ``dq_accum.read()`` gives dq). Raises
+    ValueError when the TLX kernel cannot take these inputs (``forward.supports``, dout included).
+    ``config`` and ``variant`` override what ships (measurements)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if ok and head_dim not in SUPPORTED_HEAD_DIMS:
@@ -528,16 +689,18 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_do, col_do = _descriptor(dout, cfg.block_m)
     desc_k, col_k = _descriptor(k, cfg.block_n)
     desc_v, col_v = _descriptor(v, cfg.block_n)
-    desc_dq, col_dq = (desc_q, col_q) if dq_accum is None else _descriptor(dq_accum, cfg.block_m)
+    if dq_accum is not None and dq_accum.config != cfg:
+        raise ValueError("jagged_dkdv_tlx: dq_accum was built for another config")
+    desc_dq, stride_dq, col_dq = (desc_q, q.stride(0), col_q) if dq_accum is None else dq_accum.descriptor()
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
     grid = (min(_sm_count(q.device), num_items) if variant.persistent else num_items,)
-    dq_ptr = q if dq_accum is None else dq_accum  # read only by the atomic fused dQ (ablation)
+    dq_ptr = q if dq_accum is None else dq_accum.tensor  # read only by the atomic fused dQ (ablation)
     jagged_dkdv_tlx_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
-        dq_ptr.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+        stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
         col_dq, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
         **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
                       variant=variant),
@@ -556,8 +719,9 @@ def default_variant() -> BackwardVariant:
 
 
 def fused_dq_default() -> bool:
-    """Whether the TLX backward reduces dQ inside the dK/dV kernel where it can (``JFA_TLX_FUSED_DQ``,
-    default on: 1-16% faster than the portable dQ pass at D64 on the H200; deterministic calls never do)."""
+    """Whether the TLX backward reduces dQ inside the dK/dV kernel (``JFA_TLX_FUSED_DQ``, default on:
+    on the H200 as fast as the portable dQ pass or faster, up to 27% on broadcast Q; deterministic calls
+    never do)."""
     value = os.environ.get("JFA_TLX_FUSED_DQ", "1").strip().lower()
     if value not in ("0", "1", "true", "false"):
         raise ValueError(f"JFA_TLX_FUSED_DQ: must be 0 or 1, got {value!r}")
@@ -588,8 +752,8 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     delta = portable.row_delta(out, dout, dlse)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q)
     jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
                     variant=variant)
-    return dq_accum.to(q.dtype), dk, dv
+    return dq_accum.read(), dk, dv

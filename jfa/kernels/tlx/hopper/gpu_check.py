@@ -252,17 +252,20 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     num_seqs = kwargs["num_seqs"]
     out_cu = output_offsets(cu_q, num_seqs, kwargs["len_q_bcast"], kwargs["broadcast_q"], q.device)
     delta = row_delta(o, do)
-    accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    def accumulator():
+        return tlx_backward.DqAccumulator(q, out_cu, num_seqs, kwargs["broadcast_q"])
+
+    accum = accumulator()
     parts = {"delta": lambda: row_delta(o, do),
              "row stats": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
-             "zero dq_accum": lambda: accum.zero_(), "convert dq": lambda: accum.to(q.dtype)}
+             "zero dq_accum": accumulator, "convert dq": accum.read}
     return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
 
 
 def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
-    persistent), and, where the fused dQ builds (the suite's jagged shapes again at D64), each dQ
+    persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), each dQ
     reduction (``BackwardVariant.dq_reduce``: "tma" ships; "atomic"; "none" and "stage-only", timing
     only, dq wrong) and the dQ-before-dK step order, against the deterministic backward (portable dQ
     pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it

@@ -1,3 +1,7 @@
+import fcntl
+import json
+import os
+
 import pytest
 import torch
 
@@ -13,3 +17,24 @@ def device(request) -> str:
 @pytest.fixture(scope="session")
 def backend(request) -> str:
     return request.config.getoption("--backend")
+
+
+@pytest.fixture(scope="session")
+def compile_gate(tmp_path_factory):
+    """``compile_gate(backend)``: the offline compile gate's results for "triton" or "tlx", computed once
+    per test session and shared by every xdist worker (a file under the session's base temp directory,
+    guarded by a lock): the compiles run in parallel child processes instead of once per worker."""
+    def results(backend: str) -> dict:
+        from jfa.kernels.compile_check import run_out_of_process
+
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            return run_out_of_process(backend)
+        shared = tmp_path_factory.getbasetemp().parent  # this session's, the same for every xdist worker
+        path = shared / f"compile-gate-{backend}.json"
+        with open(shared / f"compile-gate-{backend}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker compiles, the others wait and read
+            if not path.exists():
+                path.write_text(json.dumps(run_out_of_process(backend)))
+            return json.loads(path.read_text())
+
+    return results

@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from jfa.kernels.compile_check import run_out_of_process, shipped_targets
+from jfa.kernels.compile_check import shipped_targets
 
 TARGETS = [t.name for t in shipped_targets()]
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_out_of_process("triton")
+def results(compile_gate):
+    return compile_gate("triton")
 
 
 @pytest.mark.parametrize("name", TARGETS)

@@ -11,16 +11,16 @@ import math
 import pytest
 import torch
 
-from jfa.kernels.compile_check import SM90_SHARED_LIMIT, WGMMA_SERIALISED, run_out_of_process, tlx_targets
+from jfa.kernels.compile_check import SM90_SHARED_LIMIT, WGMMA_SERIALISED, tlx_targets
 
 TARGETS = [t.name for t in tlx_targets()]
 
 
 @pytest.fixture(scope="module")
-def results(device):
-    if device != "cpu":  # minutes of compiles per worker; on a GPU machine the GPU tests compile and run them
+def results(device, compile_gate):
+    if device != "cpu":  # minutes of compiles; on a GPU machine the GPU tests compile and run them
         pytest.skip("the offline compile gate runs in the CPU suite")
-    return run_out_of_process("tlx")
+    return compile_gate("tlx")
 
 
 def test_every_shipped_config_is_a_target():

@@ -419,15 +419,26 @@ def _check_tlx(target: Target) -> Result:
     return _finish(result, expected)
 
 
-def run_out_of_process(backend: str, timeout: float = 1200) -> dict:
-    """Run the gate for ``backend`` ("triton" | "tlx" | "all") in a child process without the
-    interpreter (callers such as the test suite have it switched on); results by target name."""
+def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None) -> dict:
+    """Run the gate for ``backend`` ("triton" | "tlx" | "all") in ``jobs`` child processes at once (one
+    shard of the targets each; default: one per usable CPU), without the interpreter (callers such as
+    the test suite have it switched on); results by target name."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", backend],
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    jobs = jobs or len(os.sched_getaffinity(0))
+    children = [subprocess.Popen([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", backend,
+                                  "--shard", f"{i}/{jobs}"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for i in range(jobs)]
+    rows, errors = [], []
+    for child in children:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        errors.append(err[-3000:])
     if not rows:
-        raise RuntimeError(f"compile_check produced nothing:\n{proc.stderr[-3000:]}")
+        raise RuntimeError("compile_check produced nothing:\n" + "\n".join(errors))
     return {row["target"]["name"]: row for row in rows}
 
 
@@ -437,13 +448,19 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
     parser.add_argument("--backend", choices=("all", "triton", "tlx"), default="all",
                         help="only the portable Triton targets, or only the TLX ones")
+    parser.add_argument("--shard", default="0/1", metavar="I/N",
+                        help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)
+    shard, _, shards = args.shard.partition("/")
+    if not (shard.isdigit() and shards.isdigit() and int(shard) < int(shards)):
+        parser.error(f"--shard: expected I/N with 0 <= I < N, got {args.shard!r}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("jfa compile-check: unset TRITON_INTERPRET (the interpreter cannot compile kernels)", file=sys.stderr)
         return 2
     wanted = [s for s in args.only.split(",") if s]
     pool = {"all": all_targets(), "triton": shipped_targets(), "tlx": tlx_targets()}[args.backend]
-    results = [check(t) for t in pool if not wanted or any(w in t.name for w in wanted)]
+    pool = [t for t in pool if not wanted or any(w in t.name for w in wanted)][int(shard)::int(shards)]
+    results = [check(t) for t in pool]
     for r in results:
         if args.json:
             print(json.dumps({**asdict(r), "target": asdict(r.target)}))

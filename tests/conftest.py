@@ -34,7 +34,9 @@ def compile_gate(tmp_path_factory):
         with open(shared / f"compile-gate-{backend}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker compiles, the others wait and read
             if not path.exists():
-                path.write_text(json.dumps(run_out_of_process(backend)))
+                partial = path.with_suffix(".partial")  # a worker killed mid-write leaves no half file
+                partial.write_text(json.dumps(run_out_of_process(backend)))
+                partial.replace(path)
             return json.loads(path.read_text())
 
     return results

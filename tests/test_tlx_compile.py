@@ -90,10 +90,11 @@ def test_variants_and_timeline_build_are_targets():
 
 
 @pytest.mark.parametrize("lengths", [(0, 5, 1, 8, 3, 0), (4, 4), (1,), (0,)], ids=["mixed", "aligned", "one", "empty"])
-def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device):
-    """The dK/dV kernel's TMA-loaded statistics: each sequence's rows at a column that is a multiple of 4
-    (TMA's innermost coordinate must be 16-byte aligned), lse in base 2 with +inf for rows that saw no
-    key, delta beside it, zeros in the gaps (a box reaching past a sequence must read finite values)."""
+def test_dkdv_row_stats_start_every_sequence_on_an_aligned_column(lengths, device):
+    """The dK/dV kernel's TMA-loaded statistics: each sequence's rows at a column that is a multiple of
+    COLUMN_ALIGN (TMA's innermost coordinate must be 16-byte aligned; the transposed dQ accumulator shares
+    the layout and needs whole 32-token blocks), lse in base 2 with +inf for rows that saw no key, delta
+    beside it, zeros in the gaps (a box reaching past a sequence must read finite values)."""
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
     rows, heads = int(cu[-1]), 3
     g = torch.Generator().manual_seed(0)
@@ -104,8 +105,10 @@ def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device
 
     stats, stats_cu = backward.row_stats(lse.to(device), delta.to(device), cu.to(device), len(lengths))
     stats, stats_cu = stats.cpu(), stats_cu.cpu()
-    assert stats.shape[0] == 2 * heads and stats.shape[1] % 4 == 0 and int(stats_cu[-1]) <= stats.shape[1]
-    assert (stats_cu % 4 == 0).all()
+    align = backward.COLUMN_ALIGN
+    assert align % 4 == 0
+    assert stats.shape[0] == 2 * heads and stats.shape[1] % align == 0 and int(stats_cu[-1]) <= stats.shape[1]
+    assert (stats_cu % align == 0).all()
     expected = torch.zeros_like(stats)
     for b, n in enumerate(lengths):
         cols = slice(int(stats_cu[b]), int(stats_cu[b]) + n)
@@ -115,34 +118,43 @@ def test_dkdv_row_stats_start_every_sequence_on_a_16_byte_column(lengths, device
     torch.testing.assert_close(stats, expected, rtol=1e-6, atol=0)
 
 
+LAYOUTS = {"jagged": (0, 5, 1, 37, 3, 0), "one-long": (1100,), "broadcast-q": (37,), "broadcast-q-long": (600,),
+           "empty": (0, 0)}
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("layout", ["jagged", "broadcast-q", "empty"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_fused_dq_accumulator_reads_back_as_dq(head_dim, layout, device):
     """The fused dQ's fp32 accumulator starts at zero and reads back as dq in q's dtype and shape,
-    exactly: like q, or, where the kernel computes dQ^T, transposed with each sequence's tokens from an
-    aligned column (those of a broadcast Q from column 0); columns outside them are never read."""
+    exactly. Transposed (D 128), a query step's partial lands in one TMA box of the descriptor: for
+    sequence b, step i (32 rows) and head h, rows ``(col_cu[b] / 32 + i) * H * D + h * D`` onward, one
+    column per query row (a broadcast Q: col_cu = 0). Written that way here (NaN everywhere else, which
+    the read-out must never touch), it must read back as the dq that was written."""
     from jfa.kernels.tlx.hopper import backward
 
-    lengths = {"jagged": (0, 5, 1, 37, 3, 0), "broadcast-q": (37,), "empty": (0, 0)}[layout]
+    lengths = LAYOUTS[layout]
+    broadcast_q = layout.startswith("broadcast-q")
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
     rows, heads = int(cu[-1]), 3
     q = torch.empty(rows, heads, head_dim, dtype=torch.bfloat16, device=device)
     dq = torch.randn(rows, heads, head_dim, generator=torch.Generator().manual_seed(rows)).to(device)
-    accum = backward.DqAccumulator(q, cu.to(device), len(lengths), broadcast_q=layout == "broadcast-q")
+    accum = backward.DqAccumulator(q, cu.to(device), len(lengths), broadcast_q=broadcast_q)
     assert accum.tensor.dtype == torch.float32 and not accum.tensor.any()
-    assert accum.transposed == backward.dq_transposed(backward.config_for(head_dim))
-    if accum.transposed:  # tensor[c // block, h * D + d, c % block] holds dq[t, h, d], c the column of t
-        blocks, block_rows, block = accum.tensor.shape
-        assert block_rows == heads * head_dim and block == backward.config_for(head_dim).block_m
-        columns = torch.full((block_rows, blocks * block), float("nan"))  # never read where left NaN
-        col_cu = accum.col_cu.cpu() if accum.col_cu is not None else torch.zeros(1, dtype=torch.int64)
-        assert (col_cu % block == 0).all() and (col_cu % 4 == 0).all()
-        for b in range(len(col_cu) - 1 if accum.col_cu is not None else 1):
-            n = int(cu[b + 1] - cu[b]) if accum.col_cu is not None else rows
-            first = int(cu[b]) if accum.col_cu is not None else 0
-            assert int(col_cu[b]) + n <= blocks * block
-            columns[:, int(col_cu[b]):int(col_cu[b]) + n] = dq[first:first + n].cpu().reshape(n, block_rows).t()
-        accum.tensor.copy_(columns.reshape(block_rows, blocks, block).permute(1, 0, 2))
+    if accum.transposed:
+        desc, block_rows, head_step = accum.descriptor()
+        block = backward.config_for(head_dim).block_m
+        assert desc.block_shape == [head_dim, block] and block_rows == heads * head_dim and head_step == head_dim
+        view = torch.full(desc.shape, float("nan"))  # the descriptor's 2-D view of the accumulator
+        col_cu = [0] if broadcast_q else accum.col_cu.cpu().tolist()
+        for b in range(1 if broadcast_q else len(lengths)):
+            first, n = (0, rows) if broadcast_q else (int(cu[b]), int(cu[b + 1] - cu[b]))
+            assert col_cu[b] % block == 0
+            for i in range(-(-n // block)):
+                part = dq[first + i * block:first + min(n, (i + 1) * block)].cpu()  # [<=32, H, D]
+                for h in range(heads):
+                    row = (col_cu[b] // block + i) * block_rows + h * head_step
+                    view[row:row + head_dim, :len(part)] = part[:, h].t()
+        accum.tensor.copy_(view.reshape(accum.tensor.shape))
     else:
         assert accum.tensor.shape == q.shape
         accum.tensor.copy_(dq)
@@ -155,6 +167,21 @@ def test_fused_dq_accumulator_reads_back_as_dq(head_dim, layout, device):
         assert ((got == rounded) | (got == truncated)).all()
     else:
         assert torch.equal(got, rounded)
+
+
+def test_fused_dq_falls_back_where_its_accumulator_would_not_fit():
+    """The transposed accumulator pads each sequence to 32 columns: over very many short sequences it
+    would grow towards 32x a dense dQ, so the fused path is refused there (portable dQ pass instead);
+    broadcast Q and D 64 (accumulator like q) always fit."""
+    from jfa.kernels.tlx.hopper import backward
+
+    spare = backward.DqAccumulator.SPARE_COLUMNS
+    q128 = torch.empty(32768 * 8, 8, 128, device="meta")
+    assert not backward.DqAccumulator.fits(q128, 32768, broadcast_q=False)  # 8 tokens per sequence
+    assert backward.DqAccumulator.fits(q128, 32768, broadcast_q=True)
+    assert backward.DqAccumulator.fits(torch.empty(32768 * 8, 8, 64, device="meta"), 32768, broadcast_q=False)
+    assert backward.DqAccumulator.fits(torch.empty(1000 * 512, 4, 128, device="meta"), 1000, broadcast_q=False)
+    assert backward.DqAccumulator.fits(torch.empty(64, 4, 128, device="meta"), (64 + spare) // 31, broadcast_q=False)
 
 
 def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):

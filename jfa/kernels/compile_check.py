@@ -419,27 +419,45 @@ def _check_tlx(target: Target) -> Result:
     return _finish(result, expected)
 
 
+def _targets(backend: str) -> list:
+    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets}[backend]()
+
+
 def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None) -> dict:
     """Run the gate for ``backend`` ("triton" | "tlx" | "all") in ``jobs`` child processes at once (one
-    shard of the targets each; default: one per usable CPU), without the interpreter (callers such as
-    the test suite have it switched on); results by target name."""
+    shard of the targets each; default: one per usable CPU, at most one per target), without the
+    interpreter (callers such as the test suite have it switched on), all within ``timeout`` seconds;
+    results by target name. Raises RuntimeError, with the children's stderr, when a child dies or a
+    target has no result."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    jobs = jobs or len(os.sched_getaffinity(0))
+    names = [t.name for t in _targets(backend)]
+    jobs = max(1, min(jobs or len(os.sched_getaffinity(0)), len(names)))
     children = [subprocess.Popen([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", backend,
                                   "--shard", f"{i}/{jobs}"], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for i in range(jobs)]
+    deadline = time.monotonic() + timeout
     rows, errors = [], []
-    for child in children:
-        try:
-            out, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            out, err = child.communicate()
-        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        errors.append(err[-3000:])
-    if not rows:
-        raise RuntimeError("compile_check produced nothing:\n" + "\n".join(errors))
-    return {row["target"]["name"]: row for row in rows}
+    try:
+        for i, child in enumerate(children):
+            try:
+                out, err = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+                err += f"\n(shard {i}/{jobs} killed at the {timeout:.0f} s deadline)"
+            rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if child.returncode not in (0, 1):  # 1: some target failed the gate (its row says why)
+                errors.append(f"shard {i}/{jobs} exited {child.returncode}:\n{err[-3000:]}")
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    results = {row["target"]["name"]: row for row in rows}
+    missing = [n for n in names if n not in results]
+    if missing or errors:
+        raise RuntimeError(f"compile_check: no result for {len(missing)} target(s) {missing[:5]}:\n"
+                           + "\n".join(errors))
+    return results
 
 
 def main(argv=None) -> int:
@@ -458,12 +476,16 @@ def main(argv=None) -> int:
         print("jfa compile-check: unset TRITON_INTERPRET (the interpreter cannot compile kernels)", file=sys.stderr)
         return 2
     wanted = [s for s in args.only.split(",") if s]
-    pool = {"all": all_targets(), "triton": shipped_targets(), "tlx": tlx_targets()}[args.backend]
-    pool = [t for t in pool if not wanted or any(w in t.name for w in wanted)][int(shard)::int(shards)]
-    results = [check(t) for t in pool]
-    for r in results:
+    pool = [t for t in _targets(args.backend) if not wanted or any(w in t.name for w in wanted)]
+    results = []
+    for target in pool[int(shard)::int(shards)]:
+        try:
+            r = check(target)
+        except Exception as exc:  # one target's crash is that target's failure, not the run's
+            r = Result(target, False, [f"the gate raised {type(exc).__name__}: {exc}"])
+        results.append(r)
         if args.json:
-            print(json.dumps({**asdict(r), "target": asdict(r.target)}))
+            print(json.dumps({**asdict(r), "target": asdict(r.target)}), flush=True)
         else:
             status = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
             extra = ""
@@ -474,7 +496,8 @@ def main(argv=None) -> int:
                          f"  tma {d['tma_loads']}  mbar-waits {d['mbarrier_waits']}"
                          f"  named-bars {','.join(map(str, d['named_barriers']))}")
             print(f"{r.target.name:34s} sm_{r.target.arch}a  regs {r.registers:3d}  local {r.local_bytes}  "
-                  f"smem {r.shared_bytes:6d}  wgmma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s{extra}  {status}")
+                  f"smem {r.shared_bytes:6d}  wgmma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s{extra}  {status}",
+                  flush=True)
     return 0 if all(r.ok for r in results) else 1
 
 

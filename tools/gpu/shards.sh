@@ -13,8 +13,8 @@ n=${SHARDS:-8}
 echo "$(wc -l < $R/ids.txt) tests in $n shards"
 for s in $(seq 0 $((n - 1))); do
   awk -v s=$s -v n=$n 'NR % n == s' $R/ids.txt > $R/shard-$s.txt
-  # xargs, not $(cat ...): the ids' brackets must not glob
-  step ${SHARD_SECONDS:-240} xargs -d '\n' -a $R/shard-$s.txt python3 -m pytest --device cuda -q -rfE \
+  # xargs, not $(cat ...): the ids' brackets must not glob; -r: an empty shard must not run every test
+  step ${SHARD_SECONDS:-240} xargs -r -d '\n' -a $R/shard-$s.txt python3 -m pytest --device cuda -q -rfE \
     -p no:cacheprovider --timeout ${TEST_TIMEOUT:-120} --timeout-method thread --junitxml $R/junit-$s.xml \
     > $R/shard-$s.log 2>&1 &
 done

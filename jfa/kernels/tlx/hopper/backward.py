@@ -27,10 +27,12 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   register A operands. dK and dV live in registers for the whole item and are written once, so dK and
   dV are bitwise reproducible.
 * Loop peeling: steps whose every query row sees every key of the tile run without a mask; the causal
-  diagonal and the sequence's last partial query tile run the masked step (one helper, ``MASKED``).
-* Jagged tails without padding: the TMA boxes may read rows of the next sequence (Q, dO and its
-  statistics); the masked step zeroes P^T (and so dS^T) for every query row past the sequence, and key
-  rows past the sequence are never stored.
+  diagonal and the sequence's last partial query tile run the masked step (one helper, ``MASKED``); with
+  the fused dQ (non-causal) so does every step of a key tile that reaches past its sequence.
+* Jagged tails without padding of the inputs: the TMA boxes may read rows of the next sequence (Q, dO
+  and its statistics, K and V); the masked step zeroes P^T (and so dS^T) for every query row past the
+  sequence, and for key rows past it where dQ sums over them; such key rows are never stored. (The
+  statistics and the transposed dQ accumulator are laid out with each sequence on an aligned column.)
 
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 """
@@ -81,8 +83,8 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=240),
     # D 128: dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
     # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
-    # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B) = 113 KB; with the fused dQ
-    # also dS^T 2 x 4 KB and the transposed dQ stages 4 x 16 KB: 185 KB of the 227 KB.
+    # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B), 129 KB as compiled; with the
+    # fused dQ also dS^T 2 x 4 KB and the transposed dQ stages 4 x 16 KB: 201 KB of the 227 KB.
     128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
@@ -306,7 +308,6 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
                 tlx.local_store(dq_stage, dq * sm_scale)
                 tlx.fence_async_shared()
             elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
-                rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
                 row_ok = m_start + tl.arange(0, BLOCK_M) < len_q
                 offs_d = tl.arange(0, HEAD_DIM)
                 if DQ_T:  # the blocked transposed accumulator (DqAccumulator)
@@ -314,6 +315,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
                     tl.atomic_add(DQ + acc_rows[:, None] + tl.arange(0, BLOCK_M)[None, :], dq * sm_scale,
                                   mask=row_ok[None, :], sem="relaxed")
                 else:
+                    rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
                     tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
                                   mask=row_ok[:, None], sem="relaxed")
         else:
@@ -602,7 +604,7 @@ class DqAccumulator:
     Like q ([T, H, D]), or, where the kernel computes dQ^T (``dq_transposed``), transposed and blocked:
     ``tensor[c // BLOCK_M, h * D + d, c % BLOCK_M]`` for column c, columns as ``aligned_columns`` of the
     query rows (for a broadcast Q the dense rows themselves). A query step's reduce-add is then one
-    contiguous 16 KB box (BLOCK_M = 32 columns of 128 bytes, every head dim of the head). Over a plain
+    contiguous 16 KB box (the head's D rows of BLOCK_M = 32 fp32 tokens, 128 bytes each). Over a plain
     [H * D, T] layout its 128 rows lay megabytes apart: on the H200 the reduce-adds then cost 0.69 ms of
     a 3.66 ms backward (uniform-B512-D128), blocked 0.03 ms (NOTES.md, 2026-11-29)."""
 
@@ -618,13 +620,29 @@ class DqAccumulator:
             self.tensor = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
             return
         block = self.config.block_m
-        assert COLUMN_ALIGN % block == 0, "a query step must not straddle two blocks"
+        if COLUMN_ALIGN % block:
+            raise ValueError(f"DqAccumulator: block_m {block} must divide COLUMN_ALIGN {COLUMN_ALIGN} (a query "
+                             "step must not straddle two blocks)")
         if self.segmented:
             self.col_cu, width = aligned_columns(out_cu, num_seqs, rows)
         else:
             width = -(-rows // block) * block
         self.tensor = torch.zeros((width // block, num_heads * head_dim, block), dtype=torch.float32,
                                   device=q.device)
+
+    # columns of padding allowed beyond one per row: many short sequences would otherwise make the
+    # transposed accumulator up to COLUMN_ALIGN times a dense one (8 tokens each: 32x)
+    SPARE_COLUMNS = 8192
+
+    @staticmethod
+    def fits(q: torch.Tensor, num_seqs: int, broadcast_q: bool, config: HopperDkDvConfig = None) -> bool:
+        """Whether the accumulator stays within twice a dense fp32 dQ (plus SPARE_COLUMNS columns):
+        false only for a transposed one over very many short sequences (the caller then takes the
+        portable dQ pass). From the sizes alone: no host sync."""
+        rows, _, head_dim = q.shape
+        if broadcast_q or not dq_transposed(config or config_for(head_dim)):
+            return True
+        return (COLUMN_ALIGN - 1) * num_seqs <= rows + DqAccumulator.SPARE_COLUMNS
 
     def descriptor(self):
         """(TMA descriptor, row stride, step of one head along the head-dim axis) for the kernel."""
@@ -645,7 +663,7 @@ class DqAccumulator:
         if not self.transposed:
             return self.tensor.to(q.dtype)
         rows, num_heads, head_dim = q.shape
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq = alloc.empty(q.shape, q.dtype, q.device)  # NaN-poisoned under the tests: every row is written
         segments = self.num_seqs if self.segmented else 1
         if rows and num_heads and segments:
             _, block_rows, block = self.tensor.shape
@@ -659,7 +677,7 @@ class DqAccumulator:
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None,
-                    dq_accum: torch.Tensor = None, variant: BackwardVariant = SHIPPED) -> None:
+                    dq_accum: DqAccumulator = None, variant: BackwardVariant = SHIPPED) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum``
     (a ``DqAccumulator`` of q, same config) the kernel also reduce-adds every tile's dQ into it (fused
@@ -689,8 +707,8 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_do, col_do = _descriptor(dout, cfg.block_m)
     desc_k, col_k = _descriptor(k, cfg.block_n)
     desc_v, col_v = _descriptor(v, cfg.block_n)
-    if dq_accum is not None and dq_accum.config != cfg:
-        raise ValueError("jagged_dkdv_tlx: dq_accum was built for another config")
+    if dq_accum is not None and (dq_accum.config != cfg or dq_accum.q.shape != q.shape):
+        raise ValueError("jagged_dkdv_tlx: dq_accum was built for another q or config")
     desc_dq, stride_dq, col_dq = (desc_q, q.stride(0), col_q) if dq_accum is None else dq_accum.descriptor()
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
@@ -733,16 +751,17 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                         fused_dq: bool = None, variant: BackwardVariant = None):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the portable
     delta pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
-    head dims in ``FUSED_DQ_HEAD_DIMS``, never when ``deterministic``; ``fused_dq`` None means
-    ``fused_dq_default()``) or by the portable dQ pass, which writes each row once in a fixed order
-    (bitwise reproducible)."""
+    head dims in ``FUSED_DQ_HEAD_DIMS`` where ``DqAccumulator.fits``, never when ``deterministic``;
+    ``fused_dq`` None means ``fused_dq_default()``) or by the portable dQ pass, which writes each row
+    once in a fixed order (bitwise reproducible)."""
     from jfa.kernels.triton import backward as portable
 
     if fused_dq is None:
         fused_dq = fused_dq_default()
     if variant is None:
         variant = default_variant()
-    fused = fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
+    fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
+             and DqAccumulator.fits(q, num_seqs, broadcast_q))
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,

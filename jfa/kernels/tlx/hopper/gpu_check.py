@@ -242,7 +242,8 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
 
 def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): delta, the
-    transposed row statistics, zeroing the fp32 dQ accumulator, converting it to q's dtype."""
+    transposed row statistics, allocating the zeroed fp32 dQ accumulator (with its column offsets at
+    D128), reading it out as dq in q's dtype (a transposing read at D128)."""
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward

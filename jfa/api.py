@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from jfa.flags import env_flag
 from jfa.kernels.cache import IdentityCache
 from jfa.kernels.triton.configs import MAX_HEAD_DIM
 
@@ -110,7 +110,7 @@ def _read_offsets(name: str, cu: torch.Tensor, total: int) -> int:
 
 def _trust_offsets() -> bool:
     # Skips the device read that checks offset values (e.g. under CUDA-graph capture). Unsafe on bad input.
-    return os.environ.get("JFA_TRUST_OFFSETS", "0") == "1"
+    return env_flag("JFA_TRUST_OFFSETS", False)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:

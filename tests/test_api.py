@@ -99,10 +99,43 @@ def test_tlx_variant_switches_parse_and_reject_typos():
 
     assert Variant.parse("") == SHIPPED
     assert Variant.parse("schedule=dynamic, pingpong=0") == Variant(schedule="dynamic", pingpong=False)
-    for bad, words in (("schedul=dynamic", "unknown switch"), ("peel=maybe", "0 or 1"),
+    for bad, words in (("schedul=dynamic", "unknown switch"), ("peel=maybe", "peel: must be 0, 1, true or false"),
                        ("schedule=lifo", "schedule")):
         with pytest.raises(ValueError, match=words):
             Variant.parse(bad)
+
+
+@pytest.mark.parametrize("name", ["JFA_TLX_FUSED_DQ", "JFA_TLX_OWN_WAITS", "JFA_TRUST_OFFSETS"])
+def test_boolean_environment_switches_parse_one_way_and_reject_typos(name, monkeypatch):
+    """Every boolean JFA_* switch takes 0/1/true/false (any case) and means its default when unset or
+    empty; a typo is a ValueError naming the variable, never a silent "off"."""
+    from jfa.flags import env_flag
+
+    monkeypatch.delenv(name, raising=False)
+    assert env_flag(name, True) is True and env_flag(name, False) is False
+    for text, value in (("1", True), (" TRUE ", True), ("0", False), ("false", False), ("", True)):
+        monkeypatch.setenv(name, text)
+        assert env_flag(name, True) is value
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(ValueError, match=f"{name}: must be 0, 1, true or false"):
+        env_flag(name, False)
+
+
+def test_the_switches_read_their_variables(monkeypatch):
+    """The readers of the boolean switches go through the one parser (a typo raises in each)."""
+    from jfa import api
+    from jfa.kernels.tlx import pipeline
+    from jfa.kernels.tlx.hopper.backward import fused_dq_default
+
+    for name, read in (("JFA_TLX_FUSED_DQ", fused_dq_default), ("JFA_TLX_OWN_WAITS", pipeline.enabled),
+                       ("JFA_TRUST_OFFSETS", api._trust_offsets)):
+        monkeypatch.setenv(name, "1")
+        assert read() is True
+        monkeypatch.setenv(name, "0")
+        assert read() is False
+        monkeypatch.setenv(name, "on")
+        with pytest.raises(ValueError, match=name):
+            read()
 
 
 def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
@@ -111,7 +144,7 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
     assert BackwardVariant.parse("") == SHIPPED
     assert BackwardVariant.parse("dq_first=1, schedule=round-robin") == BackwardVariant(dq_first=True,
                                                                                       schedule="round-robin")
-    for bad, words in (("dq_reduce=tma-pair", "dq_reduce"), ("dq-first=2", "0 or 1"),
+    for bad, words in (("dq_reduce=tma-pair", "dq_reduce"), ("dq-first=2", "dq_first: must be 0, 1, true or false"),
                        ("dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)

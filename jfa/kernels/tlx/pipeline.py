@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from jfa.flags import env_flag
+
 ENV = "JFA_TLX_OWN_WAITS"
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
 _installed = False
@@ -29,7 +31,7 @@ _installed = False
 
 def enabled() -> bool:
     """Whether TLX compiles skip the generic pipeliner (read at each compile)."""
-    return os.environ.get(ENV, "0") == "1"
+    return env_flag(ENV, False)
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from jfa.flags import env_flag
 from jfa.kernels import alloc
 from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx.hopper.forward import (
@@ -740,10 +741,7 @@ def fused_dq_default() -> bool:
     """Whether the TLX backward reduces dQ inside the dK/dV kernel (``JFA_TLX_FUSED_DQ``, default on:
     on the H200 as fast as the portable dQ pass or faster, up to 27% on broadcast Q; deterministic calls
     never do)."""
-    value = os.environ.get("JFA_TLX_FUSED_DQ", "1").strip().lower()
-    if value not in ("0", "1", "true", "false"):
-        raise ValueError(f"JFA_TLX_FUSED_DQ: must be 0 or 1, got {value!r}")
-    return value in ("1", "true")
+    return env_flag("JFA_TLX_FUSED_DQ", True)
 
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,

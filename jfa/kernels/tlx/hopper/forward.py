@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed Triton
     tlx = None
     _TLX_IMPORT_ERROR = exc
 
+from jfa.flags import parse_bool
 from jfa.kernels import alloc
 from jfa.kernels.schedule import build_tile_list
 
@@ -649,10 +650,8 @@ def parse_switches(cls, text: str, source: str):
             raise ValueError(f"{source}: unknown switch {key!r} (known: {list(cls.__dataclass_fields__)})")
         if cls.__dataclass_fields__[key].type not in (bool, "bool"):
             fields[key] = value
-        elif value in ("0", "1", "true", "false"):
-            fields[key] = value in ("1", "true")
         else:
-            raise ValueError(f"{source}: {key} must be 0 or 1, got {value!r}")
+            fields[key] = parse_bool(value, f"{source}: {key}")
     return cls(**fields)
 
 

@@ -550,14 +550,15 @@ def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[tor
     return col_cu, -(-(rows + (COLUMN_ALIGN - 1) * num_seqs + 1) // COLUMN_ALIGN) * COLUMN_ALIGN
 
 
-def row_stats(lse: torch.Tensor, delta: torch.Tensor, out_cu: torch.Tensor, num_seqs: int):
+def row_stats(lse: torch.Tensor, delta: torch.Tensor, out_cu: torch.Tensor, num_seqs: int, columns=None):
     """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
     ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
     ``stats[H + h, c] = delta[t, h]``, columns as ``aligned_columns``; the gaps hold 0, so a box reaching
-    past a sequence reads finite values (the kernel masks them). Returns (stats [2H, width] float32,
-    stats_cu [B+1] int64). No host sync."""
+    past a sequence reads finite values (the kernel masks them). ``columns``: ``aligned_columns`` of
+    these offsets if already computed (the transposed dQ accumulator's). Returns (stats [2H, width]
+    float32, stats_cu [B+1] int64). No host sync."""
     rows, num_heads = lse.shape
-    stats_cu, width = aligned_columns(out_cu, num_seqs, rows)
+    stats_cu, width = columns if columns is not None else aligned_columns(out_cu, num_seqs, rows)
     stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
     if rows and num_heads and num_seqs:
         row_stats_kernel[(num_seqs, num_heads)](lse, delta, out_cu, stats_cu, stats, num_heads, stats.stride(0),
@@ -616,7 +617,7 @@ class DqAccumulator:
         self.config = config or config_for(head_dim)
         self.transposed = dq_transposed(self.config)
         self.segmented = self.transposed and not broadcast_q
-        self.col_cu = None
+        self.col_cu = self.columns = None
         if not self.transposed:
             self.tensor = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
             return
@@ -624,8 +625,9 @@ class DqAccumulator:
         if COLUMN_ALIGN % block:
             raise ValueError(f"DqAccumulator: block_m {block} must divide COLUMN_ALIGN {COLUMN_ALIGN} (a query "
                              "step must not straddle two blocks)")
-        if self.segmented:
-            self.col_cu, width = aligned_columns(out_cu, num_seqs, rows)
+        if self.segmented:  # the row statistics' layout too (row_stats takes these columns)
+            self.columns = aligned_columns(out_cu, num_seqs, rows)
+            self.col_cu, width = self.columns
         else:
             width = -(-rows // block) * block
         self.tensor = torch.zeros((width // block, num_heads * head_dim, block), dtype=torch.float32,
@@ -711,7 +713,10 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if dq_accum is not None and (dq_accum.config != cfg or dq_accum.q.shape != q.shape):
         raise ValueError("jagged_dkdv_tlx: dq_accum was built for another q or config")
     desc_dq, stride_dq, col_dq = (desc_q, q.stride(0), col_q) if dq_accum is None else dq_accum.descriptor()
-    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
+    # one column layout for the statistics and a transposed dQ accumulator: the kernel addresses both
+    # through stats_cu
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs,
+                                columns=dq_accum.columns if dq_accum is not None else None)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu

@@ -142,15 +142,18 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
     from jfa.kernels.tlx.hopper.backward import SHIPPED, BackwardVariant, default_variant
 
     assert BackwardVariant.parse("") == SHIPPED
-    assert BackwardVariant.parse("dq_first=1, schedule=round-robin") == BackwardVariant(dq_first=True,
-                                                                                      schedule="round-robin")
+    assert SHIPPED.dq_in_producer
+    assert BackwardVariant.parse("dq_in_producer=0, dq_first=1, schedule=round-robin") == BackwardVariant(
+        dq_in_producer=False, dq_first=True, schedule="round-robin")
     for bad, words in (("dq_reduce=tma-pair", "dq_reduce"), ("dq-first=2", "dq_first: must be 0, 1, true or false"),
-                       ("dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch")):
+                       ("dq_in_producer=0,dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch"),
+                       ("dq_first=1", "consumers' dQ: add dq_in_producer=0"),
+                       ("dq_reduce=atomic", "consumers' dQ: add dq_in_producer=0")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_reduce=atomic")
-    assert default_variant() == BackwardVariant(dq_reduce="atomic")
-    for timing_only in ("dq_reduce=none", "dq_reduce=stage-only"):
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_in_producer=0,dq_reduce=atomic")
+    assert default_variant() == BackwardVariant(dq_in_producer=False, dq_reduce="atomic")
+    for timing_only in ("dq_in_producer=0,dq_reduce=none", "dq_in_producer=0,dq_reduce=stage-only"):
         monkeypatch.setenv("JFA_TLX_BWD_VARIANT", timing_only)
         with pytest.raises(ValueError, match="no dQ"):
             default_variant()

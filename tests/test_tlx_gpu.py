@@ -181,11 +181,11 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
     for causal in (False, True) for head_dim in (64, 128)]
 
 
-# the shipped fused dQ on every case; the ablation's switches (atomic reduction, dQ MMA before dK) on the
-# long ones and the tails
-FUSED_RUNS = [(case, "") for case in FUSED_CASES] + [
-    (case, switches) for switches in ("dq_reduce=atomic", "dq_first=1") for case in FUSED_CASES
-    if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
+# the shipped fused dQ (the producer's; the consumers' for causal D 128) and the consumers' dQ on every
+# case; the ablation's switches (atomic reduction, dQ MMA before dK) on the long ones and the tails
+FUSED_RUNS = [(case, switches) for switches in ("", "dq_in_producer=0") for case in FUSED_CASES] + [
+    (case, f"dq_in_producer=0,{switches}") for switches in ("dq_reduce=atomic", "dq_first=1")
+    for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
 
 
 @pytest.mark.parametrize("case, switches", FUSED_RUNS, ids=[f"{s or 'shipped'}-{c.id}" for c, s in FUSED_RUNS])

@@ -118,16 +118,19 @@ def tlx_backward_targets() -> list:
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
     for head_dim in SUPPORTED_HEAD_DIMS:  # JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline), not shipped
-        for variant in ("", "fused-dq", "fused-dq,dq_first=1") if head_dim in FUSED_DQ_HEAD_DIMS else ("",):
+        for variant in (("", "fused-dq", "fused-dq,dq_in_producer=0", "fused-dq,dq_in_producer=0,dq_first=1")
+                        if head_dim in FUSED_DQ_HEAD_DIMS else ("",)):
             tag = f"[{variant},own-waits]" if variant else "[own-waits]"
             targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}{tag}", "dkdv", "bf16", head_dim,
                                c, False, backend="tlx", variant=variant, own_waits=True) for c in (False, True)]
     # the ablation's builds that run on the GPU, with the shipped waits: {variant: {head dim: causal values}}.
     # Left out, because they keep a stack frame this gate refuses and a baseline need not meet: the atomic
     # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B).
-    ablation_builds = {"fused-dq,dq_first=1": {64: (False, True), 128: (False,)},
-                       "fused-dq,dq_reduce=atomic": {64: (False,)},
-                       "fused-dq,dq_reduce=stage-only": {64: (False, True), 128: (False, True)}}
+    # (the consumers' dQ ships for causal D 128: that build is above)
+    ablation_builds = {"fused-dq,dq_in_producer=0": {64: (False, True), 128: (False,)},
+                       "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True), 128: (False,)},
+                       "fused-dq,dq_in_producer=0,dq_reduce=atomic": {64: (False,)},
+                       "fused-dq,dq_in_producer=0,dq_reduce=stage-only": {64: (False, True), 128: (False, True)}}
     for variant, by_head_dim in ablation_builds.items():
         for head_dim in FUSED_DQ_HEAD_DIMS:
             targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}[{variant}]", "dkdv", "bf16",

@@ -1,15 +1,16 @@
 """Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel, with dQ fused into it.
 
-``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable delta pre-pass, then
-this kernel for dK and dV, and dQ either fused into it (below) or from the portable dQ pass (no atomics,
-bitwise reproducible: every ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``) also computes
-dQ = dS K per step and reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from
-double-buffered shared memory, replacing the portable dQ pass. At D 128 the 32-row query steps are
-below wgmma's M of 64: the kernel computes dQ^T = K^T dS^T instead, into a transposed accumulator
-blocked by 32 tokens (``DQ_T``). The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it
-off), never for ``deterministic=True``: against the portable dQ pass on the H200, -2% to +17% at D 64
-(the uniform shapes within the run-to-run spread) and +4% to +27% at D 128, most on broadcast Q
-(``gpu_check bwd-ablation``, BENCHMARKS.md).
+``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable delta pre-pass and the
+row statistics (``row_stats``), then this kernel for dK and dV, and dQ either fused
+into it (below) or from the portable dQ pass (no atomics, bitwise reproducible: every
+``deterministic=True`` call). A fused dQ build (``FUSED_DQ``) also computes dQ = dS K per step and
+reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from double-buffered shared memory,
+replacing the portable dQ pass. The producer warpgroup computes it (``DQ_PRODUCER``, what ships; the
+consumers only store dS^T), over both consumers' keys, one reduce-add per step; the causal D 128 build
+keeps it in the consumers (registers). At D 128 the 32-row query steps are below wgmma's M of 64: the
+kernel computes dQ^T = K^T dS^T instead, into a transposed accumulator blocked by 32 tokens (``DQ_T``).
+The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for
+``deterministic=True`` (``gpu_check bwd-ablation``, BENCHMARKS.md).
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -69,12 +70,22 @@ class HopperDkDvConfig:
     block_m: int  # query rows per step
     num_buffers_qdo: int  # (Q, dO) stages shared by both consumers
     consumer_regs: int  # setmaxnreg of each consumer warpgroup
+    # ... when the producer computes dQ (BackwardVariant.dq_in_producer): the consumers hold no dQ
+    # accumulator and give the producer warpgroup registers for its own (Triton then sets it to 72:
+    # 128 * 72 + 256 * 216 <= 65536; at 56 it spilled 176-192 B, at consumers' 208 they spilled)
+    consumer_regs_dq_in_producer: int = 216
+    dq_in_producer_causal: bool = True  # False: the causal build keeps the consumers' dQ (registers)
 
 
 NUM_CONSUMERS = 2
 PRODUCER_WARPS = 4
 _CONSUMERS = tl.constexpr(NUM_CONSUMERS)
 _CONSUMER_WARPS = tl.constexpr(4)
+# DQ_PRODUCER: the producer computes a step's dQ this many steps after issuing its loads, so that its
+# wait for the consumers' dS^T delays the next load by no more than the ring allows: one less than
+# num_buffers_qdo (a load waits for the slot's consumers DQ_LAG + 1 steps back anyway). Also the number
+# of dS^T slots: the consumers may run DQ_LAG steps ahead of the producer's dQ.
+DQ_LAG = tl.constexpr(2)
 
 _CONFIGS: dict[int, HopperDkDvConfig] = {
     # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64 x block_m) 16-32
@@ -86,7 +97,11 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
     # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B), 129 KB as compiled; with the
     # fused dQ also dS^T 2 x 4 KB and the transposed dQ stages 4 x 16 KB: 201 KB of the 227 KB.
-    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240),
+    # The producer's dQ: the causal consumers spill 8-16 B at 216 registers (dS^T stored before or
+    # after the dK MMA, the slot waited early or late, dK from shared memory: all tried offline), so the
+    # causal build keeps the consumers' dQ.
+    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=240,
+                          dq_in_producer_causal=False),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 # fused dQ (dQ = dS K per step, TMA reduce-add into an fp32 accumulator): every supported head dim
@@ -95,6 +110,18 @@ FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 
 def config_for(head_dim: int) -> HopperDkDvConfig:
     return _CONFIGS[head_dim]
+
+
+def dq_in_producer(cfg: HopperDkDvConfig, variant: "BackwardVariant", causal: bool) -> bool:
+    """Whether the fused dQ build computes dQ in the producer warpgroup (else in each consumer)."""
+    return variant.dq_in_producer and (cfg.dq_in_producer_causal or not causal)
+
+
+def consumer_regs(cfg: HopperDkDvConfig, *, fused_dq: bool, variant: "BackwardVariant", causal: bool) -> int:
+    """setmaxnreg of each consumer warpgroup in this build (fewer where the producer computes dQ)."""
+    if fused_dq and dq_in_producer(cfg, variant, causal):
+        return cfg.consumer_regs_dq_in_producer
+    return cfg.consumer_regs
 
 
 def dq_transposed(cfg: HopperDkDvConfig) -> bool:
@@ -110,7 +137,8 @@ DQ_REDUCES = ("tma", "atomic", "none", "stage-only")
 @dataclass(frozen=True)
 class BackwardVariant:
     """Switches of the backward's ablation study (``gpu_check bwd-ablation``); the defaults ship.
-    ``dq_reduce`` applies to the fused dQ build only: "tma" reduce-adds each step's dQ from shared
+    ``dq_reduce`` applies to the fused dQ build only, with the consumers' dQ (``dq_in_producer=False``):
+    "tma" reduce-adds each step's dQ from shared
     memory (staged, what ships), "atomic" adds it from registers with element-wise atomics, "none" drops
     it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX shows), "stage-only"
     stores it to the shared stage but issues no reduce-add (timing only: what the staging costs without
@@ -125,6 +153,13 @@ class BackwardVariant:
     # reduction (store, fence, reduce-add) runs while dK computes. Only with JFA_TLX_OWN_WAITS=1 do the
     # source's waits hold (Triton's generic pipeliner waits after every MMA): measure both.
     dq_first: bool = False
+    # fused dQ computed by the producer warpgroup (ships; False: by each consumer over its own keys):
+    # each consumer only stores its dS^T (DQ_LAG slots) and signals; the producer, between its loads,
+    # issues dQ over both consumers' keys (one accumulator, one reduce-add per step) and runs the
+    # staging, off the consumers' critical path. On the H200 +0.4 to +10% over the consumers' dQ on
+    # every gem shape (NOTES.md, session 7). Not where the config says the consumers cannot give the
+    # registers (``HopperDkDvConfig.dq_in_producer_causal``).
+    dq_in_producer: bool = True
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -133,6 +168,9 @@ class BackwardVariant:
             raise ValueError(f"BackwardVariant.dq_reduce: must be one of {DQ_REDUCES}, got {self.dq_reduce!r}")
         if self.dq_first and self.dq_reduce != "tma":
             raise ValueError("BackwardVariant.dq_first: only with dq_reduce='tma'")
+        if self.dq_in_producer and (self.dq_reduce != "tma" or self.dq_first):
+            raise ValueError("BackwardVariant: dq_reduce other than 'tma' and dq_first apply to the consumers' dQ: "
+                             "add dq_in_producer=0")
 
     @classmethod
     def parse(cls, text: str) -> "BackwardVariant":
@@ -191,14 +229,37 @@ def _step_order(s, first, n_lead, n_masked, bulk_end):
 
 
 @triton.jit
-def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
-                       q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
-                       TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
-                       col_stride_k, col_stride_v, col_stride_do, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                   qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
+                   col_stride_q, col_stride_do, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                   QDO_BYTES: tl.constexpr):
+    """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next ring slot."""
+    i = _step_order(j, first, n_lead, n_masked, bulk_end)
+    buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
+    o_row = (out_row0 + i * BLOCK_M).to(tl.int32)
+    tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row0 + i * BLOCK_M, head * col_stride_q], qdo_fulls[buf])
+    tlx.async_descriptor_load(desc_do, do_tiles[buf], [o_row, head * col_stride_do], qdo_fulls[buf])
+    stats_col = stats_col0 + i * BLOCK_M
+    tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
+    tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
+    return qdo_cnt + 1
+
+
+@triton.jit
+def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                       v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
+                       qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
+                       num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, stride_dqt,
+                       col_stride_dq, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       DQ_PRODUCER: tl.constexpr, DQ_T: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                       KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
     """Producer, one work item: each consumer's K and V half, then per step the query tile's Q, dO and
-    row statistics (lse2 and delta rows of the transposed stats tensor)."""
+    row statistics (lse2 and delta rows of the transposed stats tensor). With DQ_PRODUCER also every
+    step's dQ, DQ_LAG steps behind the loads (so that a load is issued DQ_LAG steps before it is
+    needed), the last ones flushed before the item's K is given up."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
@@ -210,19 +271,34 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         row = k_row0 + n_start + c * BLOCK_N
         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, head * col_stride_k], kv_fulls[c])
         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, head * col_stride_v], kv_fulls[c])
-    for j in tl.range(0, num_q_tiles - first):
-        i = _step_order(j, first, n_lead, n_masked, bulk_end)
-        buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
-        tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
-        o_row = (out_row0 + i * BLOCK_M).to(tl.int32)
-        tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row0 + i * BLOCK_M, head * col_stride_q], qdo_fulls[buf])
-        tlx.async_descriptor_load(desc_do, do_tiles[buf], [o_row, head * col_stride_do], qdo_fulls[buf])
-        stats_col = stats_col0 + i * BLOCK_M
-        tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
-        tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
-        qdo_cnt += 1
-    return kv_cnt + 1, qdo_cnt
+    n_steps = num_q_tiles - first
+    if DQ_PRODUCER:
+        dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt,
+                                     col_stride_dq, BROADCAST_Q, DQ_T, BLOCK_M)
+        for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
+            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
+                                     NUM_BUFFERS_QDO, QDO_BYTES)
+        for j in tl.range(DQ_LAG, n_steps):
+            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
+                                     NUM_BUFFERS_QDO, QDO_BYTES)
+            ds_cnt = _producer_dq_step(j - DQ_LAG, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
+                                       desc_dq, dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end,
+                                       sm_scale, DQ_T, BLOCK_M, NUM_BUFFERS_DS)
+        for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
+            ds_cnt = _producer_dq_step(j, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                                       dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale,
+                                       DQ_T, BLOCK_M, NUM_BUFFERS_DS)
+    else:
+        for j in tl.range(0, n_steps):
+            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
+                                     NUM_BUFFERS_QDO, QDO_BYTES)
+    return kv_cnt + 1, qdo_cnt, ds_cnt
 
 
 @triton.jit
@@ -233,6 +309,39 @@ def _dq_mma(ds_tile, k_tile, DQ_T: tl.constexpr):
         return tlx.async_dot(tlx.local_trans(k_tile), ds_tile)
     else:
         return tlx.async_dot(tlx.local_trans(ds_tile), k_tile)
+
+
+@triton.jit
+def _dq_mma_acc(ds_tile, k_tile, dq, DQ_T: tl.constexpr):
+    """``_dq_mma`` accumulating into ``dq`` (the producer's dQ over both consumers' keys)."""
+    if DQ_T:
+        return tlx.async_dot(tlx.local_trans(k_tile), ds_tile, dq)
+    else:
+        return tlx.async_dot(tlx.local_trans(ds_tile), k_tile, dq)
+
+
+@triton.jit
+def _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt, col_stride_dq,
+               BROADCAST_Q: tl.constexpr, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(dq_row0, dq_col): where work item ``item``'s dQ goes in the accumulator. A step at query row
+    m_start reduce-adds at row ``_dq_step_row(dq_row0, m_start, ...)``, column dq_col."""
+    dq_col = head * col_stride_dq
+    dq_row0 = q_row0
+    if DQ_T:
+        # the blocked transposed accumulator (DqAccumulator): each sequence starts on an aligned column
+        # (a broadcast Q's at 0); the step's block row is dq_row0 + (m_start // BLOCK_M) * stride_dqt
+        if not BROADCAST_Q:
+            dq_row0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
+        dq_row0 = (dq_row0 // BLOCK_M) * stride_dqt + dq_col
+    return dq_row0, dq_col
+
+
+@triton.jit
+def _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr):
+    if DQ_T:
+        return dq_row0 + (m_start // BLOCK_M) * stride_dqt
+    else:
+        return dq_row0 + m_start
 
 
 @triton.jit
@@ -251,15 +360,34 @@ def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.con
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, dq_stage, desc_dq, DQ,
-               stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
-               DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               DTYPE: tl.constexpr):
+def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
+                      stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_T: tl.constexpr,
+                      BLOCK_M: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr):
+    """Producer (DQ_PRODUCER), step s of the item: once both consumers have stored their dS^T, dQ over
+    all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, then the staged reduce-add
+    (one per step, not one per consumer)."""
+    m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+    buf, phase = _bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
+    tlx.barrier_wait(ds_fulls[buf], phase)
+    dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
+    dq = _dq_mma_acc(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], dq, DQ_T)
+    dq = tlx.async_dot_wait(0, dq)
+    tlx.barrier_arrive(ds_empties[buf], 1)
+    _reduce_add_dq(dq, dq_stages[ds_cnt & 1], desc_dq, _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
+                   dq_col, sm_scale, DQ_T)
+    return ds_cnt + 1
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, ds_full, dq_stage, desc_dq, DQ, stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift,
+               qk_scale, sm_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
+               DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows (transposed with DQ_T),
-    reduce-added into the fp32 dQ accumulator by TMA from shared memory. Returns (dk, dv) with every
-    MMA retired."""
+    reduce-added into the fp32 dQ accumulator by TMA from shared memory, or with DQ_PRODUCER only dS^T
+    stored for the producer's dQ (slot ``ds_tile``, free, signalled on ``ds_full``). Returns
+    (dk, dv) with every MMA retired."""
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     lse2 = tlx.local_load(lse_tile)                          # [1, BLOCK_M]: lse * log2(e), +inf for empty rows
@@ -294,6 +422,13 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         dv = tlx.async_dot_wait(1, dv)
         _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
         dk = tlx.async_dot_wait(0, dk)
+    elif DQ_PRODUCER:
+        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
+        tlx.local_store(ds_tile, ds_t.to(DTYPE))
+        tlx.fence_async_shared()  # generic-proxy stores made visible to the producer's wgmma (async proxy)
+        tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
+        dv = tlx.async_dot_wait(1, dv)
+        dk = tlx.async_dot_wait(0, dk)
     else:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
         if FUSED_DQ:
@@ -327,32 +462,43 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, m_start, offs_n, len_q,
-                    len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
-                    DQ_T: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                    qdo_empties, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0,
+                    dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
+                    DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr, BLOCK_M: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                     DTYPE: tl.constexpr):
-    """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back."""
+    """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. ``ds_tile``
+    is the consumer's dS^T tile, or with DQ_PRODUCER the step's slot of ``ds_tiles`` (the producer's
+    step count equals the consumers')."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    ds_buf, ds_phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
+    if DQ_PRODUCER:
+        ds_tile = ds_tiles[ds_buf * _CONSUMERS + cid]
+        # the producer's dQ MMA has read this slot's last dS^T (waited here, where no tile is live:
+        # registers)
+        tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
-                        ds_tile, dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
-                        dq_row0 + (m_start // BLOCK_M) * stride_dqt if DQ_T else dq_row0 + m_start,
+                        ds_tile, ds_fulls[ds_buf],
+                        dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
+                        _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
                         dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
-                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM, DTYPE)
+                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
 
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q,
-                       CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots,
-                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-                       DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr,
-                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, DK,
+                       DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                       col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
+                       cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
+                       DQ_PRODUCER: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                       DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
@@ -371,30 +517,24 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
     ds_tile = ds_tiles[cid]
-    dq_col = head * col_stride_dq
-    dq_row0 = q_row0  # the step's dQ row is dq_row0 + m_start
-    if DQ_T:
-        # the blocked transposed accumulator (DqAccumulator): each sequence starts on an aligned column
-        # (a broadcast Q's at 0); the step's block row is dq_row0 + (m_start // BLOCK_M) * stride_dqt
-        if not BROADCAST_Q:
-            dq_row0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
-        dq_row0 = (dq_row0 // BLOCK_M) * stride_dqt + dq_col
+    dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt, col_stride_dq,
+                                 BROADCAST_Q, DQ_T, BLOCK_M)
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
+            ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift,
-            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM,
-            NUM_BUFFERS_QDO, DTYPE)
+            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M,
+            HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
-            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, BLOCK_M, HEAD_DIM,
-            NUM_BUFFERS_QDO, DTYPE)
+            ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
+            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER,
+            BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -414,8 +554,9 @@ def jagged_dkdv_tlx_kernel(
     stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
+    SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -431,31 +572,45 @@ def jagged_dkdv_tlx_kernel(
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     # fused dQ: each consumer's dS^T (an operand of its dQ MMA) and two fp32 dQ stages per consumer (one
-    # being read by its TMA reduce-add while the next step fills the other), transposed with DQ_T
+    # being read by its TMA reduce-add while the next step fills the other), transposed with DQ_T. With
+    # DQ_PRODUCER: NUM_BUFFERS_DS slots of both consumers' dS^T (the producer reads a step's slot while
+    # the consumers fill the next) and the producer's two stages.
     DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
-    ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS)
+    NUM_BUFFERS_DS: tl.constexpr = DQ_LAG if DQ_PRODUCER else 1
+    NUM_DQ_STAGES: tl.constexpr = 2 if DQ_PRODUCER else 2 * _CONSUMERS
+    ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
     if DQ_T:
-        dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, 2 * _CONSUMERS)
+        dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, NUM_DQ_STAGES)
     else:
-        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, 2 * _CONSUMERS)
+        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, NUM_DQ_STAGES)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
     qdo_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=_CONSUMERS)
+    if DQ_PRODUCER:
+        ds_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS, arrive_count=_CONSUMERS)
+        ds_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS, arrive_count=1)
+    else:  # never waited on
+        ds_fulls = qdo_fulls
+        ds_empties = qdo_empties
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
             kv_cnt = 0
             qdo_cnt = 0
+            ds_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, num_progs)):
                 item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
-                    kv_cnt, qdo_cnt = _produce_dkdv_item(
-                        item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
-                        q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
-                        TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
-                        col_stride_k, col_stride_v, col_stride_do, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M,
-                        NUM_BUFFERS_QDO, KV_BYTES, QDO_BYTES)
+                    kv_cnt, qdo_cnt, ds_cnt = _produce_dkdv_item(
+                        item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
+                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
+                        num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
+                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_T, TILE_N, BLOCK_N,
+                        BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
+            if DQ_PRODUCER:
+                tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
@@ -466,12 +621,12 @@ def jagged_dkdv_tlx_kernel(
                 if item < num_items:
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, dq_stages, desc_dq, DQ, DK, DV,
-                        TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_dq,
-                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL,
-                        BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        DTYPE)
-            if FUSED_DQ and DQ_REDUCE == 0:
+                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
+                        desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh,
+                        stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale,
+                        qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
+                        DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            if FUSED_DQ and DQ_REDUCE == 0 and not DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
 
@@ -480,14 +635,16 @@ def jagged_dkdv_tlx_kernel(
 # ----------------------------------------------------------------------------------------------------
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 variant: BackwardVariant = SHIPPED) -> dict:
+    producer_dq = fused_dq and dq_in_producer(cfg, variant, causal)
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
                 DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
                 DQ_FIRST=fused_dq and variant.dq_first,
                 DQ_T=fused_dq and dq_transposed(cfg),
+                DQ_PRODUCER=producer_dq,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
-                CONSUMER_REGS=cfg.consumer_regs)
+                CONSUMER_REGS=consumer_regs(cfg, fused_dq=fused_dq, variant=variant, causal=causal))
 
 
 def _launch_options() -> dict:
@@ -732,8 +889,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
 
 
 def default_variant() -> BackwardVariant:
-    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_reduce=atomic"`` (or ``dq_first=1``)
-    (tests and measurements of each switch; dq_reduce=none drops dQ and is refused here)."""
+    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_in_producer=0"`` (or
+    ``dq_in_producer=0,dq_first=1``, ...: tests and measurements of each switch; dq_reduce=none drops dQ
+    and is refused here)."""
     text = os.environ.get("JFA_TLX_BWD_VARIANT", "")
     variant = BackwardVariant.parse(text) if text else SHIPPED
     if variant.dq_reduce in ("none", "stage-only"):

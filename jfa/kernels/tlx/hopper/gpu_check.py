@@ -263,14 +263,16 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
 
 
-def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
+def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = "") -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
-    persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), each dQ
-    reduction (``BackwardVariant.dq_reduce``: "tma" ships; "atomic"; "none" and "stage-only", timing
-    only, dq wrong) and the dQ-before-dK step order, against the deterministic backward (portable dQ
+    persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), the
+    shipped producer's dQ and, with the consumers' dQ, each reduction (``BackwardVariant.dq_reduce``:
+    "tma"; "atomic"; "none" and "stage-only", timing only, dq wrong) and the dQ-before-dK step order,
+    against the deterministic backward (portable dQ
     pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it
-    with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it."""
+    with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it. ``only``: comma-separated
+    substrings of the column names to time (the deterministic baseline always runs)."""
     import triton
 
     from jfa.bench.suites import flops
@@ -280,8 +282,13 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100) -> int:
     BV = tlx_backward.BackwardVariant
     unfused = {"deterministic": BV(), "round-robin": BV(schedule="round-robin"),
                "not persistent": BV(persistent=False)}
-    fused = {f"fused {mode}": BV(dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES}
-    fused["fused tma, dQ before dK"] = BV(dq_first=True)
+    fused = {"fused tma, dQ in producer": BV()}  # ships
+    fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
+    fused["fused tma, dQ before dK"] = BV(dq_in_producer=False, dq_first=True)
+    if only:
+        wanted = [w for w in only.split(",") if w]
+        unfused = {n: v for n, v in unfused.items() if n == "deterministic" or any(w in n for w in wanted)}
+        fused = {n: v for n, v in fused.items() if any(w in n for w in wanted)}
     _say(f"JFA_TLX_OWN_WAITS={int(pipeline.enabled())}")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
@@ -317,7 +324,8 @@ def main(argv=None) -> int:
     parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd",
                                          "bwd-ablation"))
     parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
-    parser.add_argument("--only", default="", help="correctness: substring of the case names to run")
+    parser.add_argument("--only", default="", help="correctness: substring of the case names to run; bwd-ablation: comma-separated "
+                        "substrings of the columns to time")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
     parser.add_argument("--rep", type=int, default=100, help="bench, ablation: do_bench rep (ms)")
@@ -338,7 +346,7 @@ def main(argv=None) -> int:
     if args.what == "bwd":
         return bwd(args.suite, args.out, args.rep)
     if args.what == "bwd-ablation":
-        return bwd_ablation(args.suite, args.out, args.rep)
+        return bwd_ablation(args.suite, args.out, args.rep, args.only)
     if args.what == "ablation":
         return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
     return bench(args.suite, ("shipped",), args.out, args.rep)

@@ -125,6 +125,27 @@ def test_dkdv_row_stats_start_every_sequence_on_an_aligned_column(lengths, devic
     torch.testing.assert_close(stats, expected, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
+@pytest.mark.parametrize("lengths", [(0, 5, 1, 40, 3, 0), (70,), (0,)], ids=["mixed", "one", "empty"])
+def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, device):
+    """The fused backward's pre-pass: the statistics with delta computed in the same pass from O and dO
+    (minus dlse) equal the statistics of the portable pre-pass's delta (``row_delta``): the same fp32
+    products, summed in an order that may differ (1e-6 on sums of 64 products of unit normals)."""
+    from jfa.kernels.tlx.hopper import backward
+    from jfa.kernels.triton.backward import row_delta
+
+    cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    rows, heads, head_dim = int(cu[-1]), 2, 64
+    g = torch.Generator().manual_seed(1)
+    out, dout = (torch.randn(rows, heads, head_dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
+    lse = torch.randn(rows, heads, generator=g).to(device)
+    dlse = torch.randn(rows, heads, generator=g).to(device) if with_dlse else None
+    fused, fused_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, dlse))
+    expected, expected_cu = backward.row_stats(lse, row_delta(out, dout, dlse), cu, len(lengths))
+    assert torch.equal(fused_cu.cpu(), expected_cu.cpu())
+    torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=1e-6)
+
+
 LAYOUTS = {"jagged": (0, 5, 1, 37, 3, 0), "one-long": (1100,), "broadcast-q": (37,), "broadcast-q-long": (600,),
            "empty": (0, 0)}
 

@@ -1,7 +1,7 @@
 """Jagged FlashAttention backward for Hopper (sm_90a) in TLX: the dK/dV kernel, with dQ fused into it.
 
-``jagged_backward_tlx`` is what autograd runs after the TLX forward: the portable delta pre-pass and the
-row statistics (``row_stats``), then this kernel for dK and dV, and dQ either fused
+``jagged_backward_tlx`` is what autograd runs after the TLX forward: a pre-pass for the row statistics
+(lse and delta = rowsum(dO * O), ``row_stats``), then this kernel for dK and dV, and dQ either fused
 into it (below) or from the portable dQ pass (no atomics, bitwise reproducible: every
 ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``) also computes dQ = dS K per step and
 reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from double-buffered shared memory,
@@ -670,23 +670,43 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
 
-@triton.jit
-def row_stats_kernel(LSE, DELTA, OUT_CU, STATS_CU, STATS, num_heads, stride_stats, BLOCK: tl.constexpr):
-    """One (sequence, head): copy its rows' lse * log2(e) (+inf where lse = -inf) and delta into the
-    stats tensor, starting at the sequence's aligned column STATS_CU[seq]."""
-    seq = tl.program_id(0)
+@triton.jit(do_not_specialize=["num_rows", "num_seqs", "search_steps"])
+def row_stats_kernel(LSE, DELTA, OUT, DOUT, DLSE, OUT_CU, STATS_CU, STATS, num_rows, num_heads, num_seqs, search_steps,
+                     stride_stats, stride_ot, stride_oh, stride_dot, stride_doh, FROM_OUTPUTS: tl.constexpr,
+                     HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One block of BLOCK_T rows and one head: lse * log2(e) (+inf where lse = -inf) and delta into the
+    stats tensor, row t of sequence b at column STATS_CU[b] + t - OUT_CU[b]. delta is read (DELTA
+    [rows, H]) or, FROM_OUTPUTS, computed here: rowsum(dO * O) in fp32, minus DLSE if HAS_DLSE (the
+    backward's pre-pass and the statistics in one pass). A row's sequence comes from a binary search
+    of OUT_CU (``search_steps`` = ceil(log2(num_seqs)) halvings): one program per block of rows, not
+    per sequence, so one long sequence does not run on a handful of programs."""
     head = tl.program_id(1)
-    row0 = tl.load(OUT_CU + seq).to(tl.int64)
-    length = tl.load(OUT_CU + seq + 1).to(tl.int64) - row0
-    col0 = tl.load(STATS_CU + seq)
-    for start in range(0, length, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < length
-        lse = tl.load(LSE + (row0 + offs) * num_heads + head, mask=ok, other=0.0)
-        delta = tl.load(DELTA + (row0 + offs) * num_heads + head, mask=ok, other=0.0)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-        tl.store(STATS + head * stride_stats + col0 + offs, lse2, mask=ok)
-        tl.store(STATS + (num_heads + head) * stride_stats + col0 + offs, delta, mask=ok)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = offs_t < num_rows
+    rows = offs_t.to(tl.int64)
+    # the largest b with OUT_CU[b] <= t: OUT_CU[lo] <= t < OUT_CU[hi] throughout (empty sequences too)
+    lo = tl.zeros([BLOCK_T], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_T], dtype=tl.int32) + num_seqs
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        right = tl.load(OUT_CU + mid) <= offs_t
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    cols = tl.load(STATS_CU + lo) + (offs_t - tl.load(OUT_CU + lo))
+    lse = tl.load(LSE + rows * num_heads + head, mask=ok, other=0.0)
+    if FROM_OUTPUTS:
+        offs_d = tl.arange(0, HEAD_DIM)
+        o = tl.load(OUT + head * stride_oh + rows[:, None] * stride_ot + offs_d[None, :], mask=ok[:, None], other=0.0)
+        do = tl.load(DOUT + head * stride_doh + rows[:, None] * stride_dot + offs_d[None, :], mask=ok[:, None],
+                     other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        if HAS_DLSE:
+            delta -= tl.load(DLSE + rows * num_heads + head, mask=ok, other=0.0).to(tl.float32)
+    else:
+        delta = tl.load(DELTA + rows * num_heads + head, mask=ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(STATS + head * stride_stats + cols, lse2, mask=ok)
+    tl.store(STATS + (num_heads + head) * stride_stats + cols, delta, mask=ok)
 
 
 # Sequences start on columns that are multiples of this in the tensors whose token axis is TMA's
@@ -707,19 +727,35 @@ def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[tor
     return col_cu, -(-(rows + (COLUMN_ALIGN - 1) * num_seqs + 1) // COLUMN_ALIGN) * COLUMN_ALIGN
 
 
-def row_stats(lse: torch.Tensor, delta: torch.Tensor, out_cu: torch.Tensor, num_seqs: int, columns=None):
+def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, columns=None, *, outputs=None):
     """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
     ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
     ``stats[H + h, c] = delta[t, h]``, columns as ``aligned_columns``; the gaps hold 0, so a box reaching
-    past a sequence reads finite values (the kernel masks them). ``columns``: ``aligned_columns`` of
+    past a sequence reads finite values (the kernel masks them). ``delta``: [rows, H] float32, or None
+    with ``outputs=(out, dout, dlse or None)``: then delta = rowsum(dO * O) - dlse is computed in the
+    same pass (the portable pre-pass's definition, ``row_delta``). ``columns``: ``aligned_columns`` of
     these offsets if already computed (the transposed dQ accumulator's). Returns (stats [2H, width]
     float32, stats_cu [B+1] int64). No host sync."""
     rows, num_heads = lse.shape
     stats_cu, width = columns if columns is not None else aligned_columns(out_cu, num_seqs, rows)
     stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
-    if rows and num_heads and num_seqs:
-        row_stats_kernel[(num_seqs, num_heads)](lse, delta, out_cu, stats_cu, stats, num_heads, stats.stride(0),
-                                                BLOCK=256)
+    if not (rows and num_heads and num_seqs):
+        return stats, stats_cu
+    if delta is None:
+        out, dout, dlse = outputs
+        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+        tensors = dict(DELTA=lse, OUT=out, DOUT=dout, DLSE=lse if dlse is None else dlse)
+        strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
+        head_dim, block_t = out.shape[2], 32
+    else:
+        tensors = dict(DELTA=delta, OUT=lse, DOUT=lse, DLSE=lse)  # OUT, DOUT, DLSE unread
+        strides, head_dim, block_t = (0, 0, 0, 0), 16, 128
+    row_stats_kernel[(triton.cdiv(rows, block_t), num_heads)](
+        LSE=lse, **tensors, OUT_CU=out_cu, STATS_CU=stats_cu, STATS=stats, num_rows=rows, num_heads=num_heads,
+        num_seqs=num_seqs, search_steps=max(1, (num_seqs - 1).bit_length()), stride_stats=stats.stride(0),
+        stride_ot=strides[0], stride_oh=strides[1], stride_dot=strides[2], stride_doh=strides[3],
+        FROM_OUTPUTS=delta is None, HAS_DLSE=delta is None and dlse is not None, HEAD_DIM=head_dim,
+        BLOCK_T=block_t)
     return stats, stats_cu
 
 
@@ -837,9 +873,10 @@ class DqAccumulator:
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, config: HopperDkDvConfig = None,
-                    dq_accum: DqAccumulator = None, variant: BackwardVariant = SHIPPED) -> None:
+                    dq_accum: DqAccumulator = None, variant: BackwardVariant = SHIPPED, outputs=None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
-    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``). With ``dq_accum``
+    rowsum(dO * O) - dlse per output row and head (float32, like ``lse``), or None with
+    ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With ``dq_accum``
     (a ``DqAccumulator`` of q, same config) the kernel also reduce-adds every tile's dQ into it (fused
     dQ: the order of the additions varies from run to run; ``dq_accum.read()`` gives dq). Raises
     ValueError when the TLX kernel cannot take these inputs (``forward.supports``, dout included).
@@ -873,7 +910,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     # one column layout for the statistics and a transposed dQ accumulator: the kernel addresses both
     # through stats_cu
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs,
-                                columns=dq_accum.columns if dq_accum is not None else None)
+                                columns=dq_accum.columns if dq_accum is not None else None, outputs=outputs)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
@@ -910,8 +947,8 @@ def fused_dq_default() -> bool:
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                         broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
                         fused_dq: bool = None, variant: BackwardVariant = None):
-    """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the portable
-    delta pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
+    """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
+    statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
     head dims in ``FUSED_DQ_HEAD_DIMS`` where ``DqAccumulator.fits``, never when ``deterministic``;
     ``fused_dq`` None means ``fused_dq_default()``) or by the portable dQ pass, which writes each row
     once in a fixed order (bitwise reproducible)."""
@@ -929,11 +966,11 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                                         len_q_bcast=len_q_bcast, dlse=dlse,
                                         dkdv=functools.partial(jagged_dkdv_tlx, variant=variant))
     out_cu = portable.output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    delta = portable.row_delta(out, dout, dlse)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
     dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q)
-    jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+    # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
+    jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
-                    variant=variant)
+                    variant=variant, outputs=(out, dout, dlse))
     return dq_accum.read(), dk, dv

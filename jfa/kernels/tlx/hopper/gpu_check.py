@@ -241,9 +241,11 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
 
 
 def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
-    """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): delta, the
-    transposed row statistics, allocating the zeroed fp32 dQ accumulator (with its column offsets at
-    D128), reading it out as dq in q's dtype (a transposing read at D128)."""
+    """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): the row
+    statistics with delta computed in the same pass (what ships; the portable delta pass and the
+    statistics from it, as the unfused path runs them, beside it), allocating the zeroed fp32 dQ
+    accumulator (with its column offsets at D128), reading it out as dq in q's dtype (a transposing
+    read at D128)."""
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
@@ -257,8 +259,10 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
         return tlx_backward.DqAccumulator(q, out_cu, num_seqs, kwargs["broadcast_q"])
 
     accum = accumulator()
-    parts = {"delta": lambda: row_delta(o, do),
-             "row stats": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
+    parts = {"row stats with delta": lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs,
+                                                                    outputs=(o, do, None)),
+             "delta (unfused path)": lambda: row_delta(o, do),
+             "row stats from delta (unfused path)": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
              "zero dq_accum": accumulator, "convert dq": accum.read}
     return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
 

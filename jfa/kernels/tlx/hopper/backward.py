@@ -75,17 +75,15 @@ class HopperDkDvConfig:
     # 128 * 72 + 256 * 216 <= 65536; at 56 it spilled 176-192 B, at consumers' 208 they spilled)
     consumer_regs_dq_in_producer: int = 216
     dq_in_producer_causal: bool = True  # False: the causal build keeps the consumers' dQ (registers)
+    # S = Q K^T and dP = dO V^T with the query rows as wgmma's M (``_dkdv_step_rows``), P and dS^T
+    # through shared memory; False: the transposed formulation (S^T = K Q^T, P^T and dS^T in registers)
+    rows_major: bool = False
 
 
 NUM_CONSUMERS = 2
 PRODUCER_WARPS = 4
 _CONSUMERS = tl.constexpr(NUM_CONSUMERS)
 _CONSUMER_WARPS = tl.constexpr(4)
-# DQ_PRODUCER: the producer computes a step's dQ this many steps after issuing its loads, so that its
-# wait for the consumers' dS^T delays the next load by no more than the ring allows: one less than
-# num_buffers_qdo (a load waits for the slot's consumers DQ_LAG + 1 steps back anyway). Also the number
-# of dS^T slots: the consumers may run DQ_LAG steps ahead of the producer's dQ.
-DQ_LAG = tl.constexpr(2)
 
 _CONFIGS: dict[int, HopperDkDvConfig] = {
     # D 64: dK and dV accumulators 64x64 fp32 = 32 regs/thread each, S^T and dP^T (64 x block_m) 16-32
@@ -108,7 +106,21 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 
 
-def config_for(head_dim: int) -> HopperDkDvConfig:
+# An experiment, not validated on a GPU yet (BackwardVariant.rows64): 64-row steps at D 128 in the
+# row-major formulation, the way FA3 fits them. Every MMA doubles in N or K against the 32-row steps
+# (S, dP: N 32 -> 64; dV, dK: K 32 -> 64) and an item runs half as many steps. The transposed
+# formulation spilled 96 B at 64 rows (the row statistics and key masks take 16 registers each per
+# thread when rows are wgmma's N); this one still keeps a stack frame (offline, 2026-11-29): 56 B
+# (causal 88 B) with the portable dQ pass, 296-400 B with the producer's dQ (consumers at 216), so the
+# gate leaves it out. Shared memory: K, V halves 64 KB + 2 stages x (Q, dO) 64 KB + P 16 KB, one dS
+# slot pair 16 KB (DQ_LAG 1: two ring stages), the producer's two dQ half-stages 32 KB: 209 of the
+# 227 KiB (fused, as compiled).
+D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, rows_major=True)
+
+
+def config_for(head_dim: int, variant: "BackwardVariant" = None) -> HopperDkDvConfig:
+    if variant is not None and variant.rows64 and head_dim == 128:
+        return D128_ROWS64
     return _CONFIGS[head_dim]
 
 
@@ -122,6 +134,11 @@ def consumer_regs(cfg: HopperDkDvConfig, *, fused_dq: bool, variant: "BackwardVa
     if fused_dq and dq_in_producer(cfg, variant, causal):
         return cfg.consumer_regs_dq_in_producer
     return cfg.consumer_regs
+
+
+def dq_box_columns(cfg: HopperDkDvConfig, head_dim: int) -> int:
+    """Head-dim columns of one dQ reduce-add (a row-major step's producer reduces dQ by halves)."""
+    return head_dim // 2 if cfg.rows_major else head_dim
 
 
 def dq_transposed(cfg: HopperDkDvConfig) -> bool:
@@ -160,6 +177,8 @@ class BackwardVariant:
     # every gem shape (NOTES.md, session 7). Not where the config says the consumers cannot give the
     # registers (``HopperDkDvConfig.dq_in_producer_causal``).
     dq_in_producer: bool = True
+    # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``; not validated on a GPU)
+    rows64: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -168,6 +187,8 @@ class BackwardVariant:
             raise ValueError(f"BackwardVariant.dq_reduce: must be one of {DQ_REDUCES}, got {self.dq_reduce!r}")
         if self.dq_first and self.dq_reduce != "tma":
             raise ValueError("BackwardVariant.dq_first: only with dq_reduce='tma'")
+        if self.rows64 and not self.dq_in_producer:
+            raise ValueError("BackwardVariant.rows64: only with the producer's dQ (dq_in_producer=1)")
         if self.dq_in_producer and (self.dq_reduce != "tma" or self.dq_first):
             raise ValueError("BackwardVariant: dq_reduce other than 'tma' and dq_first apply to the consumers' dQ: "
                              "add dq_in_producer=0")
@@ -253,13 +274,14 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, stride_dqt,
                        col_stride_dq, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       DQ_PRODUCER: tl.constexpr, DQ_T: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
-                       KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+                       DQ_PRODUCER: tl.constexpr, DQ_T: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
+                       QDO_BYTES: tl.constexpr):
     """Producer, one work item: each consumer's K and V half, then per step the query tile's Q, dO and
     row statistics (lse2 and delta rows of the transposed stats tensor). With DQ_PRODUCER also every
-    step's dQ, DQ_LAG steps behind the loads (so that a load is issued DQ_LAG steps before it is
-    needed), the last ones flushed before the item's K is given up."""
+    step's dQ, DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG steps
+    before it is needed), the last ones flushed before the item's K is given up."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
@@ -272,6 +294,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, head * col_stride_k], kv_fulls[c])
         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, head * col_stride_v], kv_fulls[c])
     n_steps = num_q_tiles - first
+    DQ_LAG: tl.constexpr = NUM_BUFFERS_DS  # the kernel's: the consumers run this many steps ahead at most
     if DQ_PRODUCER:
         dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt,
                                      col_stride_dq, BROADCAST_Q, DQ_T, BLOCK_M)
@@ -287,11 +310,11 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
                                      NUM_BUFFERS_QDO, QDO_BYTES)
             ds_cnt = _producer_dq_step(j - DQ_LAG, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
                                        desc_dq, dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end,
-                                       sm_scale, DQ_T, BLOCK_M, NUM_BUFFERS_DS)
+                                       sm_scale, DQ_T, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
         for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
             ds_cnt = _producer_dq_step(j, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
                                        dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale,
-                                       DQ_T, BLOCK_M, NUM_BUFFERS_DS)
+                                       DQ_T, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
     else:
         for j in tl.range(0, n_steps):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -361,20 +384,34 @@ def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.con
 
 @triton.jit
 def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
-                      stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_T: tl.constexpr,
-                      BLOCK_M: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr):
+                      stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_T: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      NUM_BUFFERS_DS: tl.constexpr):
     """Producer (DQ_PRODUCER), step s of the item: once both consumers have stored their dS^T, dQ over
     all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, then the staged reduce-add
     (one per step, not one per consumer)."""
     m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
     buf, phase = _bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
-    dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
-    dq = _dq_mma_acc(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], dq, DQ_T)
-    dq = tlx.async_dot_wait(0, dq)
-    tlx.barrier_arrive(ds_empties[buf], 1)
-    _reduce_add_dq(dq, dq_stages[ds_cnt & 1], desc_dq, _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
-                   dq_col, sm_scale, DQ_T)
+    if ROWS:
+        # dS is [BLOCK_M, BLOCK_N] (rows-major step): dQ = dS K, by head-dim halves so that the
+        # accumulator ([BLOCK_M, HEAD_DIM / 2] fp32) fits the producer's registers
+        HALF: tl.constexpr = HEAD_DIM // 2
+        for h in tl.static_range(2):
+            dq = tlx.async_dot(ds_tiles[buf * _CONSUMERS], tlx.local_slice(k_tiles[0], [0, h * HALF], [BLOCK_N, HALF]))
+            dq = tlx.async_dot(ds_tiles[buf * _CONSUMERS + 1],
+                               tlx.local_slice(k_tiles[1], [0, h * HALF], [BLOCK_N, HALF]), dq)
+            dq = tlx.async_dot_wait(0, dq)
+            if h == 1:
+                tlx.barrier_arrive(ds_empties[buf], 1)
+            _reduce_add_dq(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, False)
+    else:
+        dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
+        dq = _dq_mma_acc(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], dq, DQ_T)
+        dq = tlx.async_dot_wait(0, dq)
+        tlx.barrier_arrive(ds_empties[buf], 1)
+        _reduce_add_dq(dq, dq_stages[ds_cnt & 1], desc_dq, _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
+                       dq_col, sm_scale, DQ_T)
     return ds_cnt + 1
 
 
@@ -461,11 +498,58 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
 
 
 @triton.jit
+def _dkdv_step_rows(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, p_tile, ds_tile, ds_full, m_start,
+                    key0, len_q, len_k, causal_shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                    FUSED_DQ: tl.constexpr, DQ_PRODUCER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DTYPE: tl.constexpr):
+    """``_dkdv_step`` in the row-major formulation (config ``rows_major``): S = Q K^T and dP = dO V^T
+    are [BLOCK_M, BLOCK_N] with the query rows as wgmma's M, so each thread holds the row statistics
+    of two rows (not BLOCK_M / 8); P and dS go to shared memory (``p_tile``, ``ds_tile``) and their
+    transposed views are the A operands of dV += P^T dO and dK += dS^T Q. With DQ_PRODUCER (the only
+    fused dQ of this step) the dS tile is the producer's, signalled on ``ds_full``. Returns (dk, dv)
+    with every MMA retired."""
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))     # [BLOCK_M, BLOCK_N]
+    dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))   # [BLOCK_M, BLOCK_N]
+    lse2 = tl.reshape(tlx.local_load(lse_tile), [BLOCK_M, 1])
+    s = tlx.async_dot_wait(1, s)
+    p = tl.math.exp2(s * qk_scale - lse2)
+    if MASKED:  # as in _dkdv_step, transposed
+        # keys relative to the tile (key0: its first): the column indices are per-thread constants here,
+        # 16 registers if a key vector were carried through the loop
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_N)
+        visible = (offs_m < len_q)[:, None]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= (offs_m + causal_shift - key0)[:, None])
+        elif FUSED_DQ:
+            visible = visible & (cols < len_k - key0)[None, :]
+        p = tl.where(visible, p, 0.0)
+    tlx.local_store(p_tile, p.to(DTYPE))
+    tlx.fence_async_shared()  # generic-proxy stores made visible to wgmma (the async proxy)
+    dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)
+    delta = tl.reshape(tlx.local_load(delta_tile), [BLOCK_M, 1])
+    dp = tlx.async_dot_wait(1, dp)
+    ds = p * (dp - delta)
+    if FUSED_DQ and MASKED:
+        ds = tl.where(p == 0.0, 0.0, ds)
+    tlx.local_store(ds_tile, ds.to(DTYPE))
+    tlx.fence_async_shared()
+    dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)
+    if DQ_PRODUCER:
+        tlx.barrier_arrive(ds_full, 1)
+    dv = tlx.async_dot_wait(1, dv)
+    dk = tlx.async_dot_wait(0, dk)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0,
-                    dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, cid: tl.constexpr,
+                    qdo_empties, p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt,
+                    dq_row0, dq_col, m_start, offs_n, key0, len_q, len_k, causal_shift, qk_scale, sm_scale,
+                    cid: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
-                    DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                     HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                     DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. ``ds_tile``
@@ -479,24 +563,30 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
         # registers)
         tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
     tlx.barrier_wait(qdo_fulls[buf], phase)
-    dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
-                        ds_tile, ds_fulls[ds_buf],
-                        dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
-                        _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
-                        dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
-                        FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M, HEAD_DIM, DTYPE)
+    if ROWS:
+        dk, dv = _dkdv_step_rows(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf],
+                                 delta_tiles[buf], p_tile, ds_tile, ds_fulls[ds_buf], m_start, key0, len_q, len_k,
+                                 causal_shift, qk_scale, MASKED, CAUSAL, FUSED_DQ, DQ_PRODUCER, BLOCK_N, BLOCK_M,
+                                 DTYPE)
+    else:
+        # (with DQ_PRODUCER the stage is never used: the producer has the only two)
+        dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
+                            ds_tile, ds_fulls[ds_buf], dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
+                            _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
+                            dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
+                            FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
     return dk, dv, qdo_cnt + 1
 
 
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, DK,
+                       kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, DK,
                        DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                        col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
-                       DQ_PRODUCER: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DQ_PRODUCER: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                        DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
@@ -517,6 +607,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
     ds_tile = ds_tiles[cid]
+    p_tile = p_tiles[cid]
     dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt, col_stride_dq,
                                  BROADCAST_Q, DQ_T, BLOCK_M)
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
@@ -525,16 +616,18 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
-            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift,
-            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M,
+            p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
+            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q,
+            len_k, causal_shift,
+            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, BLOCK_N, BLOCK_M,
             HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
+            p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n,
+            n_start + cid * BLOCK_N, len_q, len_k,
             causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER,
-            BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -555,7 +648,7 @@ def jagged_dkdv_tlx_kernel(
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-    SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+    ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
     CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -576,13 +669,24 @@ def jagged_dkdv_tlx_kernel(
     # DQ_PRODUCER: NUM_BUFFERS_DS slots of both consumers' dS^T (the producer reads a step's slot while
     # the consumers fill the next) and the producer's two stages.
     DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
+    # DQ_PRODUCER: the producer computes a step's dQ DQ_LAG steps after issuing its loads, so that its
+    # wait for the consumers' dS^T delays the next load by no more than the ring allows: one less than
+    # the ring's depth (a load waits for the slot's consumers DQ_LAG + 1 steps back anyway). Also the
+    # number of dS^T slots: the consumers may run DQ_LAG steps ahead of the producer's dQ.
+    DQ_LAG: tl.constexpr = NUM_BUFFERS_QDO - 1
     NUM_BUFFERS_DS: tl.constexpr = DQ_LAG if DQ_PRODUCER else 1
     NUM_DQ_STAGES: tl.constexpr = 2 if DQ_PRODUCER else 2 * _CONSUMERS
-    ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
-    if DQ_T:
-        dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, NUM_DQ_STAGES)
+    if ROWS:  # P and dS of the row-major step ([BLOCK_M, BLOCK_N]); the producer's dQ by head-dim halves
+        p_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), DTYPE, _CONSUMERS)
+        ds_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
+        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM // 2), tl.float32, NUM_DQ_STAGES)
     else:
-        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, NUM_DQ_STAGES)
+        p_tiles = tlx.local_alloc((8, 16), DTYPE, _CONSUMERS)  # unused
+        ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
+        if DQ_T:
+            dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, NUM_DQ_STAGES)
+        else:
+            dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, NUM_DQ_STAGES)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
@@ -607,8 +711,8 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
                         num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_T, TILE_N, BLOCK_N,
-                        BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
+                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_T, ROWS, TILE_N,
+                        BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -621,11 +725,11 @@ def jagged_dkdv_tlx_kernel(
                 if item < num_items:
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                        desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh,
+                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties,
+                        dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh,
                         stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale,
                         qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
-                        DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                        DQ_PRODUCER, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0 and not DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -636,12 +740,15 @@ def jagged_dkdv_tlx_kernel(
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 variant: BackwardVariant = SHIPPED) -> dict:
     producer_dq = fused_dq and dq_in_producer(cfg, variant, causal)
+    if cfg.rows_major and fused_dq and not producer_dq:
+        raise ValueError("a rows-major dK/dV config computes a fused dQ only in the producer (dq_in_producer=1)")
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
                 DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
                 DQ_FIRST=fused_dq and variant.dq_first,
                 DQ_T=fused_dq and dq_transposed(cfg),
                 DQ_PRODUCER=producer_dq,
+                ROWS=cfg.rows_major,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=consumer_regs(cfg, fused_dq=fused_dq, variant=variant, causal=causal))
@@ -654,12 +761,17 @@ def _launch_options() -> dict:
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = False,
                  config: HopperDkDvConfig = None, variant: BackwardVariant = SHIPPED):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
-    cfg = config or config_for(head_dim)
+    cfg = config or config_for(head_dim, variant)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq,
                             variant=variant)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
-    dq_box = (head_dim, cfg.block_m) if fused_dq and dq_transposed(cfg) else (cfg.block_m, head_dim)
+    if not fused_dq:
+        dq_box = (cfg.block_m, head_dim)  # unused: the launcher passes desc_q
+    elif dq_transposed(cfg):
+        dq_box = (head_dim, cfg.block_m)
+    else:
+        dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim))
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         # unused without fused dQ: the launcher passes desc_q there
@@ -846,6 +958,10 @@ class DqAccumulator:
 
         if not self.transposed:
             desc, head_step = _descriptor(self.tensor, self.config.block_m)
+            columns = dq_box_columns(self.config, self.q.shape[2])
+            if columns != self.q.shape[2]:  # the rows-major step reduce-adds head-dim halves
+                desc = TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
+                                        block_shape=[self.config.block_m, columns])
             return desc, self.tensor.stride(0), head_step
         blocks, block_rows, block = self.tensor.shape
         head_dim = self.q.shape[2]
@@ -891,7 +1007,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
-    cfg = config or config_for(head_dim)
+    cfg = config or config_for(head_dim, variant)
     if k.shape[0] == 0:
         return
     if q.shape[0] == 0 or dout.shape[0] == 0:  # no query anywhere: every key gets zero gradients
@@ -959,7 +1075,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if variant is None:
         variant = default_variant()
     fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
-             and DqAccumulator.fits(q, num_seqs, broadcast_q))
+             and DqAccumulator.fits(q, num_seqs, broadcast_q, config_for(q.shape[-1], variant)))
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
@@ -968,7 +1084,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     out_cu = portable.output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
-    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q)
+    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q, config_for(q.shape[-1], variant))
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,

@@ -286,7 +286,9 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     BV = tlx_backward.BackwardVariant
     unfused = {"deterministic": BV(), "round-robin": BV(schedule="round-robin"),
                "not persistent": BV(persistent=False)}
-    fused = {"fused tma, dQ in producer": BV()}  # ships
+    # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
+    unfused["deterministic, rows64"] = BV(rows64=True)
+    fused = {"fused tma, dQ in producer": BV(), "fused tma, dQ in producer, rows64": BV(rows64=True)}  # ships: first
     fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
     fused["fused tma, dQ before dK"] = BV(dq_in_producer=False, dq_first=True)
     if only:

@@ -379,8 +379,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
     why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
-    backward runs the TLX dK/dV kernel (head dims 64 and 128) after the portable delta pass, with dQ
-    reduced inside it (unless ``deterministic``, which takes the portable dQ pass).
+    backward runs the TLX dK/dV kernel (head dims 64 and 128) after one pre-pass for the row statistics,
+    with dQ reduced inside it by its producer warpgroup (unless ``deterministic``, which takes the
+    portable dQ pass).
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,

@@ -121,6 +121,24 @@ def test_boolean_environment_switches_parse_one_way_and_reject_typos(name, monke
         env_flag(name, False)
 
 
+def test_own_waits_can_name_the_kernels_it_applies_to(monkeypatch):
+    """JFA_TLX_OWN_WAITS takes a boolean (every TLX kernel or none) or TLX kernel names; a name that is
+    not a TLX kernel is a ValueError that says what the variable takes."""
+    from jfa.kernels.tlx import pipeline
+
+    monkeypatch.setenv(pipeline.ENV, "jagged_dkdv_tlx_kernel")
+    assert pipeline.enabled("jagged_dkdv_tlx_kernel") and not pipeline.enabled("jagged_fwd_tlx_kernel")
+    assert pipeline.enabled()  # some kernel does
+    monkeypatch.setenv(pipeline.ENV, " jagged_fwd_tlx_kernel , jagged_dkdv_tlx_kernel ")
+    assert all(pipeline.enabled(k) for k in pipeline.KERNELS)
+    monkeypatch.setenv(pipeline.ENV, "1")
+    assert all(pipeline.enabled(k) for k in pipeline.KERNELS)
+    for bad in ("jagged_dkdv_kernel", "jagged_dkdv_tlx_kernel,fwd", ","):
+        monkeypatch.setenv(pipeline.ENV, bad)
+        with pytest.raises(ValueError, match="JFA_TLX_OWN_WAITS: must be 0, 1, true, false or comma-separated"):
+            pipeline.enabled()
+
+
 def test_the_switches_read_their_variables(monkeypatch):
     """The readers of the boolean switches go through the one parser (a typo raises in each)."""
     from jfa import api

@@ -228,6 +228,10 @@ def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
     monkeypatch.setenv(pipeline.ENV, "1")
     on = hook()
     assert off[0] != on[0] and off[1] != on[1]
+    monkeypatch.setenv(pipeline.ENV, "jagged_dkdv_tlx_kernel")  # one kernel only: a third key
+    one = hook()
+    assert one[0] not in (off[0], on[0]) and one[1] not in (off[1], on[1])
+    monkeypatch.setenv(pipeline.ENV, "1")
     with pipeline.own_waits(False):
         assert not pipeline.enabled()
     assert pipeline.enabled()  # restored

@@ -14,8 +14,14 @@ PTX waits follow the source (``commit, commit, wait 1, wait 0``). ptxas reports 
 (C7513) and no spill for these builds (offline gate, variant "own-waits"). OFF by default: on the
 H200 (2026-11-29) it passed every TLX test but the forward ran 1-10% slower and the backward no faster.
 
+The switch also takes TLX kernel names, comma-separated (``JFA_TLX_OWN_WAITS=jagged_dkdv_tlx_kernel``):
+only those skip the generic pipeliner. On the H200 (session 7) the dK/dV kernel with the producer's dQ
+gained 2-6% on six of the eight ablation shapes with it (-1% on longtail D128) while the forward loses
+(session 5), so this is the form to validate next.
+
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
-the flag is part of the compilation cache key, so builds with and without it never share a cache entry.
+the setting is part of the compilation cache key, so builds under different settings never share a
+cache entry.
 """
 from __future__ import annotations
 
@@ -25,13 +31,33 @@ import os
 from jfa.flags import env_flag
 
 ENV = "JFA_TLX_OWN_WAITS"
+# the TLX kernels the switch can name (the entry function of each compiled module)
+KERNELS = ("jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel")
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
 _installed = False
 
 
-def enabled() -> bool:
-    """Whether TLX compiles skip the generic pipeliner (read at each compile)."""
-    return env_flag(ENV, False)
+def _setting():
+    """True (every TLX kernel), False, or the frozenset of kernel names ``JFA_TLX_OWN_WAITS`` selects.
+    A value that is neither a boolean (``jfa.flags``) nor a list of KERNELS raises ValueError."""
+    text = os.environ.get(ENV, "")
+    try:
+        return env_flag(ENV, False)
+    except ValueError:
+        names = frozenset(n.strip() for n in text.split(",") if n.strip())
+        if not names or names - set(KERNELS):
+            raise ValueError(f"{ENV}: must be 0, 1, true, false or comma-separated TLX kernel names "
+                             f"{KERNELS}, got {text!r}") from None
+        return names
+
+
+def enabled(kernel: str = None) -> bool:
+    """Whether TLX compiles skip the generic pipeliner (read at each compile): for ``kernel`` (an entry
+    function name), or, without it, for any kernel."""
+    setting = _setting()
+    if isinstance(setting, bool):
+        return setting
+    return kernel in setting if kernel is not None else True
 
 
 @contextlib.contextmanager
@@ -83,12 +109,13 @@ def install() -> None:
 
     def hook(self=None, stages=None, options=None, language=None, capability=None):
         key, digest = inner(self, stages, options, language, capability)
-        flag = "1" if enabled() else "0"
+        setting = _setting()
+        flag = ("1" if setting else "0") if isinstance(setting, bool) else "+".join(sorted(setting))
         if stages is not None and enabled() and "ttgir" in stages and getattr(self, "name", "") != "amd":
             make_ttgir = stages["ttgir"]
 
             def ttgir(src, metadata):
-                if _is_tlx_module(src):
+                if _is_tlx_module(src) and enabled(src.get_entry_func_name()):
                     with _without_generic_pipeline():
                         return make_ttgir(src, metadata)
                 return make_ttgir(src, metadata)

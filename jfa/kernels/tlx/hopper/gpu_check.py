@@ -16,6 +16,7 @@ float64 oracle, the ``2 * |ref_t - oracle| + floor`` rule) with ``backend="tlx"`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -295,7 +296,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         wanted = [w for w in only.split(",") if w]
         unfused = {n: v for n, v in unfused.items() if n == "deterministic" or any(w in n for w in wanted)}
         fused = {n: v for n, v in fused.items() if any(w in n for w in wanted)}
-    _say(f"JFA_TLX_OWN_WAITS={int(pipeline.enabled())}")
+    _say(f"JFA_TLX_OWN_WAITS={os.environ.get(pipeline.ENV, '')!r} (dK/dV kernel: "
+         f"{'own waits' if pipeline.enabled('jagged_dkdv_tlx_kernel') else 'generic pipeliner'})")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
         q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
@@ -320,7 +322,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
                                                  if "bwd_tflops" in r))
         if "outside the fused kernel, ms" in row:
             _say(f"{'':40s} outside the fused kernel, ms: {row['outside the fused kernel, ms']}")
-    _write_json(out, {"suite": suite, "own_waits": pipeline.enabled(), "bwd_ablation": table})
+    _write_json(out, {"suite": suite, "own_waits": pipeline.enabled("jagged_dkdv_tlx_kernel"), "bwd_ablation": table})
     return 0
 
 

@@ -111,7 +111,7 @@ def install() -> None:
         key, digest = inner(self, stages, options, language, capability)
         setting = _setting()
         flag = ("1" if setting else "0") if isinstance(setting, bool) else "+".join(sorted(setting))
-        if stages is not None and enabled() and "ttgir" in stages and getattr(self, "name", "") != "amd":
+        if stages is not None and setting and "ttgir" in stages and getattr(self, "name", "") != "amd":
             make_ttgir = stages["ttgir"]
 
             def ttgir(src, metadata):

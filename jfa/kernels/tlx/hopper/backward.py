@@ -325,18 +325,10 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
 
 
 @triton.jit
-def _dq_mma(ds_tile, k_tile, DQ_T: tl.constexpr):
-    """Issue this step's dQ MMA over the consumer's keys: dQ = dS K [BLOCK_M, HEAD_DIM], or with DQ_T
-    its transpose K^T dS^T [HEAD_DIM, BLOCK_M] (steps of fewer than 64 query rows: wgmma's M is 64)."""
-    if DQ_T:
-        return tlx.async_dot(tlx.local_trans(k_tile), ds_tile)
-    else:
-        return tlx.async_dot(tlx.local_trans(ds_tile), k_tile)
-
-
-@triton.jit
-def _dq_mma_acc(ds_tile, k_tile, dq, DQ_T: tl.constexpr):
-    """``_dq_mma`` accumulating into ``dq`` (the producer's dQ over both consumers' keys)."""
+def _dq_mma(ds_tile, k_tile, DQ_T: tl.constexpr, dq=None):
+    """Issue a dQ MMA over one consumer's keys: dQ = dS K [BLOCK_M, HEAD_DIM], or with DQ_T its
+    transpose K^T dS^T [HEAD_DIM, BLOCK_M] (steps of fewer than 64 query rows: wgmma's M is 64); added
+    to ``dq`` when given (the producer's dQ over both consumers' keys)."""
     if DQ_T:
         return tlx.async_dot(tlx.local_trans(k_tile), ds_tile, dq)
     else:
@@ -398,16 +390,17 @@ def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_sta
         # accumulator ([BLOCK_M, HEAD_DIM / 2] fp32) fits the producer's registers
         HALF: tl.constexpr = HEAD_DIM // 2
         for h in tl.static_range(2):
-            dq = tlx.async_dot(ds_tiles[buf * _CONSUMERS], tlx.local_slice(k_tiles[0], [0, h * HALF], [BLOCK_N, HALF]))
-            dq = tlx.async_dot(ds_tiles[buf * _CONSUMERS + 1],
-                               tlx.local_slice(k_tiles[1], [0, h * HALF], [BLOCK_N, HALF]), dq)
+            dq = None
+            for c in tl.static_range(_CONSUMERS):
+                dq = tlx.async_dot(ds_tiles[buf * _CONSUMERS + c],
+                                   tlx.local_slice(k_tiles[c], [0, h * HALF], [BLOCK_N, HALF]), dq)
             dq = tlx.async_dot_wait(0, dq)
             if h == 1:
                 tlx.barrier_arrive(ds_empties[buf], 1)
             _reduce_add_dq(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, False)
     else:
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
-        dq = _dq_mma_acc(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], dq, DQ_T)
+        dq = _dq_mma(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], DQ_T, dq)
         dq = tlx.async_dot_wait(0, dq)
         tlx.barrier_arrive(ds_empties[buf], 1)
         _reduce_add_dq(dq, dq_stages[ds_cnt & 1], desc_dq, _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
@@ -416,8 +409,9 @@ def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_sta
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, ds_full, dq_stage, desc_dq, DQ, stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift,
-               qk_scale, sm_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
+def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, ds_full, dq_stage, desc_dq,
+               DQ, stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
                DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
@@ -581,8 +575,9 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
 
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, DK,
-                       DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                       kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
+                       desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt,
+                       stride_dvh,
                        col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
@@ -618,16 +613,15 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q,
-            len_k, causal_shift,
-            qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, BLOCK_N, BLOCK_M,
-            HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
+            DQ_PRODUCER, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col, i * BLOCK_M, offs_n,
-            n_start + cid * BLOCK_N, len_q, len_k,
-            causal_shift, qk_scale, sm_scale, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER,
-            ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
+            i * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q, len_k, causal_shift, qk_scale, sm_scale, cid,
+            False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM,
+            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -648,8 +642,8 @@ def jagged_dkdv_tlx_kernel(
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-    ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-    CONSUMER_REGS: tl.constexpr,
+    ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -726,10 +720,11 @@ def jagged_dkdv_tlx_kernel(
                     kv_cnt, qdo_cnt = _consume_dkdv_item(
                         item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties,
-                        dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh,
-                        stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale,
-                        qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
-                        DQ_PRODUCER, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                        dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt,
+                        stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs,
+                        len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE,
+                        DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
+                        DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0 and not DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -1074,8 +1069,9 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
         fused_dq = fused_dq_default()
     if variant is None:
         variant = default_variant()
+    cfg = config_for(q.shape[-1], variant) if q.shape[-1] in SUPPORTED_HEAD_DIMS else None
     fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
-             and DqAccumulator.fits(q, num_seqs, broadcast_q, config_for(q.shape[-1], variant)))
+             and DqAccumulator.fits(q, num_seqs, broadcast_q, cfg))
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
@@ -1084,7 +1080,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     out_cu = portable.output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
-    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q, config_for(q.shape[-1], variant))
+    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q, cfg)
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,

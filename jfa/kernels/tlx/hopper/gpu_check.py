@@ -332,8 +332,8 @@ def main(argv=None) -> int:
     parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd",
                                          "bwd-ablation"))
     parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
-    parser.add_argument("--only", default="", help="correctness: substring of the case names to run; bwd-ablation: comma-separated "
-                        "substrings of the columns to time")
+    parser.add_argument("--only", default="", help="correctness: substring of the case names to run; "
+                        "bwd-ablation: comma-separated substrings of the columns to time")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
     parser.add_argument("--rep", type=int, default=100, help="bench, ablation: do_bench rep (ms)")

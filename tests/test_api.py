@@ -165,14 +165,15 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
         dq_in_producer=False, dq_first=True, schedule="round-robin")
     for bad, words in (("dq_reduce=tma-pair", "dq_reduce"), ("dq-first=2", "dq_first: must be 0, 1, true or false"),
                        ("dq_in_producer=0,dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch"),
-                       ("dq_first=1", "consumers' dQ: add dq_in_producer=0"),
                        ("dq_reduce=atomic", "consumers' dQ: add dq_in_producer=0"),
                        ("rows64=1,dq_in_producer=0", "rows64: only with the producer's dQ")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)
     monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_in_producer=0,dq_reduce=atomic")
     assert default_variant() == BackwardVariant(dq_in_producer=False, dq_reduce="atomic")
-    for timing_only in ("dq_in_producer=0,dq_reduce=none", "dq_in_producer=0,dq_reduce=stage-only"):
+    assert BackwardVariant.parse("dq_first=1,dq_send_late=0") == BackwardVariant(dq_first=True, dq_send_late=False)
+    for timing_only in ("dq_in_producer=0,dq_reduce=none", "dq_in_producer=0,dq_reduce=stage-only",
+                        "dq_reduce=none", "dq_reduce=stage-only"):
         monkeypatch.setenv("JFA_TLX_BWD_VARIANT", timing_only)
         with pytest.raises(ValueError, match="no dQ"):
             default_variant()

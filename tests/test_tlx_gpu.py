@@ -184,7 +184,8 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
 # the shipped fused dQ (the producer's; the consumers' for causal D 128) and the consumers' dQ on every
 # case; the ablation's switches (atomic reduction, dQ MMA before dK) on the long ones and the tails
 FUSED_RUNS = [(case, switches) for switches in ("", "dq_in_producer=0") for case in FUSED_CASES] + [
-    (case, f"dq_in_producer=0,{switches}") for switches in ("dq_reduce=atomic", "dq_first=1")
+    (case, switches) for switches in ("dq_in_producer=0,dq_reduce=atomic", "dq_in_producer=0,dq_first=1",
+                                      "dq_send_late=0")
     for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
 
 

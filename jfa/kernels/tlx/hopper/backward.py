@@ -154,21 +154,22 @@ DQ_REDUCES = ("tma", "atomic", "none", "stage-only")
 @dataclass(frozen=True)
 class BackwardVariant:
     """Switches of the backward's ablation study (``gpu_check bwd-ablation``); the defaults ship.
-    ``dq_reduce`` applies to the fused dQ build only, with the consumers' dQ (``dq_in_producer=False``):
+    ``dq_reduce`` applies to the fused dQ build only:
     "tma" reduce-adds each step's dQ from shared
-    memory (staged, what ships), "atomic" adds it from registers with element-wise atomics, "none" drops
-    it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX shows), "stage-only"
-    stores it to the shared stage but issues no reduce-add (timing only: what the staging costs without
-    the L2 traffic). On the H200 (NOTES.md, 2026-11-29) staging beat atomics by 7-27%; a paired variant
+    memory (staged, what ships), "atomic" (the consumers' dQ only) adds it from registers with element-wise
+    atomics, "none" drops it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX
+    shows), "stage-only" stores it to the shared stage but issues no reduce-add (timing only: what the
+    staging costs without the L2 traffic). On the H200 (NOTES.md, 2026-11-29) staging beat atomics by 7-27%; a paired variant
     (consumer 1 adding consumer 0's partial in shared memory, one reduce-add per step) was 4-7% slower
     than one reduce-add per consumer and was removed."""
 
     schedule: str = "zigzag"  # "zigzag" or "round-robin" (the forward's static schedules)
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     dq_reduce: str = "tma"
-    # fused dQ, step order: store dS^T and issue the dQ MMA before the dK MMA, so that the dQ
-    # reduction (store, fence, reduce-add) runs while dK computes. Only with JFA_TLX_OWN_WAITS=1 do the
-    # source's waits hold (Triton's generic pipeliner waits after every MMA): measure both.
+    # fused dQ, order. The consumers' dQ: store dS^T and issue the dQ MMA before the dK MMA, so that
+    # the dQ reduction (store, fence, reduce-add) runs while dK computes (only with JFA_TLX_OWN_WAITS=1
+    # do the source's waits hold: Triton's generic pipeliner waits after every MMA). The producer's
+    # dQ: each producer iteration runs the dQ step before issuing the next step's loads.
     dq_first: bool = False
     # fused dQ computed by the producer warpgroup (ships; False: by each consumer over its own keys):
     # each consumer only stores its dS^T (DQ_LAG slots) and signals; the producer, between its loads,
@@ -177,6 +178,11 @@ class BackwardVariant:
     # every gem shape (NOTES.md, session 7). Not where the config says the consumers cannot give the
     # registers (``HopperDkDvConfig.dq_in_producer_causal``).
     dq_in_producer: bool = True
+    # the producer's dQ (ships): a step's staged dQ is fenced and reduce-added one step later, after the
+    # next step's dQ MMA is issued, so the fence no longer waits for the stage's stores to drain through
+    # shared memory (ncu, longtail-D128: 29% of the producer's time sat at that fence). On the H200 +2 to
+    # +4.5% on six of eight shapes, +-0.3% on broadcast Q (NOTES.md, session 8).
+    dq_send_late: bool = True
     # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``; not validated on a GPU)
     rows64: bool = False
 
@@ -187,11 +193,10 @@ class BackwardVariant:
             raise ValueError(f"BackwardVariant.dq_reduce: must be one of {DQ_REDUCES}, got {self.dq_reduce!r}")
         if self.dq_first and self.dq_reduce != "tma":
             raise ValueError("BackwardVariant.dq_first: only with dq_reduce='tma'")
+        if self.dq_in_producer and self.dq_reduce == "atomic":
+            raise ValueError("BackwardVariant: dq_reduce='atomic' applies to the consumers' dQ: add dq_in_producer=0")
         if self.rows64 and not self.dq_in_producer:
             raise ValueError("BackwardVariant.rows64: only with the producer's dQ (dq_in_producer=1)")
-        if self.dq_in_producer and (self.dq_reduce != "tma" or self.dq_first):
-            raise ValueError("BackwardVariant: dq_reduce other than 'tma' and dq_first apply to the consumers' dQ: "
-                             "add dq_in_producer=0")
 
     @classmethod
     def parse(cls, text: str) -> "BackwardVariant":
@@ -274,7 +279,8 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, stride_dqt,
                        col_stride_dq, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       DQ_PRODUCER: tl.constexpr, DQ_T: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr,
+                       DQ_PRODUCER: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
+                       DQ_SEND_LATE: tl.constexpr, DQ_T: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
                        QDO_BYTES: tl.constexpr):
@@ -303,18 +309,29 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
                                      NUM_BUFFERS_QDO, QDO_BYTES)
+        staged_row = dq_row0 * 0 - 1  # DQ_SEND_LATE: the accumulator row of the staged, unsent step (dq_row0's type)
         for j in tl.range(DQ_LAG, n_steps):
+            if DQ_FIRST:
+                ds_cnt, staged_row = _producer_dq_step(
+                    j - DQ_LAG, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                    dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
+                    DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
                                      NUM_BUFFERS_QDO, QDO_BYTES)
-            ds_cnt = _producer_dq_step(j - DQ_LAG, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                                       desc_dq, dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end,
-                                       sm_scale, DQ_T, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
+            if not DQ_FIRST:
+                ds_cnt, staged_row = _producer_dq_step(
+                    j - DQ_LAG, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                    dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
+                    DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
         for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
-            ds_cnt = _producer_dq_step(j, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
-                                       dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale,
-                                       DQ_T, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
+            ds_cnt, staged_row = _producer_dq_step(
+                j, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
+                stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS, DQ_SEND_LATE, BLOCK_N,
+                BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
+        if DQ_SEND_LATE:  # the item's last step (its K tiles are given up next)
+            _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col, DQ_T)
     else:
         for j in tl.range(0, n_steps):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -375,13 +392,16 @@ def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.con
 
 
 @triton.jit
-def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
-                      stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_T: tl.constexpr, ROWS: tl.constexpr,
+def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0,
+                      dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE: tl.constexpr,
+                      DQ_T: tl.constexpr, ROWS: tl.constexpr, DQ_SEND_LATE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                       NUM_BUFFERS_DS: tl.constexpr):
     """Producer (DQ_PRODUCER), step s of the item: once both consumers have stored their dS^T, dQ over
     all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, then the staged reduce-add
-    (one per step, not one per consumer)."""
+    (one per step, not one per consumer). With DQ_SEND_LATE the step's dQ is only stored to its stage;
+    the fence and reduce-add follow in the next step, after its dQ MMA is issued (``_send_staged_dq``),
+    and ``staged_row`` (returned) says where; -1: nothing staged. Returns (ds_cnt, staged_row)."""
     m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
     buf, phase = _bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
@@ -397,15 +417,53 @@ def _producer_dq_step(s, ds_cnt, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_sta
             dq = tlx.async_dot_wait(0, dq)
             if h == 1:
                 tlx.barrier_arrive(ds_empties[buf], 1)
-            _reduce_add_dq(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, False)
+            _producer_dq_out(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, DQ_REDUCE,
+                             False)
     else:
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], DQ_T, dq)
+        if DQ_SEND_LATE:  # the previous step's stage (the other one), stored a whole step ago
+            staged_row = _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col, DQ_T)
         dq = tlx.async_dot_wait(0, dq)
         tlx.barrier_arrive(ds_empties[buf], 1)
-        _reduce_add_dq(dq, dq_stages[ds_cnt & 1], desc_dq, _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
-                       dq_col, sm_scale, DQ_T)
-    return ds_cnt + 1
+        dq_row = _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M)
+        if DQ_SEND_LATE:
+            tlx.async_descriptor_store_wait(1)  # this stage's reduce-add two steps back has read it
+            tlx.local_store(dq_stages[ds_cnt & 1], dq * sm_scale)
+            staged_row = dq_row
+        else:
+            _producer_dq_out(dq, dq_stages[ds_cnt & 1], desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE, DQ_T)
+    return ds_cnt + 1, staged_row
+
+
+@triton.jit
+def _send_staged_dq(dq_stage, desc_dq, staged_row, dq_col, DQ_T: tl.constexpr):
+    """The second half of the staged reduction with DQ_SEND_LATE: fence the stage's stores (issued a
+    step ago, so the fence no longer waits for them to drain through shared memory, which the
+    consumers' wgmma keep busy) and reduce-add it at ``staged_row``; nothing when that is -1.
+    Returns -1 (nothing staged)."""
+    if staged_row >= 0:
+        tlx.fence_async_shared()
+        # every producer thread fenced its own stores before the elected one issues the reduce-add (the
+        # compiler's barrier sits before the fence here: the stores are a loop iteration back). Named
+        # barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX shows).
+        tlx.named_barrier_wait(0, 128)
+        if DQ_T:
+            tlx.async_descriptor_store(desc_dq, dq_stage, [staged_row, 0], store_reduce="add")
+        else:
+            tlx.async_descriptor_store(desc_dq, dq_stage, [staged_row, dq_col], store_reduce="add")
+    return staged_row * 0 - 1
+
+
+@triton.jit
+def _producer_dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE: tl.constexpr, DQ_T: tl.constexpr):
+    """The producer's dQ to the accumulator as ``DQ_REDUCE`` says (``BackwardVariant.dq_reduce``: 0 the
+    staged reduce-add; timing only: 3 the staging without the reduce-add, 2 nothing)."""
+    if DQ_REDUCE == 0:
+        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
+    elif DQ_REDUCE == 3:
+        tlx.local_store(dq_stage, dq * sm_scale)
+        tlx.fence_async_shared()
 
 
 @triton.jit
@@ -443,7 +501,14 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         # box; a tile that has such keys runs every step masked). P^T is 0 there already, but dP^T of a
         # foreign row need not be finite: select, do not multiply (on P^T, not the mask: registers).
         ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
-    if DQ_FIRST:
+    if DQ_PRODUCER:
+        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
+        tlx.local_store(ds_tile, ds_t.to(DTYPE))
+        tlx.fence_async_shared()  # generic-proxy stores made visible to the producer's wgmma (async proxy)
+        tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
+        dv = tlx.async_dot_wait(1, dv)
+        dk = tlx.async_dot_wait(0, dk)
+    elif DQ_FIRST:
         # dS^T to shared memory and the dQ MMA first; its reduction then overlaps the dK MMA
         tlx.local_store(ds_tile, ds_t.to(DTYPE))
         tlx.fence_async_shared()
@@ -452,13 +517,6 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         dq = tlx.async_dot_wait(1, dq)  # retires dV and dQ (committed before dK)
         dv = tlx.async_dot_wait(1, dv)
         _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
-        dk = tlx.async_dot_wait(0, dk)
-    elif DQ_PRODUCER:
-        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
-        tlx.local_store(ds_tile, ds_t.to(DTYPE))
-        tlx.fence_async_shared()  # generic-proxy stores made visible to the producer's wgmma (async proxy)
-        tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
-        dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
     else:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
@@ -642,7 +700,7 @@ def jagged_dkdv_tlx_kernel(
     col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-    ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    DQ_SEND_LATE: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -705,7 +763,8 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
                         num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_T, ROWS, TILE_N,
+                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_REDUCE, DQ_FIRST,
+                        DQ_SEND_LATE, DQ_T, ROWS, TILE_N,
                         BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
@@ -743,6 +802,7 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
                 DQ_FIRST=fused_dq and variant.dq_first,
                 DQ_T=fused_dq and dq_transposed(cfg),
                 DQ_PRODUCER=producer_dq,
+                DQ_SEND_LATE=producer_dq and variant.dq_send_late and variant.dq_reduce == "tma" and not cfg.rows_major,
                 ROWS=cfg.rows_major,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,

@@ -7,6 +7,7 @@
     python -m jfa.kernels.tlx.hopper.gpu_check ablation     # each schedule/pingpong/peeling switch off in turn
     python -m jfa.kernels.tlx.hopper.gpu_check bwd          # backward: portable vs TLX dK/dV pass, TFLOP/s
     python -m jfa.kernels.tlx.hopper.gpu_check bwd-ablation # backward: scheduling, dQ reductions, determinism
+    ncu ... python -m jfa.kernels.tlx.hopper.gpu_check profile --only longtail  # plain launches for a profiler
 
 Run each under ``timeout -s KILL`` (a pipeline bug shows up as a hang: mbarrier phases or the pingpong
 handshake out of step); every line is flushed before the next launch, so the last line printed names
@@ -274,7 +275,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), the
     shipped producer's dQ and, with the consumers' dQ, each reduction (``BackwardVariant.dq_reduce``:
     "tma"; "atomic"; "none" and "stage-only", timing only, dq wrong) and the dQ-before-dK step order,
-    against the deterministic backward (portable dQ
+    and the producer's dQ's own switches ("producer: ...": its step before the loads, sent in its own
+    step, "stage-only" and "none"), against the deterministic backward (portable dQ
     pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it
     with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it. ``only``: comma-separated
     substrings of the column names to time (the deterministic baseline always runs)."""
@@ -288,8 +290,12 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     unfused = {"deterministic": BV(), "round-robin": BV(schedule="round-robin"),
                "not persistent": BV(persistent=False)}
     # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
-    unfused["deterministic, rows64"] = BV(rows64=True)
-    fused = {"fused tma, dQ in producer": BV(), "fused tma, dQ in producer, rows64": BV(rows64=True)}  # ships: first
+    unfused["rows64, deterministic"] = BV(rows64=True)
+    fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
+    # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
+    fused["producer: dQ before the loads"] = BV(dq_first=True)
+    fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
+    fused.update({f"producer: {mode}": BV(dq_reduce=mode) for mode in ("stage-only", "none")})
     fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
     fused["fused tma, dQ before dK"] = BV(dq_in_producer=False, dq_first=True)
     if only:
@@ -326,13 +332,33 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     return 0
 
 
+def profile(suite: str = "gem", only: str = "", launches: int = 2) -> int:
+    """For a profiler (tools/gpu/profile.sh): the shipped forward and backward of each shape of ``suite``
+    whose name contains ``only``, each launched ``launches`` times in a row, nothing timed (the first
+    launch compiles: have the profiler skip it)."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):
+        if only not in problem.name:
+            continue
+        q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
+        for _ in range(launches):
+            o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
+        do = torch.randn_like(o)
+        for _ in range(launches):
+            tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **kwargs)
+        torch.cuda.synchronize()
+        _say(f"{problem.name}: {launches} forward and {launches} backward launches")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jfa.kernels.tlx.hopper.gpu_check",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("smoke", "correctness", "sanitize", "bench", "ablation", "bwd",
-                                         "bwd-ablation"))
+                                         "bwd-ablation", "profile"))
     parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
-    parser.add_argument("--only", default="", help="correctness: substring of the case names to run; "
+    parser.add_argument("--only", default="", help="correctness, profile: substring of the case (shape) names to run; "
                         "bwd-ablation: comma-separated substrings of the columns to time")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
@@ -355,6 +381,8 @@ def main(argv=None) -> int:
         return bwd(args.suite, args.out, args.rep)
     if args.what == "bwd-ablation":
         return bwd_ablation(args.suite, args.out, args.rep, args.only)
+    if args.what == "profile":
+        return profile(args.suite, args.only)
     if args.what == "ablation":
         return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
     return bench(args.suite, ("shipped",), args.out, args.rep)

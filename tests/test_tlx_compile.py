@@ -99,8 +99,7 @@ def test_variants_and_timeline_build_are_targets():
 @pytest.mark.parametrize("lengths", [(0, 5, 1, 8, 3, 0), (4, 4), (1,), (0,)], ids=["mixed", "aligned", "one", "empty"])
 def test_dkdv_row_stats_start_every_sequence_on_an_aligned_column(lengths, device):
     """The dK/dV kernel's TMA-loaded statistics: each sequence's rows at a column that is a multiple of
-    COLUMN_ALIGN (TMA's innermost coordinate must be 16-byte aligned; the transposed dQ accumulator shares
-    the layout and needs whole 32-token blocks), lse in base 2 with +inf for rows that saw no key, delta
+    COLUMN_ALIGN (TMA's innermost coordinate must be 16-byte aligned; a step's box is 32 columns), lse in base 2 with +inf for rows that saw no key, delta
     beside it, zeros in the gaps (a box reaching past a sequence must read finite values)."""
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
     rows, heads = int(cu[-1]), 3
@@ -146,70 +145,24 @@ def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, devic
     torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=1e-6)
 
 
-LAYOUTS = {"jagged": (0, 5, 1, 37, 3, 0), "one-long": (1100,), "broadcast-q": (37,), "broadcast-q-long": (600,),
-           "empty": (0, 0)}
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_fused_dq_accumulator_reads_back_as_dq(head_dim, layout, device):
-    """The fused dQ's fp32 accumulator starts at zero and reads back as dq in q's dtype and shape,
-    exactly. Transposed (D 128), a query step's partial lands in one TMA box of the descriptor: for
-    sequence b, step i (32 rows) and head h, rows ``(col_cu[b] / 32 + i) * H * D + h * D`` onward, one
-    column per query row (a broadcast Q: col_cu = 0). Written that way here (NaN everywhere else, which
-    the read-out must never touch), it must read back as the dq that was written."""
+def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
+    """The fused dQ's fp32 accumulator is shaped like q, starts at zero, and reads back as dq in q's
+    dtype and shape, rounded to nearest even; its TMA box is one query step's rows of one head."""
     from jfa.kernels.tlx.hopper import backward
 
-    lengths = LAYOUTS[layout]
-    broadcast_q = layout.startswith("broadcast-q")
-    cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
-    rows, heads = int(cu[-1]), 3
+    rows, heads = 37, 3
     q = torch.empty(rows, heads, head_dim, dtype=torch.bfloat16, device=device)
     dq = torch.randn(rows, heads, head_dim, generator=torch.Generator().manual_seed(rows)).to(device)
-    accum = backward.DqAccumulator(q, cu.to(device), len(lengths), broadcast_q=broadcast_q)
-    assert accum.tensor.dtype == torch.float32 and not accum.tensor.any()
-    if accum.transposed:
-        desc, block_rows, head_step = accum.descriptor()
-        block = backward.config_for(head_dim).block_m
-        assert desc.block_shape == [head_dim, block] and block_rows == heads * head_dim and head_step == head_dim
-        view = torch.full(desc.shape, float("nan"))  # the descriptor's 2-D view of the accumulator
-        col_cu = [0] if broadcast_q else accum.col_cu.cpu().tolist()
-        for b in range(1 if broadcast_q else len(lengths)):
-            first, n = (0, rows) if broadcast_q else (int(cu[b]), int(cu[b + 1] - cu[b]))
-            assert col_cu[b] % block == 0
-            for i in range(-(-n // block)):
-                part = dq[first + i * block:first + min(n, (i + 1) * block)].cpu()  # [<=32, H, D]
-                for h in range(heads):
-                    row = (col_cu[b] // block + i) * block_rows + h * head_step
-                    view[row:row + head_dim, :len(part)] = part[:, h].t()
-        accum.tensor.copy_(view.reshape(accum.tensor.shape))
-    else:
-        assert accum.tensor.shape == q.shape
-        accum.tensor.copy_(dq)
+    accum = backward.DqAccumulator(q)
+    assert accum.tensor.shape == q.shape and accum.tensor.dtype == torch.float32 and not accum.tensor.any()
+    desc, row_stride = accum.descriptor()
+    assert desc.block_shape == [backward.config_for(head_dim).block_m, head_dim]
+    assert desc.shape == [rows, heads * head_dim] and row_stride == heads * head_dim
+    accum.tensor.copy_(dq)
     got = accum.read().cpu()
     assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
-    rounded = dq.cpu().to(torch.bfloat16)  # to nearest even, as the GPU converts
-    if device == "cpu" and accum.transposed:
-        # Triton's interpreter truncates float32 -> bfloat16: accept that, element by element
-        truncated = (dq.cpu().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
-        assert ((got == rounded) | (got == truncated)).all()
-    else:
-        assert torch.equal(got, rounded)
-
-
-def test_fused_dq_falls_back_where_its_accumulator_would_not_fit():
-    """The transposed accumulator pads each sequence to 32 columns: over very many short sequences it
-    would grow towards 32x a dense dQ, so the fused path is refused there (portable dQ pass instead);
-    broadcast Q and D 64 (accumulator like q) always fit."""
-    from jfa.kernels.tlx.hopper import backward
-
-    spare = backward.DqAccumulator.SPARE_COLUMNS
-    q128 = torch.empty(32768 * 8, 8, 128, device="meta")
-    assert not backward.DqAccumulator.fits(q128, 32768, broadcast_q=False)  # 8 tokens per sequence
-    assert backward.DqAccumulator.fits(q128, 32768, broadcast_q=True)
-    assert backward.DqAccumulator.fits(torch.empty(32768 * 8, 8, 64, device="meta"), 32768, broadcast_q=False)
-    assert backward.DqAccumulator.fits(torch.empty(1000 * 512, 4, 128, device="meta"), 1000, broadcast_q=False)
-    assert backward.DqAccumulator.fits(torch.empty(64, 4, 128, device="meta"), (64 + spare) // 31, broadcast_q=False)
+    assert torch.equal(got, dq.cpu().to(torch.bfloat16))
 
 
 def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):

@@ -8,7 +8,7 @@ reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from double-b
 replacing the portable dQ pass. The producer warpgroup computes it (``DQ_PRODUCER``, what ships; the
 consumers only store dS^T), over both consumers' keys, one reduce-add per step; the causal D 128 build
 keeps it in the consumers (registers). At D 128 the 32-row query steps are below wgmma's M of 64: the
-kernel computes dQ^T = K^T dS^T instead, into a transposed accumulator blocked by 32 tokens (``DQ_T``).
+kernel computes dQ^T = K^T dS^T instead and stores it transposed into the stage (``DQ_T``).
 The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for
 ``deterministic=True`` (``gpu_check bwd-ablation``, BENCHMARKS.md).
 
@@ -143,8 +143,8 @@ def dq_box_columns(cfg: HopperDkDvConfig, head_dim: int) -> int:
 
 def dq_transposed(cfg: HopperDkDvConfig) -> bool:
     """Whether the fused dQ is computed transposed: a step of fewer than 64 query rows is below wgmma's M,
-    so the kernel computes dQ^T = K^T dS^T ([HEAD_DIM, BLOCK_M], M = HEAD_DIM) and reduce-adds it into a
-    transposed accumulator (``DqAccumulator``), which TMA reads straight from the stage."""
+    so the kernel computes dQ^T = K^T dS^T ([HEAD_DIM, BLOCK_M], M = HEAD_DIM), stored transposed into
+    the stage (``_stage_dq``)."""
     return cfg.block_m < 64
 
 
@@ -163,7 +163,10 @@ class BackwardVariant:
     (consumer 1 adding consumer 0's partial in shared memory, one reduce-add per step) was 4-7% slower
     than one reduce-add per consumer and was removed."""
 
-    schedule: str = "zigzag"  # "zigzag" or "round-robin" (the forward's static schedules)
+    # "round-robin" (ships) or "zigzag" (the forward's static schedules) over the longest-first list. On
+    # the H200 within +-2% of each other (NOTES.md, session 8); zig-zag's per-CTA lane (P - 1 - pid)
+    # costs the D 128 producer (72 registers) a spill of two item-level scalars
+    schedule: str = "round-robin"
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     dq_reduce: str = "tma"
     # fused dQ, order. The consumers' dQ: store dS^T and issue the dQ MMA before the dK MMA, so that
@@ -239,7 +242,7 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 @triton.jit
 def _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs):
     """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
-    statistics, the transposed dQ accumulator: ``aligned_columns``); a multiple of COLUMN_ALIGN."""
+    statistics: ``aligned_columns``); a multiple of COLUMN_ALIGN."""
     seq = tl.minimum(tl.load(TILES + item // num_heads), num_seqs - 1)
     return tl.load(STATS_CU + seq).to(tl.int32)
 
@@ -264,7 +267,7 @@ def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, l
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
     tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
-    o_row = (out_row0 + i * BLOCK_M).to(tl.int32)
+    o_row = out_row0 + i * BLOCK_M
     tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row0 + i * BLOCK_M, head * col_stride_q], qdo_fulls[buf])
     tlx.async_descriptor_load(desc_do, do_tiles[buf], [o_row, head * col_stride_do], qdo_fulls[buf])
     stats_col = stats_col0 + i * BLOCK_M
@@ -274,11 +277,11 @@ def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, l
 
 
 @triton.jit
-def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, stride_dqt,
-                       col_stride_dq, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        DQ_PRODUCER: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
                        DQ_SEND_LATE: tl.constexpr, DQ_T: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -287,10 +290,15 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
     """Producer, one work item: each consumer's K and V half, then per step the query tile's Q, dO and
     row statistics (lse2 and delta rows of the transposed stats tensor). With DQ_PRODUCER also every
     step's dQ, DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG steps
-    before it is needed), the last ones flushed before the item's K is given up."""
+    before it is needed), the last ones flushed before the item's K is given up. Loads and dQ steps
+    are counted by ``qdo_cnt`` alone (returned): both advance by the item's steps, so at an item's
+    start the dQ count equals it (one register less in a producer of 72)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
+    # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
+    # where the int64 row took two, in a producer of 72 registers
+    out_row0 = out_row0.to(tl.int32)
     n_masked = n_lead + num_q_tiles - bulk_end
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -302,18 +310,17 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
     n_steps = num_q_tiles - first
     DQ_LAG: tl.constexpr = NUM_BUFFERS_DS  # the kernel's: the consumers run this many steps ahead at most
     if DQ_PRODUCER:
-        dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt,
-                                     col_stride_dq, BROADCAST_Q, DQ_T, BLOCK_M)
+        dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the item's dQ goes in the (contiguous, q-shaped) accumulator
         for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
                                      NUM_BUFFERS_QDO, QDO_BYTES)
-        staged_row = dq_row0 * 0 - 1  # DQ_SEND_LATE: the accumulator row of the staged, unsent step (dq_row0's type)
+        staged_row = dq_row0  # DQ_SEND_LATE: the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
             if DQ_FIRST:
-                ds_cnt, staged_row = _producer_dq_step(
-                    j - DQ_LAG, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                staged_row = _producer_dq_step(
+                    j - DQ_LAG, qdo_cnt - DQ_LAG, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
                     dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
                     DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -321,24 +328,24 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, de
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
                                      NUM_BUFFERS_QDO, QDO_BYTES)
             if not DQ_FIRST:
-                ds_cnt, staged_row = _producer_dq_step(
-                    j - DQ_LAG, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                staged_row = _producer_dq_step(
+                    j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
                     dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
                     DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
         for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
-            ds_cnt, staged_row = _producer_dq_step(
-                j, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
+            staged_row = _producer_dq_step(
+                j, qdo_cnt - n_steps + j, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
                 stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS, DQ_SEND_LATE, BLOCK_N,
                 BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
-        if DQ_SEND_LATE:  # the item's last step (its K tiles are given up next)
-            _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col, DQ_T)
+        if DQ_SEND_LATE and n_steps > 0:  # the item's last step (its K tiles are given up next)
+            _send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
     else:
         for j in tl.range(0, n_steps):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
                                      NUM_BUFFERS_QDO, QDO_BYTES)
-    return kv_cnt + 1, qdo_cnt, ds_cnt
+    return qdo_cnt
 
 
 @triton.jit
@@ -353,42 +360,27 @@ def _dq_mma(ds_tile, k_tile, DQ_T: tl.constexpr, dq=None):
 
 
 @triton.jit
-def _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt, col_stride_dq,
-               BROADCAST_Q: tl.constexpr, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(dq_row0, dq_col): where work item ``item``'s dQ goes in the accumulator. A step at query row
-    m_start reduce-adds at row ``_dq_step_row(dq_row0, m_start, ...)``, column dq_col."""
-    dq_col = head * col_stride_dq
-    dq_row0 = q_row0
+def _stage_dq(dq_stage, dq, sm_scale, DQ_T: tl.constexpr):
+    """A step's dQ (times the softmax scale) into its [BLOCK_M, HEAD_DIM] fp32 stage (or a head-dim
+    slice of it). With DQ_T ``dq`` is dQ^T and is stored transposed: each thread then writes 4-byte
+    words of eight query rows, which the stage's 128-byte swizzle spreads over all 32 banks (one
+    wavefront per store; the accumulator fragment's 8-byte pairs along the rows took two, ncu
+    2026-11-29), and the accumulator stays like q (no transposed layout, no read-out kernel)."""
     if DQ_T:
-        # the blocked transposed accumulator (DqAccumulator): each sequence starts on an aligned column
-        # (a broadcast Q's at 0); the step's block row is dq_row0 + (m_start // BLOCK_M) * stride_dqt
-        if not BROADCAST_Q:
-            dq_row0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
-        dq_row0 = (dq_row0 // BLOCK_M) * stride_dqt + dq_col
-    return dq_row0, dq_col
-
-
-@triton.jit
-def _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T: tl.constexpr, BLOCK_M: tl.constexpr):
-    if DQ_T:
-        return dq_row0 + (m_start // BLOCK_M) * stride_dqt
+        tlx.local_store(tlx.local_trans(dq_stage), dq * sm_scale)
     else:
-        return dq_row0 + m_start
+        tlx.local_store(dq_stage, dq * sm_scale)
 
 
 @triton.jit
 def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.constexpr):
     """Staged dQ reduction: registers -> shared memory -> TMA reduce-add into the fp32 accumulator (the
-    copy runs behind the next step). The stage was last handed to TMA two steps ago: wait until that
-    reduce-add has read it. With DQ_T, ``dq`` is transposed and the accumulator blocked
-    (``DqAccumulator``): ``dq_row`` is the row of the step's block and head there."""
+    copy runs behind the next step) at query row ``dq_row``, column ``dq_col`` (the head's). The stage was
+    last handed to TMA two steps ago: wait until that reduce-add has read it."""
     tlx.async_descriptor_store_wait(1)
-    tlx.local_store(dq_stage, dq * sm_scale)
+    _stage_dq(dq_stage, dq, sm_scale, DQ_T)
     tlx.fence_async_shared()
-    if DQ_T:
-        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, 0], store_reduce="add")
-    else:
-        tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+    tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
 
 
 @triton.jit
@@ -400,8 +392,10 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
     """Producer (DQ_PRODUCER), step s of the item: once both consumers have stored their dS^T, dQ over
     all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, then the staged reduce-add
     (one per step, not one per consumer). With DQ_SEND_LATE the step's dQ is only stored to its stage;
-    the fence and reduce-add follow in the next step, after its dQ MMA is issued (``_send_staged_dq``),
-    and ``staged_row`` (returned) says where; -1: nothing staged. Returns (ds_cnt, staged_row)."""
+    the fence and reduce-add follow in the next step of the item, after its dQ MMA is issued
+    (``_send_staged_dq``; the item's last step is sent after its loop) at ``staged_row``, the previous
+    step's row. ``ds_cnt``: the item's first step's count plus s (the dS^T slot and the stage follow
+    it). Returns this step's row."""
     m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
     buf, phase = _bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
@@ -422,37 +416,31 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
     else:
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS + 1], k_tiles[1], DQ_T, dq)
-        if DQ_SEND_LATE:  # the previous step's stage (the other one), stored a whole step ago
-            staged_row = _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col, DQ_T)
+        if DQ_SEND_LATE and s > 0:  # the previous step's stage (the other one), stored a whole step ago
+            _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col)
         dq = tlx.async_dot_wait(0, dq)
         tlx.barrier_arrive(ds_empties[buf], 1)
-        dq_row = _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M)
+        dq_row = dq_row0 + m_start
         if DQ_SEND_LATE:
             tlx.async_descriptor_store_wait(1)  # this stage's reduce-add two steps back has read it
-            tlx.local_store(dq_stages[ds_cnt & 1], dq * sm_scale)
+            _stage_dq(dq_stages[ds_cnt & 1], dq, sm_scale, DQ_T)
             staged_row = dq_row
         else:
             _producer_dq_out(dq, dq_stages[ds_cnt & 1], desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE, DQ_T)
-    return ds_cnt + 1, staged_row
+    return staged_row
 
 
 @triton.jit
-def _send_staged_dq(dq_stage, desc_dq, staged_row, dq_col, DQ_T: tl.constexpr):
+def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col):
     """The second half of the staged reduction with DQ_SEND_LATE: fence the stage's stores (issued a
     step ago, so the fence no longer waits for them to drain through shared memory, which the
-    consumers' wgmma keep busy) and reduce-add it at ``staged_row``; nothing when that is -1.
-    Returns -1 (nothing staged)."""
-    if staged_row >= 0:
-        tlx.fence_async_shared()
-        # every producer thread fenced its own stores before the elected one issues the reduce-add (the
-        # compiler's barrier sits before the fence here: the stores are a loop iteration back). Named
-        # barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX shows).
-        tlx.named_barrier_wait(0, 128)
-        if DQ_T:
-            tlx.async_descriptor_store(desc_dq, dq_stage, [staged_row, 0], store_reduce="add")
-        else:
-            tlx.async_descriptor_store(desc_dq, dq_stage, [staged_row, dq_col], store_reduce="add")
-    return staged_row * 0 - 1
+    consumers' wgmma keep busy) and reduce-add it at (``dq_row``, ``dq_col``)."""
+    tlx.fence_async_shared()
+    # every producer thread fenced its own stores before the elected one issues the reduce-add (the
+    # compiler's barrier sits before the fence here: the stores are a loop iteration back). Named
+    # barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX shows).
+    tlx.named_barrier_wait(0, 128)
+    tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
 
 
 @triton.jit
@@ -462,7 +450,7 @@ def _producer_dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE:
     if DQ_REDUCE == 0:
         _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
     elif DQ_REDUCE == 3:
-        tlx.local_store(dq_stage, dq * sm_scale)
+        _stage_dq(dq_stage, dq, sm_scale, DQ_T)
         tlx.fence_async_shared()
 
 
@@ -530,17 +518,16 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
             if DQ_REDUCE == 0:  # staged
                 _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
             elif DQ_REDUCE == 3:  # the staging without the reduce-add (timing only)
-                tlx.local_store(dq_stage, dq * sm_scale)
+                _stage_dq(dq_stage, dq, sm_scale, DQ_T)
                 tlx.fence_async_shared()
             elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
                 row_ok = m_start + tl.arange(0, BLOCK_M) < len_q
                 offs_d = tl.arange(0, HEAD_DIM)
-                if DQ_T:  # the blocked transposed accumulator (DqAccumulator)
-                    acc_rows = (dq_row + offs_d).to(tl.int64) * BLOCK_M
-                    tl.atomic_add(DQ + acc_rows[:, None] + tl.arange(0, BLOCK_M)[None, :], dq * sm_scale,
+                rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
+                if DQ_T:  # dq is dQ^T [HEAD_DIM, BLOCK_M]
+                    tl.atomic_add(DQ + rows[None, :] * stride_dqt + dq_col + offs_d[:, None], dq * sm_scale,
                                   mask=row_ok[None, :], sem="relaxed")
                 else:
-                    rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
                     tl.atomic_add(DQ + rows[:, None] * stride_dqt + dq_col + offs_d[None, :], dq * sm_scale,
                                   mask=row_ok[:, None], sem="relaxed")
         else:
@@ -624,7 +611,7 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
         # (with DQ_PRODUCER the stage is never used: the producer has the only two)
         dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf], delta_tiles[buf],
                             ds_tile, ds_fulls[ds_buf], dq_stages[cid * 2 + (qdo_cnt & 1)], desc_dq, DQ, stride_dqt,
-                            _dq_step_row(dq_row0, m_start, stride_dqt, DQ_T, BLOCK_M),
+                            dq_row0 + m_start,
                             dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, MASKED, CAUSAL,
                             FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, BLOCK_M, HEAD_DIM, DTYPE)
     tlx.barrier_arrive(qdo_empties[buf], 1)
@@ -636,7 +623,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
                        desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt,
                        stride_dvh,
-                       col_stride_dq, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
+                       num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
                        DQ_PRODUCER: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -661,8 +648,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     v_tile = v_tiles[cid]
     ds_tile = ds_tiles[cid]
     p_tile = p_tiles[cid]
-    dq_row0, dq_col = _dq_origin(TILES, STATS_CU, item, num_heads, num_seqs, head, q_row0, stride_dqt, col_stride_dq,
-                                 BROADCAST_Q, DQ_T, BLOCK_M)
+    dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the item's dQ goes in the (contiguous, q-shaped) accumulator
     tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -690,14 +676,14 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
              mask=row_ok[:, None])
     tl.store(DV + rows[:, None] * stride_dvt + head * stride_dvh + offs_d[None, :], dv.to(DTYPE),
              mask=row_ok[:, None])
-    return kv_cnt + 1, qdo_cnt
+    return qdo_cnt
 
 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DQ, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
     stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
-    col_stride_do, col_stride_dq, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    col_stride_do, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
     DQ_SEND_LATE: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -735,10 +721,7 @@ def jagged_dkdv_tlx_kernel(
     else:
         p_tiles = tlx.local_alloc((8, 16), DTYPE, _CONSUMERS)  # unused
         ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M if FUSED_DQ else 16), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
-        if DQ_T:
-            dq_stages = tlx.local_alloc((HEAD_DIM, DQ_ROWS), tl.float32, NUM_DQ_STAGES)
-        else:
-            dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, NUM_DQ_STAGES)
+        dq_stages = tlx.local_alloc((DQ_ROWS, HEAD_DIM), tl.float32, NUM_DQ_STAGES)
     kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
@@ -752,18 +735,18 @@ def jagged_dkdv_tlx_kernel(
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
-            kv_cnt = 0
             qdo_cnt = 0
-            ds_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, num_progs)):
                 item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
-                    kv_cnt, qdo_cnt, ds_cnt = _produce_dkdv_item(
-                        item, kv_cnt, qdo_cnt, ds_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                    # the K/V tiles' use count is `rounds`: every round but the last has an item
+                    # for every CTA (so no register carries it: the D 128 producer has 72)
+                    qdo_cnt = _produce_dkdv_item(
+                        item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
                         num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        stride_dqt, col_stride_dq, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_REDUCE, DQ_FIRST,
+                        stride_dqt, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_REDUCE, DQ_FIRST,
                         DQ_SEND_LATE, DQ_T, ROWS, TILE_N,
                         BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ_PRODUCER:
@@ -771,16 +754,15 @@ def jagged_dkdv_tlx_kernel(
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
-            kv_cnt = 0
             qdo_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, num_progs)):
                 item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
-                    kv_cnt, qdo_cnt = _consume_dkdv_item(
-                        item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
+                    qdo_cnt = _consume_dkdv_item(
+                        item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties,
                         dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt,
-                        stride_dkh, stride_dvt, stride_dvh, col_stride_dq, num_slots, num_heads, num_seqs,
+                        stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                         len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE,
                         DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
                         DTYPE)
@@ -821,12 +803,8 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
                             variant=variant)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
-    if not fused_dq:
-        dq_box = (cfg.block_m, head_dim)  # unused: the launcher passes desc_q
-    elif dq_transposed(cfg):
-        dq_box = (head_dim, cfg.block_m)
-    else:
-        dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim))
+    # unused without the fused dQ: the launcher passes desc_q
+    dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim) if fused_dq else head_dim)
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         # unused without fused dQ: the launcher passes desc_q there
@@ -884,9 +862,10 @@ COLUMN_ALIGN = 32
 
 
 def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[torch.Tensor, int]:
-    """The column layout of the tensors whose token axis is TMA's innermost (the row statistics, the
-    transposed dQ accumulator): row t of sequence b sits in column ``col_cu[b] + (t - out_cu[b])``, and
-    every ``col_cu[b]`` is a multiple of COLUMN_ALIGN. Returns (col_cu [B+1] int64, width: >=
+    """The column layout of the row statistics (``row_stats``), whose token axis is TMA's innermost (so
+    each sequence must start 16-byte aligned): row t of sequence b sits in column
+    ``col_cu[b] + (t - out_cu[b])``, and every ``col_cu[b]`` is a multiple of COLUMN_ALIGN (a whole
+    BLOCK_M-row box). Returns (col_cu [B+1] int64, width: >=
     col_cu[-1], a multiple of COLUMN_ALIGN, from the sizes alone). No host sync."""
     lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
     col_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=out_cu.device)
@@ -894,17 +873,16 @@ def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[tor
     return col_cu, -(-(rows + (COLUMN_ALIGN - 1) * num_seqs + 1) // COLUMN_ALIGN) * COLUMN_ALIGN
 
 
-def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, columns=None, *, outputs=None):
+def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, outputs=None):
     """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
     ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
     ``stats[H + h, c] = delta[t, h]``, columns as ``aligned_columns``; the gaps hold 0, so a box reaching
     past a sequence reads finite values (the kernel masks them). ``delta``: [rows, H] float32, or None
     with ``outputs=(out, dout, dlse or None)``: then delta = rowsum(dO * O) - dlse is computed in the
-    same pass (the portable pre-pass's definition, ``row_delta``). ``columns``: ``aligned_columns`` of
-    these offsets if already computed (the transposed dQ accumulator's). Returns (stats [2H, width]
-    float32, stats_cu [B+1] int64). No host sync."""
+    same pass (the portable pre-pass's definition, ``row_delta``). Returns (stats [2H, width] float32,
+    stats_cu [B+1] int64). No host sync."""
     rows, num_heads = lse.shape
-    stats_cu, width = columns if columns is not None else aligned_columns(out_cu, num_seqs, rows)
+    stats_cu, width = aligned_columns(out_cu, num_seqs, rows)
     stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
     if not (rows and num_heads and num_seqs):
         return stats, stats_cu
@@ -932,114 +910,32 @@ def _stats_descriptor(stats: torch.Tensor, block_m: int):
     return TensorDescriptor(stats, shape=list(stats.shape), strides=[stats.stride(0), 1], block_shape=[1, block_m])
 
 
-@triton.jit
-def dq_from_transposed_kernel(ACC, DQ, OUT_CU, COL_CU, rows, block_rows, stride_dqt, stride_dqh,
-                              SEGMENTED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """dq[t, h, d] = ACC[c // BLOCK_T, h * HEAD_DIM + d, c % BLOCK_T] in dq's dtype, c the column of row
-    t. Program (segment, head, split) takes every split-th block of BLOCK_T rows of one sequence
-    (SEGMENTED: columns as ``aligned_columns``) or of all ``rows`` (column = row: a broadcast Q)."""
-    head = tl.program_id(1)
-    if SEGMENTED:
-        seq = tl.program_id(0)
-        row0 = tl.load(OUT_CU + seq).to(tl.int64)
-        length = tl.load(OUT_CU + seq + 1).to(tl.int64) - row0
-        col0 = tl.load(COL_CU + seq)
-    else:
-        row0 = tl.zeros((), dtype=tl.int64)
-        length = rows + tl.zeros((), dtype=tl.int64)
-        col0 = tl.zeros((), dtype=tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_c = tl.arange(0, BLOCK_T)
-    for start in range(tl.program_id(2) * BLOCK_T, length, tl.num_programs(2) * BLOCK_T):
-        offs = start + offs_c
-        ok = offs < length
-        block = (col0 + start) // BLOCK_T  # col0 and start are multiples of BLOCK_T
-        acc_rows = (block * block_rows + head * HEAD_DIM + offs_d).to(tl.int64) * BLOCK_T
-        acc = tl.load(ACC + acc_rows[:, None] + offs_c[None, :], mask=ok[None, :], other=0.0)
-        tl.store(DQ + (row0 + offs)[:, None] * stride_dqt + head * stride_dqh + offs_d[None, :],
-                 tl.trans(acc).to(DQ.dtype.element_ty, fp_downcast_rounding="rtne"), mask=ok[:, None])
-
-
 class DqAccumulator:
-    """The zeroed fp32 accumulator the fused dQ reduce-adds into, and its read-out as dq.
+    """The zeroed fp32 accumulator the fused dQ reduce-adds into (shaped like q, [T, H, D]), and its
+    read-out as dq. A query step's reduce-add is one TMA box of BLOCK_M rows and the head's D columns.
+    (At D 128 the kernel computes dQ^T but stores it transposed into the stage: ``_stage_dq``. Until
+    2026-11-29, session 8, it kept a transposed accumulator blocked by 32 tokens, which padded every
+    sequence to 32 columns and needed its own read-out kernel.)"""
 
-    Like q ([T, H, D]), or, where the kernel computes dQ^T (``dq_transposed``), transposed and blocked:
-    ``tensor[c // BLOCK_M, h * D + d, c % BLOCK_M]`` for column c, columns as ``aligned_columns`` of the
-    query rows (for a broadcast Q the dense rows themselves). A query step's reduce-add is then one
-    contiguous 16 KB box (the head's D rows of BLOCK_M = 32 fp32 tokens, 128 bytes each). Over a plain
-    [H * D, T] layout its 128 rows lay megabytes apart: on the H200 the reduce-adds then cost 0.69 ms of
-    a 3.66 ms backward (uniform-B512-D128), blocked 0.03 ms (NOTES.md, 2026-11-29)."""
-
-    def __init__(self, q: torch.Tensor, out_cu: torch.Tensor, num_seqs: int, broadcast_q: bool,
-                 config: HopperDkDvConfig = None):
-        rows, num_heads, head_dim = q.shape
-        self.q, self.out_cu, self.num_seqs = q, out_cu, num_seqs
-        self.config = config or config_for(head_dim)
-        self.transposed = dq_transposed(self.config)
-        self.segmented = self.transposed and not broadcast_q
-        self.col_cu = self.columns = None
-        if not self.transposed:
-            self.tensor = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-            return
-        block = self.config.block_m
-        if COLUMN_ALIGN % block:
-            raise ValueError(f"DqAccumulator: block_m {block} must divide COLUMN_ALIGN {COLUMN_ALIGN} (a query "
-                             "step must not straddle two blocks)")
-        if self.segmented:  # the row statistics' layout too (row_stats takes these columns)
-            self.columns = aligned_columns(out_cu, num_seqs, rows)
-            self.col_cu, width = self.columns
-        else:
-            width = -(-rows // block) * block
-        self.tensor = torch.zeros((width // block, num_heads * head_dim, block), dtype=torch.float32,
-                                  device=q.device)
-
-    # columns of padding allowed beyond one per row: many short sequences would otherwise make the
-    # transposed accumulator up to COLUMN_ALIGN times a dense one (8 tokens each: 32x)
-    SPARE_COLUMNS = 8192
-
-    @staticmethod
-    def fits(q: torch.Tensor, num_seqs: int, broadcast_q: bool, config: HopperDkDvConfig = None) -> bool:
-        """Whether the accumulator stays within twice a dense fp32 dQ (plus SPARE_COLUMNS columns):
-        false only for a transposed one over very many short sequences (the caller then takes the
-        portable dQ pass). From the sizes alone: no host sync."""
-        rows, _, head_dim = q.shape
-        if broadcast_q or not dq_transposed(config or config_for(head_dim)):
-            return True
-        return (COLUMN_ALIGN - 1) * num_seqs <= rows + DqAccumulator.SPARE_COLUMNS
+    def __init__(self, q: torch.Tensor, config: HopperDkDvConfig = None):
+        self.q = q
+        self.config = config or config_for(q.shape[2])
+        self.tensor = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
 
     def descriptor(self):
-        """(TMA descriptor, row stride, step of one head along the head-dim axis) for the kernel."""
+        """(TMA descriptor over [T, H * D], row stride) for the kernel; head h starts at column h * D."""
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        if not self.transposed:
-            desc, head_step = _descriptor(self.tensor, self.config.block_m)
-            columns = dq_box_columns(self.config, self.q.shape[2])
-            if columns != self.q.shape[2]:  # the rows-major step reduce-adds head-dim halves
-                desc = TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
-                                        block_shape=[self.config.block_m, columns])
-            return desc, self.tensor.stride(0), head_step
-        blocks, block_rows, block = self.tensor.shape
-        head_dim = self.q.shape[2]
-        desc = TensorDescriptor(self.tensor, shape=[blocks * block_rows, block], strides=[block, 1],
-                                block_shape=[head_dim, block])
-        return desc, block_rows, head_dim
+        desc, _ = _descriptor(self.tensor, self.config.block_m)
+        columns = dq_box_columns(self.config, self.q.shape[2])
+        if columns != self.q.shape[2]:  # the rows-major step reduce-adds head-dim halves
+            desc = TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
+                                    block_shape=[self.config.block_m, columns])
+        return desc, self.tensor.stride(0)
 
     def read(self) -> torch.Tensor:
-        """dq in q's dtype and shape (contiguous); padding columns are never read."""
-        q = self.q
-        if not self.transposed:
-            return self.tensor.to(q.dtype)
-        rows, num_heads, head_dim = q.shape
-        dq = alloc.empty(q.shape, q.dtype, q.device)  # NaN-poisoned under the tests: every row is written
-        segments = self.num_seqs if self.segmented else 1
-        if rows and num_heads and segments:
-            _, block_rows, block = self.tensor.shape
-            # a few programs per sequence and head (a single long sequence must not run on H programs)
-            splits = max(1, min(64, rows // (segments * 8 * block)))
-            dq_from_transposed_kernel[(segments, num_heads, splits)](
-                self.tensor, dq, self.out_cu, self.col_cu if self.segmented else self.out_cu, rows, block_rows,
-                dq.stride(0), dq.stride(1), SEGMENTED=self.segmented, HEAD_DIM=head_dim, BLOCK_T=block)
-        return dq
+        """dq in q's dtype and shape (contiguous)."""
+        return self.tensor.to(self.q.dtype)
 
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
@@ -1077,11 +973,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     desc_v, col_v = _descriptor(v, cfg.block_n)
     if dq_accum is not None and (dq_accum.config != cfg or dq_accum.q.shape != q.shape):
         raise ValueError("jagged_dkdv_tlx: dq_accum was built for another q or config")
-    desc_dq, stride_dq, col_dq = (desc_q, q.stride(0), col_q) if dq_accum is None else dq_accum.descriptor()
-    # one column layout for the statistics and a transposed dQ accumulator: the kernel addresses both
-    # through stats_cu
-    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs,
-                                columns=dq_accum.columns if dq_accum is not None else None, outputs=outputs)
+    # (the kernel places head h of the accumulator at column h * D: it is contiguous, like q)
+    desc_dq, stride_dq = (desc_q, q.stride(0)) if dq_accum is None else dq_accum.descriptor()
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs)
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
@@ -1090,7 +984,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     jagged_dkdv_tlx_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
         stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
-        col_dq, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
+        num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
         **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
                       variant=variant),
         **_launch_options())
@@ -1130,8 +1024,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if variant is None:
         variant = default_variant()
     cfg = config_for(q.shape[-1], variant) if q.shape[-1] in SUPPORTED_HEAD_DIMS else None
-    fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
-             and DqAccumulator.fits(q, num_seqs, broadcast_q, cfg))
+    fused = fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
@@ -1140,7 +1033,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     out_cu = portable.output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
-    dq_accum = DqAccumulator(q, out_cu, num_seqs, broadcast_q, cfg)
+    dq_accum = DqAccumulator(q, cfg)
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,

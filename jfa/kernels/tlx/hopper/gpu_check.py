@@ -246,8 +246,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): the row
     statistics with delta computed in the same pass (what ships; the portable delta pass and the
     statistics from it, as the unfused path runs them, beside it), allocating the zeroed fp32 dQ
-    accumulator (with its column offsets at D128), reading it out as dq in q's dtype (a transposing
-    read at D128)."""
+    accumulator, reading it out as dq in q's dtype."""
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
@@ -258,7 +257,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     out_cu = output_offsets(cu_q, num_seqs, kwargs["len_q_bcast"], kwargs["broadcast_q"], q.device)
     delta = row_delta(o, do)
     def accumulator():
-        return tlx_backward.DqAccumulator(q, out_cu, num_seqs, kwargs["broadcast_q"])
+        return tlx_backward.DqAccumulator(q)
 
     accum = accumulator()
     parts = {"row stats with delta": lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs,
@@ -271,7 +270,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
 
 def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = "") -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
-    off in turn (dK/dV kernel: round-robin instead of zig-zag, one CTA per work item instead of
+    off in turn (dK/dV kernel: zig-zag instead of round-robin, one CTA per work item instead of
     persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), the
     shipped producer's dQ and, with the consumers' dQ, each reduction (``BackwardVariant.dq_reduce``:
     "tma"; "atomic"; "none" and "stage-only", timing only, dq wrong) and the dQ-before-dK step order,
@@ -287,7 +286,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     BV = tlx_backward.BackwardVariant
-    unfused = {"deterministic": BV(), "round-robin": BV(schedule="round-robin"),
+    unfused = {"deterministic": BV(), "zig-zag": BV(schedule="zigzag"),
                "not persistent": BV(persistent=False)}
     # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
     unfused["rows64, deterministic"] = BV(rows64=True)
@@ -295,6 +294,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
     fused["producer: dQ before the loads"] = BV(dq_first=True)
     fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
+    fused["producer: zig-zag"] = BV(schedule="zigzag")
     fused.update({f"producer: {mode}": BV(dq_reduce=mode) for mode in ("stage-only", "none")})
     fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
     fused["fused tma, dQ before dK"] = BV(dq_in_producer=False, dq_first=True)

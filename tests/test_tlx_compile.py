@@ -99,8 +99,9 @@ def test_variants_and_timeline_build_are_targets():
 @pytest.mark.parametrize("lengths", [(0, 5, 1, 8, 3, 0), (4, 4), (1,), (0,)], ids=["mixed", "aligned", "one", "empty"])
 def test_dkdv_row_stats_start_every_sequence_on_an_aligned_column(lengths, device):
     """The dK/dV kernel's TMA-loaded statistics: each sequence's rows at a column that is a multiple of
-    COLUMN_ALIGN (TMA's innermost coordinate must be 16-byte aligned; a step's box is 32 columns), lse in base 2 with +inf for rows that saw no key, delta
-    beside it, zeros in the gaps (a box reaching past a sequence must read finite values)."""
+    COLUMN_ALIGN (TMA's innermost coordinate must be 16-byte aligned), lse in base 2 with +inf for rows
+    that saw no key, delta beside it, zeros in the gaps (a box reaching past a sequence must read finite
+    values)."""
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32)
     rows, heads = int(cu[-1]), 3
     g = torch.Generator().manual_seed(0)
@@ -147,8 +148,9 @@ def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, devic
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
-    """The fused dQ's fp32 accumulator is shaped like q, starts at zero, and reads back as dq in q's
-    dtype and shape, rounded to nearest even; its TMA box is one query step's rows of one head."""
+    """The fused dQ's fp32 accumulator is shaped like q and starts at zero; its TMA box is one query
+    step's rows of one head (half the head dim for the rows-major experiment); it reads back as dq in
+    q's dtype and shape."""
     from jfa.kernels.tlx.hopper import backward
 
     rows, heads = 37, 3
@@ -159,6 +161,9 @@ def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     desc, row_stride = accum.descriptor()
     assert desc.block_shape == [backward.config_for(head_dim).block_m, head_dim]
     assert desc.shape == [rows, heads * head_dim] and row_stride == heads * head_dim
+    if head_dim == 128:
+        rows64_desc, _ = backward.DqAccumulator(q, backward.D128_ROWS64).descriptor()
+        assert rows64_desc.block_shape == [64, 64]
     accum.tensor.copy_(dq)
     got = accum.read().cpu()
     assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()

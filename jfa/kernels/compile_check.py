@@ -125,9 +125,12 @@ def tlx_backward_targets() -> list:
                                c, False, backend="tlx", variant=variant, own_waits=True) for c in (False, True)]
     # the ablation's builds that run on the GPU, with the shipped waits: {variant: {head dim: causal values}}.
     # Left out, because they keep a stack frame this gate refuses and a baseline need not meet: the atomic
-    # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B).
+    # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B); the zig-zag
+    # schedule with the producer's dQ at D 128 (two item-level scalars).
     # (the consumers' dQ ships for causal D 128: that build is above)
-    ablation_builds = {"fused-dq,dq_in_producer=0": {64: (False, True), 128: (False,)},
+    ablation_builds = {"fused-dq,dq_first=1": {64: (False,), 128: (False,)},  # the producer's dQ before the loads
+                       "fused-dq,dq_send_late=0": {64: (False,), 128: (False,)},
+                       "fused-dq,dq_in_producer=0": {64: (False, True), 128: (False,)},
                        "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True), 128: (False,)},
                        "fused-dq,dq_in_producer=0,dq_reduce=atomic": {64: (False,)},
                        "fused-dq,dq_in_producer=0,dq_reduce=stage-only": {64: (False, True), 128: (False, True)}}

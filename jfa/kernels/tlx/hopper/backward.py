@@ -14,9 +14,10 @@ The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it off), neve
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
-* Persistent grid, one CTA per SM, dealing work items zig-zag over a longest-first list (the forward's
-  ``_static_item``). A work item is (key tile of ``2 * BLOCK_N`` rows, head); the tile list is built on
-  the key offsets and sorted by each sequence's query length (the work a key tile streams over).
+* Persistent grid, one CTA per SM, dealing work items round-robin over a longest-first list (the
+  forward's ``_static_item``; ``BackwardVariant.schedule``). A work item is (key tile of
+  ``2 * BLOCK_N`` rows, head); the tile list is built on the key offsets and sorted by each sequence's
+  query length (the work a key tile streams over).
 * Producer (default partition, one warpgroup): per item, TMA loads of each consumer's K and V half
   (``BLOCK_N`` rows each, single-buffered: reloaded when both MMAs of the item's last step retired),
   then per step the ``BLOCK_M`` query rows' Q, dO and row statistics (lse2, delta) into a ring shared by
@@ -33,7 +34,7 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
 * Jagged tails without padding of the inputs: the TMA boxes may read rows of the next sequence (Q, dO
   and its statistics, K and V); the masked step zeroes P^T (and so dS^T) for every query row past the
   sequence, and for key rows past it where dQ sums over them; such key rows are never stored. (The
-  statistics and the transposed dQ accumulator are laid out with each sequence on an aligned column.)
+  statistics are laid out with each sequence on an aligned column: ``aligned_columns``.)
 
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 """
@@ -94,7 +95,8 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     # D 128: dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
     # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
     # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B), 129 KB as compiled; with the
-    # fused dQ also dS^T 2 x 4 KB and the transposed dQ stages 4 x 16 KB: 201 KB of the 227 KB.
+    # fused dQ also dS^T 2 x 4 KB and 2 (producer's dQ) or 4 (consumers') fp32 dQ stages of 16 KB:
+    # at most 201 KB of the 227 KB.
     # The producer's dQ: the causal consumers spill 8-16 B at 216 registers (dS^T stored before or
     # after the dK MMA, the slot waited early or late, dK from shared memory: all tried offline), so the
     # causal build keeps the consumers' dQ.
@@ -159,9 +161,9 @@ class BackwardVariant:
     memory (staged, what ships), "atomic" (the consumers' dQ only) adds it from registers with element-wise
     atomics, "none" drops it after its MMA (timing only: dq is NOT computed; the MMA stays, as the PTX
     shows), "stage-only" stores it to the shared stage but issues no reduce-add (timing only: what the
-    staging costs without the L2 traffic). On the H200 (NOTES.md, 2026-11-29) staging beat atomics by 7-27%; a paired variant
-    (consumer 1 adding consumer 0's partial in shared memory, one reduce-add per step) was 4-7% slower
-    than one reduce-add per consumer and was removed."""
+    staging costs without the L2 traffic). On the H200 (NOTES.md, 2026-11-29) staging beat atomics by 7-27%; a
+    paired variant (consumer 1 adding consumer 0's partial in shared memory, one reduce-add per step) was 4-7%
+    slower than one reduce-add per consumer and was removed."""
 
     # "round-robin" (ships) or "zigzag" (the forward's static schedules) over the longest-first list. On
     # the H200 within +-2% of each other (NOTES.md, session 8); zig-zag's per-CTA lane (P - 1 - pid)
@@ -184,7 +186,8 @@ class BackwardVariant:
     # the producer's dQ (ships): a step's staged dQ is fenced and reduce-added one step later, after the
     # next step's dQ MMA is issued, so the fence no longer waits for the stage's stores to drain through
     # shared memory (ncu, longtail-D128: 29% of the producer's time sat at that fence). On the H200 +2 to
-    # +4.5% on six of eight shapes, +-0.3% on broadcast Q (NOTES.md, session 8).
+    # +4.5% on six of eight shapes, +-0.3% on broadcast Q (NOTES.md, session 8). No effect where the
+    # build has no producer's dQ (causal D 128, dq_in_producer=0), with rows64 or dq_reduce != "tma".
     dq_send_late: bool = True
     # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``; not validated on a GPU)
     rows64: bool = False
@@ -280,7 +283,7 @@ def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, l
 def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
-                       num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do, stride_dqt,
+                       num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
                        sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        DQ_PRODUCER: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr,
                        DQ_SEND_LATE: tl.constexpr, DQ_T: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr,
@@ -320,8 +323,8 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         for j in tl.range(DQ_LAG, n_steps):
             if DQ_FIRST:
                 staged_row = _producer_dq_step(
-                    j - DQ_LAG, qdo_cnt - DQ_LAG, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
-                    dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
+                    j - DQ_LAG, qdo_cnt - DQ_LAG, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
+                    desc_dq, dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
                     DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
@@ -329,13 +332,14 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                                      NUM_BUFFERS_QDO, QDO_BYTES)
             if not DQ_FIRST:
                 staged_row = _producer_dq_step(
-                    j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
-                    dq_row0, dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS,
-                    DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
+                    j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties,
+                    dq_stages, desc_dq, dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE,
+                    DQ_T, ROWS, DQ_SEND_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
         for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
             staged_row = _producer_dq_step(
-                j, qdo_cnt - n_steps + j, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0, dq_col,
-                stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS, DQ_SEND_LATE, BLOCK_N,
+                j, qdo_cnt - n_steps + j, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+                dq_row0, dq_col,
+                first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE, DQ_T, ROWS, DQ_SEND_LATE, BLOCK_N,
                 BLOCK_M, HEAD_DIM, NUM_BUFFERS_DS)
         if DQ_SEND_LATE and n_steps > 0:  # the item's last step (its K tiles are given up next)
             _send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
@@ -385,7 +389,7 @@ def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.con
 
 @triton.jit
 def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0,
-                      dq_col, stride_dqt, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE: tl.constexpr,
+                      dq_col, first, n_lead, n_masked, bulk_end, sm_scale, DQ_REDUCE: tl.constexpr,
                       DQ_T: tl.constexpr, ROWS: tl.constexpr, DQ_SEND_LATE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                       NUM_BUFFERS_DS: tl.constexpr):
@@ -621,7 +625,7 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, q_tiles, do_tiles, lse_tile
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                       desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt, stride_dkh, stride_dvt,
+                       desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt,
                        stride_dvh,
                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
@@ -686,10 +690,14 @@ def jagged_dkdv_tlx_kernel(
     col_stride_do, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-    DQ_SEND_LATE: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    DQ_SEND_LATE: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
+    # the K/V tiles' use count is the round counter (below): true for the static schedules only, where
+    # every round but the last deals an item to every CTA
+    tl.static_assert(SCHEDULE < 2, "the dK/dV kernel takes a static schedule (zigzag or round-robin)")
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
@@ -703,7 +711,7 @@ def jagged_dkdv_tlx_kernel(
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     # fused dQ: each consumer's dS^T (an operand of its dQ MMA) and two fp32 dQ stages per consumer (one
-    # being read by its TMA reduce-add while the next step fills the other), transposed with DQ_T. With
+    # being read by its TMA reduce-add while the next step fills the other), [BLOCK_M, HEAD_DIM]. With
     # DQ_PRODUCER: NUM_BUFFERS_DS slots of both consumers' dS^T (the producer reads a step's slot while
     # the consumers fill the next) and the producer's two stages.
     DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
@@ -746,7 +754,7 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
                         num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        stride_dqt, sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_REDUCE, DQ_FIRST,
+                        sm_scale, CAUSAL, BROADCAST_Q, DQ_PRODUCER, DQ_REDUCE, DQ_FIRST,
                         DQ_SEND_LATE, DQ_T, ROWS, TILE_N,
                         BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ_PRODUCER:
@@ -761,7 +769,7 @@ def jagged_dkdv_tlx_kernel(
                     qdo_cnt = _consume_dkdv_item(
                         item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties,
-                        dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, STATS_CU, stride_dqt, stride_dkt,
+                        dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, stride_dqt, stride_dkt,
                         stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                         len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE,
                         DQ_FIRST, DQ_T, DQ_PRODUCER, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
@@ -854,19 +862,19 @@ def row_stats_kernel(LSE, DELTA, OUT, DOUT, DLSE, OUT_CU, STATS_CU, STATS, num_r
     tl.store(STATS + (num_heads + head) * stride_stats + cols, delta, mask=ok)
 
 
-# Sequences start on columns that are multiples of this in the tensors whose token axis is TMA's
-# innermost (row statistics, transposed dQ accumulator). TMA needs 4 (16 bytes of fp32, or the copy is
-# an illegal instruction); the transposed dQ accumulator's blocks of 32 tokens need 32 (one query step
-# of 32 rows is one block). One layout for both, so that one offset array serves both.
+# Sequences start on columns that are multiples of this in the row statistics, whose token axis is
+# TMA's innermost: TMA needs 4 (16 bytes of fp32, or the copy is an illegal instruction). 32 was set
+# for a transposed dQ accumulator of 32-token blocks (gone since session 8) and is what the GPU has
+# validated; 4 would save padding columns for short sequences (untested).
 COLUMN_ALIGN = 32
 
 
 def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[torch.Tensor, int]:
     """The column layout of the row statistics (``row_stats``), whose token axis is TMA's innermost (so
     each sequence must start 16-byte aligned): row t of sequence b sits in column
-    ``col_cu[b] + (t - out_cu[b])``, and every ``col_cu[b]`` is a multiple of COLUMN_ALIGN (a whole
-    BLOCK_M-row box). Returns (col_cu [B+1] int64, width: >=
-    col_cu[-1], a multiple of COLUMN_ALIGN, from the sizes alone). No host sync."""
+    ``col_cu[b] + (t - out_cu[b])``, and every ``col_cu[b]`` is a multiple of COLUMN_ALIGN. Returns
+    (col_cu [B+1] int64, width: >= col_cu[-1], a multiple of COLUMN_ALIGN, from the sizes alone). No
+    host sync."""
     lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
     col_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=out_cu.device)
     torch.cumsum((lengths + COLUMN_ALIGN - 1) // COLUMN_ALIGN * COLUMN_ALIGN, 0, out=col_cu[1:])
@@ -1014,7 +1022,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                         fused_dq: bool = None, variant: BackwardVariant = None):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (fused:
-    head dims in ``FUSED_DQ_HEAD_DIMS`` where ``DqAccumulator.fits``, never when ``deterministic``;
+    head dims in ``FUSED_DQ_HEAD_DIMS``, never when ``deterministic``;
     ``fused_dq`` None means ``fused_dq_default()``) or by the portable dQ pass, which writes each row
     once in a fixed order (bitwise reproducible)."""
     from jfa.kernels.triton import backward as portable

@@ -275,7 +275,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     shipped producer's dQ and, with the consumers' dQ, each reduction (``BackwardVariant.dq_reduce``:
     "tma"; "atomic"; "none" and "stage-only", timing only, dq wrong) and the dQ-before-dK step order,
     and the producer's dQ's own switches ("producer: ...": its step before the loads, sent in its own
-    step, "stage-only" and "none"), against the deterministic backward (portable dQ
+    step, "stage-only", "none", the zig-zag schedule; only where the build has the producer's dQ),
+    against the deterministic backward (portable dQ
     pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it
     with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it. ``only``: comma-separated
     substrings of the column names to time (the deterministic baseline always runs)."""
@@ -312,7 +313,10 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
         runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items()}
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
-            runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()})
+            # the "producer: ..." columns only where the build has the producer's dQ (not causal D 128)
+            runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()
+                         if not name.startswith("producer:") or tlx_backward.dq_in_producer(
+                             tlx_backward.config_for(problem.D, var), var, kwargs["causal"])})
         ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
         row = table[problem.name] = {}
         for name, extra in runs.items():

@@ -193,3 +193,8 @@ def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
     with pipeline.own_waits(False):
         assert not pipeline.enabled()
     assert pipeline.enabled()  # restored
+    with pipeline.own_waits("jagged_dkdv_tlx_kernel"):
+        assert pipeline.enabled("jagged_dkdv_tlx_kernel") and not pipeline.enabled("jagged_fwd_tlx_kernel")
+    with pytest.raises(ValueError, match="TLX kernel name"):
+        with pipeline.own_waits("jagged_dkdv"):
+            pass

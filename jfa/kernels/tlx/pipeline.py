@@ -61,10 +61,14 @@ def enabled(kernel: str = None) -> bool:
 
 
 @contextlib.contextmanager
-def own_waits(on: bool = True):
-    """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements)."""
+def own_waits(on=True):
+    """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements): True,
+    False, or one of KERNELS. Launches inside the block compile (or find cached) the builds of that
+    setting: it is part of the cache key, so one process can time both builds in turn."""
+    if isinstance(on, str) and on not in KERNELS:
+        raise ValueError(f"own_waits: a TLX kernel name from {KERNELS}, got {on!r}")
     saved = os.environ.get(ENV)
-    os.environ[ENV] = "1" if on else "0"
+    os.environ[ENV] = on if isinstance(on, str) else ("1" if on else "0")
     try:
         yield
     finally:

@@ -108,8 +108,9 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 
 
-# An experiment, not validated on a GPU yet (BackwardVariant.rows64): 64-row steps at D 128 in the
-# row-major formulation, the way FA3 fits them. Every MMA doubles in N or K against the 32-row steps
+# An experiment (BackwardVariant.rows64; its oracle tests passed on the H200 in session 8, +1-4% over
+# 32-row steps without the fused dQ, -10 to -21% with it): 64-row steps at D 128 in the
+# row-major formulation. Every MMA doubles in N or K against the 32-row steps
 # (S, dP: N 32 -> 64; dV, dK: K 32 -> 64) and an item runs half as many steps. The transposed
 # formulation spilled 96 B at 64 rows (the row statistics and key masks take 16 registers each per
 # thread when rows are wgmma's N); this one still keeps a stack frame (offline, 2026-11-29): 56 B
@@ -119,10 +120,20 @@ FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 # 227 KiB (fused, as compiled).
 D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, rows_major=True)
 
+# An experiment, not validated on a GPU (BackwardVariant.steps64): 64-row steps at D 128 in the
+# transposed formulation that ships at D 64 (and the one FA3 uses at 80 rows: NOTES.md, session 8), for
+# the dK/dV kernel without the fused dQ (the producer cannot hold a [64, 128] fp32 dQ). S^T, dP^T at
+# N = 64 read 1.5x less shared memory per FLOP than at N = 32, the measured wall. Offline (session 8):
+# 20 (causal 26) scalar spills, all at the rounds loop, the bulk step loop's header and the dK/dV
+# epilogue, none in the step's MMAs or softmax; the gate leaves it out. Shared memory 181 KB.
+D128_STEPS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=240)
+
 
 def config_for(head_dim: int, variant: "BackwardVariant" = None) -> HopperDkDvConfig:
     if variant is not None and variant.rows64 and head_dim == 128:
         return D128_ROWS64
+    if variant is not None and variant.steps64 and head_dim == 128:
+        return D128_STEPS64
     return _CONFIGS[head_dim]
 
 
@@ -189,8 +200,11 @@ class BackwardVariant:
     # +4.5% on six of eight shapes, +-0.3% on broadcast Q (NOTES.md, session 8). No effect where the
     # build has no producer's dQ (causal D 128, dq_in_producer=0), with rows64 or dq_reduce != "tma".
     dq_send_late: bool = True
-    # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``; not validated on a GPU)
+    # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``)
     rows64: bool = False
+    # D 128 with 64-row steps in the transposed formulation (``D128_STEPS64``; not validated on a GPU;
+    # the portable dQ pass, never the fused dQ)
+    steps64: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -203,6 +217,8 @@ class BackwardVariant:
             raise ValueError("BackwardVariant: dq_reduce='atomic' applies to the consumers' dQ: add dq_in_producer=0")
         if self.rows64 and not self.dq_in_producer:
             raise ValueError("BackwardVariant.rows64: only with the producer's dQ (dq_in_producer=1)")
+        if self.rows64 and self.steps64:
+            raise ValueError("BackwardVariant: rows64 and steps64 are two layouts of the same steps: pick one")
 
     @classmethod
     def parse(cls, text: str) -> "BackwardVariant":
@@ -962,6 +978,8 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         ok, reason = False, f"head_dim {head_dim} not supported by the dK/dV kernel (only {SUPPORTED_HEAD_DIMS})"
     if ok and dq_accum is not None and head_dim not in FUSED_DQ_HEAD_DIMS:
         ok, reason = False, f"head_dim {head_dim}: no fused dQ (only {FUSED_DQ_HEAD_DIMS})"
+    if ok and dq_accum is not None and variant.steps64 and head_dim == 128:
+        ok, reason = False, "variant steps64: no fused dQ at head_dim 128 (the portable dQ pass only)"
     if ok:
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
@@ -1032,7 +1050,9 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if variant is None:
         variant = default_variant()
     cfg = config_for(q.shape[-1], variant) if q.shape[-1] in SUPPORTED_HEAD_DIMS else None
-    fused = fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
+    # (the steps64 experiment at D 128 has no fused dQ: the portable dQ pass)
+    fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
+             and not (variant.steps64 and q.shape[-1] == 128))
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,

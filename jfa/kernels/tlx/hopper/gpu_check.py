@@ -293,6 +293,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
                "not persistent": BV(persistent=False)}
     # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
     unfused["rows64, deterministic"] = BV(rows64=True)
+    # experiment (not validated, item-level spill): D128 64-row steps in the transposed formulation
+    unfused["steps64, deterministic"] = BV(steps64=True)
     fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
     # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
     fused["producer: dQ before the loads"] = BV(dq_first=True)

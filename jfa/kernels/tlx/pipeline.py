@@ -15,9 +15,8 @@ PTX waits follow the source (``commit, commit, wait 1, wait 0``). ptxas reports 
 H200 (2026-11-29) it passed every TLX test but the forward ran 1-10% slower and the backward no faster.
 
 The switch also takes TLX kernel names, comma-separated (``JFA_TLX_OWN_WAITS=jagged_dkdv_tlx_kernel``):
-only those skip the generic pipeliner. On the H200 (session 7) the dK/dV kernel with the producer's dQ
-gained 2-6% on six of the eight ablation shapes with it (-1% on longtail D128) while the forward loses
-(session 5), so this is the form to validate next.
+only those skip the generic pipeliner. For the dK/dV kernel alone it measured mixed on the H200 (session
+8: -4% to +6% by shape, signs changing between runs); ``gpu_check bwd-ablation`` times it in-process.
 
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
 the setting is part of the compilation cache key, so builds under different settings never share a
@@ -65,11 +64,10 @@ def own_waits(on=True):
     """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements): True,
     False, or one of KERNELS. Launches inside the block compile (or find cached) the builds of that
     setting: it is part of the cache key, so one process can time both builds in turn."""
-    if isinstance(on, str) and on not in KERNELS:
-        raise ValueError(f"own_waits: a TLX kernel name from {KERNELS}, got {on!r}")
     saved = os.environ.get(ENV)
     os.environ[ENV] = on if isinstance(on, str) else ("1" if on else "0")
     try:
+        _setting()  # a name outside KERNELS raises here, with the environment restored
         yield
     finally:
         if saved is None:

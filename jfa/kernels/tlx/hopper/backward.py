@@ -137,6 +137,12 @@ def config_for(head_dim: int, variant: "BackwardVariant" = None) -> HopperDkDvCo
     return _CONFIGS[head_dim]
 
 
+def fused_dq_applies(head_dim: int, variant: "BackwardVariant") -> bool:
+    """Whether the kernel can reduce dQ itself at this head dim (not the steps64 experiment at D 128:
+    its producer cannot hold a [64, 128] fp32 dQ)."""
+    return head_dim in FUSED_DQ_HEAD_DIMS and not (variant.steps64 and head_dim == 128)
+
+
 def dq_in_producer(cfg: HopperDkDvConfig, variant: "BackwardVariant", causal: bool) -> bool:
     """Whether the fused dQ build computes dQ in the producer warpgroup (else in each consumer)."""
     return variant.dq_in_producer and (cfg.dq_in_producer_causal or not causal)
@@ -431,7 +437,7 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
             dq = tlx.async_dot_wait(0, dq)
             if h == 1:
                 tlx.barrier_arrive(ds_empties[buf], 1)
-            _producer_dq_out(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, DQ_REDUCE,
+            _dq_out(dq, dq_stages[h], desc_dq, dq_row0 + m_start, dq_col + h * HALF, sm_scale, DQ_REDUCE,
                              False)
     else:
         dq = _dq_mma(ds_tiles[buf * _CONSUMERS], k_tiles[0], DQ_T)
@@ -446,7 +452,7 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
             _stage_dq(dq_stages[ds_cnt & 1], dq, sm_scale, DQ_T)
             staged_row = dq_row
         else:
-            _producer_dq_out(dq, dq_stages[ds_cnt & 1], desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE, DQ_T)
+            _dq_out(dq, dq_stages[ds_cnt & 1], desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE, DQ_T)
     return staged_row
 
 
@@ -464,9 +470,10 @@ def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col):
 
 
 @triton.jit
-def _producer_dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE: tl.constexpr, DQ_T: tl.constexpr):
-    """The producer's dQ to the accumulator as ``DQ_REDUCE`` says (``BackwardVariant.dq_reduce``: 0 the
-    staged reduce-add; timing only: 3 the staging without the reduce-add, 2 nothing)."""
+def _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE: tl.constexpr, DQ_T: tl.constexpr):
+    """A step's dQ (the producer's or a consumer's) to the accumulator through shared memory as
+    ``DQ_REDUCE`` says (``BackwardVariant.dq_reduce``: 0 the staged reduce-add; timing only: 3 the
+    staging without the reduce-add, 2 nothing; 1, the consumers' atomics, is theirs)."""
     if DQ_REDUCE == 0:
         _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
     elif DQ_REDUCE == 3:
@@ -535,12 +542,9 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
             dv = tlx.async_dot_wait(2, dv)
             dk = tlx.async_dot_wait(1, dk)
             dq = tlx.async_dot_wait(0, dq)
-            if DQ_REDUCE == 0:  # staged
-                _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
-            elif DQ_REDUCE == 3:  # the staging without the reduce-add (timing only)
-                _stage_dq(dq_stage, dq, sm_scale, DQ_T)
-                tlx.fence_async_shared()
-            elif DQ_REDUCE == 1:  # element-wise atomics from registers (the ablation's baseline)
+            if DQ_REDUCE != 1:  # staged (or its timing-only parts)
+                _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE, DQ_T)
+            else:  # element-wise atomics from registers (the ablation's baseline)
                 row_ok = m_start + tl.arange(0, BLOCK_M) < len_q
                 offs_d = tl.arange(0, HEAD_DIM)
                 rows = (dq_row + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -976,10 +980,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if ok and head_dim not in SUPPORTED_HEAD_DIMS:
         ok, reason = False, f"head_dim {head_dim} not supported by the dK/dV kernel (only {SUPPORTED_HEAD_DIMS})"
-    if ok and dq_accum is not None and head_dim not in FUSED_DQ_HEAD_DIMS:
-        ok, reason = False, f"head_dim {head_dim}: no fused dQ (only {FUSED_DQ_HEAD_DIMS})"
-    if ok and dq_accum is not None and variant.steps64 and head_dim == 128:
-        ok, reason = False, "variant steps64: no fused dQ at head_dim 128 (the portable dQ pass only)"
+    if ok and dq_accum is not None and not fused_dq_applies(head_dim, variant):
+        ok, reason = False, (f"head_dim {head_dim}: no fused dQ (only {FUSED_DQ_HEAD_DIMS}, and not with "
+                             "the steps64 experiment at 128)")
     if ok:
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
@@ -1050,9 +1053,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if variant is None:
         variant = default_variant()
     cfg = config_for(q.shape[-1], variant) if q.shape[-1] in SUPPORTED_HEAD_DIMS else None
-    # (the steps64 experiment at D 128 has no fused dQ: the portable dQ pass)
-    fused = (fused_dq and not deterministic and q.shape[-1] in FUSED_DQ_HEAD_DIMS
-             and not (variant.steps64 and q.shape[-1] == 128))
+    fused = fused_dq and not deterministic and fused_dq_applies(q.shape[-1], variant)
     if not fused:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,

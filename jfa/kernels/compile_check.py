@@ -44,7 +44,9 @@ class Target:
     backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
     variant: str = ""  # tlx: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped
     profile: bool = False  # tlx: the timeline (profiling) build
-    own_waits: bool = False  # tlx: compiled with JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline)
+    # tlx: JFA_TLX_OWN_WAITS for the compile (jfa.kernels.tlx.pipeline): None = what ships (the dK/dV
+    # kernel without the generic pipeliner, the forward with it), True = every kernel, False = none
+    own_waits: bool = None
 
 
 @dataclass
@@ -102,7 +104,7 @@ def tlx_targets() -> list:
 def tlx_backward_targets() -> list:
     """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q; the fused dQ build
     (variant "fused-dq", head dims in FUSED_DQ_HEAD_DIMS); the ablation's builds (variant
-    "fused-dq,<BackwardVariant switches>") and the JFA_TLX_OWN_WAITS=1 builds."""
+    "fused-dq,<BackwardVariant switches>") and the fused build under the generic pipeliner."""
     from jfa.kernels.tlx.hopper.backward import FUSED_DQ_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 
     targets = []
@@ -117,12 +119,10 @@ def tlx_backward_targets() -> list:
                                           variant=variant))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
-    for head_dim in SUPPORTED_HEAD_DIMS:  # JFA_TLX_OWN_WAITS=1 (jfa.kernels.tlx.pipeline), not shipped
-        for variant in (("", "fused-dq", "fused-dq,dq_in_producer=0", "fused-dq,dq_in_producer=0,dq_first=1")
-                        if head_dim in FUSED_DQ_HEAD_DIMS else ("",)):
-            tag = f"[{variant},own-waits]" if variant else "[own-waits]"
-            targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}{tag}", "dkdv", "bf16", head_dim,
-                               c, False, backend="tlx", variant=variant, own_waits=True) for c in (False, True)]
+    # the dK/dV kernel ships with its own waits; the generic pipeliner's build is an ablation column
+    for head_dim in FUSED_DQ_HEAD_DIMS:
+        targets.append(Target(f"tlx-dkdv-bf16-D{head_dim}[fused-dq,generic-pipeliner]", "dkdv", "bf16", head_dim,
+                              False, False, backend="tlx", variant="fused-dq", own_waits=False))
     # the ablation's builds that run on the GPU, with the shipped waits: {variant: {head dim: causal values}}.
     # Left out, because they keep a stack frame this gate refuses and a baseline need not meet: the atomic
     # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B); the zig-zag
@@ -364,6 +364,7 @@ def _compile_tlx(target: Target, spec, num_consumers: int):
     pipeline.install()
     with pipeline.own_waits(target.own_waits):
         compiled, result = _compile(target, fn, sig, constants, attrs, options)
+        own_waits = pipeline.enabled(fn.fn.__name__)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
                               _ptxas_log(compiled.asm["ptx"], target.arch))
     result.details = structure
@@ -378,7 +379,7 @@ def _compile_tlx(target: Target, spec, num_consumers: int):
         "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
         "no ptxas wgmma serialisation (C7513-C7515)": not set(structure["ptxas_warnings"]) & WGMMA_SERIALISED,
     }
-    if target.own_waits:
+    if own_waits:
         expected["MMAs in flight together (the source's waits, not a wait-all per commit)"] = \
             structure["wgmma_overlaps"] > 0
     return compiled, result, expected

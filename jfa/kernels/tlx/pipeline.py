@@ -8,15 +8,17 @@ The effect, read off the PTX of every TLX kernel here: each ``wgmma.commit_group
 QK(j) never overlaps PV(j-1); the dK/dV kernel's S^T and dP^T run one after the other). The
 ``tlx.async_dot_wait(n, ...)`` counts in the source do nothing.
 
-With ``JFA_TLX_OWN_WAITS=1`` a compile of a TLX module skips the generic latency assignment, loop
-scheduling and pipelining (the kernels pipeline by hand: TMA rings, mbarriers, explicit waits), and the
-PTX waits follow the source (``commit, commit, wait 1, wait 0``). ptxas reports no serialisation
-(C7513) and no spill for these builds (offline gate, variant "own-waits"). OFF by default: on the
-H200 (2026-11-29) it passed every TLX test but the forward ran 1-10% slower and the backward no faster.
+With own waits a compile of a TLX module skips the generic latency assignment, loop scheduling and
+pipelining (the kernels pipeline by hand: TMA rings, mbarriers, explicit waits), and the PTX waits follow
+the source (``commit, commit, wait 1, wait 0``). ptxas reports no serialisation (C7513) and no spill for
+these builds (offline gate).
 
-The switch also takes TLX kernel names, comma-separated (``JFA_TLX_OWN_WAITS=jagged_dkdv_tlx_kernel``):
-only those skip the generic pipeliner. For the dK/dV kernel alone it measured mixed on the H200 (session
-8: -4% to +6% by shape, signs changing between runs); ``gpu_check bwd-ablation`` times it in-process.
+What ships (``JFA_TLX_OWN_WAITS`` unset): own waits for the dK/dV kernel (``DEFAULT``), the generic
+pipeliner for the forward. The switch takes 0 (no kernel), 1 (every TLX kernel) or TLX kernel names,
+comma-separated (``JFA_TLX_OWN_WAITS=jagged_fwd_tlx_kernel``). On the H200: the forward ran 1-10% slower
+with own waits (session 5); the dK/dV kernel +0.6 to +3.8% on seven of the eight gem ablation shapes
+and -0.9 and +0.3% on the dense one, both builds timed in turn in one process, twice (session 9, 2026-11-30;
+``gpu_check bwd-ablation`` column "generic pipeliner (dK/dV)" times the other build).
 
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
 the setting is part of the compilation cache key, so builds under different settings never share a
@@ -32,14 +34,18 @@ from jfa.flags import env_flag
 ENV = "JFA_TLX_OWN_WAITS"
 # the TLX kernels the switch can name (the entry function of each compiled module)
 KERNELS = ("jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel")
+DEFAULT = frozenset({"jagged_dkdv_tlx_kernel"})  # what ships: the kernels that skip the generic pipeliner
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
 _installed = False
 
 
 def _setting():
-    """True (every TLX kernel), False, or the frozenset of kernel names ``JFA_TLX_OWN_WAITS`` selects.
-    A value that is neither a boolean (``jfa.flags``) nor a list of KERNELS raises ValueError."""
+    """True (every TLX kernel), False, or the frozenset of kernel names ``JFA_TLX_OWN_WAITS`` selects
+    (DEFAULT when unset or empty). A value that is neither a boolean (``jfa.flags``) nor a list of KERNELS
+    raises ValueError."""
     text = os.environ.get(ENV, "")
+    if not text.strip():
+        return DEFAULT
     try:
         return env_flag(ENV, False)
     except ValueError:
@@ -62,10 +68,14 @@ def enabled(kernel: str = None) -> bool:
 @contextlib.contextmanager
 def own_waits(on=True):
     """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements): True,
-    False, or one of KERNELS. Launches inside the block compile (or find cached) the builds of that
-    setting: it is part of the cache key, so one process can time both builds in turn."""
+    False, one of KERNELS, or None (unset: what ships). Launches inside the block compile (or find
+    cached) the builds of that setting: it is part of the cache key, so one process can time both builds
+    in turn."""
     saved = os.environ.get(ENV)
-    os.environ[ENV] = on if isinstance(on, str) else ("1" if on else "0")
+    if on is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = on if isinstance(on, str) else ("1" if on else "0")
     try:
         _setting()  # a name outside KERNELS raises here, with the environment restored
         yield

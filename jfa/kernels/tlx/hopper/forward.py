@@ -59,7 +59,7 @@ try:  # the import itself touches no GPU (checked on a CPU-only machine); it fai
 
     from jfa.kernels.tlx import pipeline as _pipeline
 
-    _pipeline.install()  # JFA_TLX_OWN_WAITS=1: no generic pipeliner on TLX kernels (see that module)
+    _pipeline.install()  # own waits: no generic pipeliner on the dK/dV kernel (JFA_TLX_OWN_WAITS, that module)
     _TLX_IMPORT_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the installed Triton
     tlx = None

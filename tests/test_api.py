@@ -167,7 +167,8 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
                        ("dq_in_producer=0,dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch"),
                        ("dq_reduce=atomic", "consumers' dQ: add dq_in_producer=0"),
                        ("rows64=1,dq_in_producer=0", "rows64: only with the producer's dQ"),
-                       ("rows64=1,steps64=1", "pick one")):
+                       ("rows64=1,steps64=1", "pick one"),
+                       ("steps64=1,dq_first=1", "steps64: its dQ .* takes neither")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)
     monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_in_producer=0,dq_reduce=atomic")

@@ -146,6 +146,27 @@ def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, devic
     torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("lengths", [(0, 5, 1, 70, 3, 0), (0,)], ids=["mixed", "empty"])
+def test_dkdv_row_stats_pass_zeroes_the_dq_accumulator(lengths, device):
+    """The fused backward's pre-pass also zeroes the fp32 dQ accumulator (allocated uninitialised): every
+    element of every row and head, tail rows of a block included, and the statistics are those of the
+    pass without it."""
+    from jfa.kernels.tlx.hopper import backward
+
+    cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    rows, heads, head_dim = int(cu[-1]), 3, 64
+    g = torch.Generator().manual_seed(2)
+    out, dout = (torch.randn(rows, heads, head_dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
+    lse = torch.randn(rows, heads, generator=g).to(device)
+    accum = torch.full((rows, heads, head_dim), float("nan"), device=device)
+    stats, stats_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None), zero=accum)
+    expected, expected_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None))
+    assert torch.equal(accum.cpu(), torch.zeros(rows, heads, head_dim))
+    assert torch.equal(stats.cpu(), expected.cpu()) and torch.equal(stats_cu.cpu(), expected_cu.cpu())
+    with pytest.raises(ValueError, match="row_stats: zero must be"):
+        backward.row_stats(lse, lse, cu, len(lengths), zero=accum)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     """The fused dQ's fp32 accumulator is shaped like q and starts at zero; its TMA box is one query

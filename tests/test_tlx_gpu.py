@@ -208,15 +208,19 @@ def test_tlx_backward_rows64_experiment_meets_the_oracle(case, fused, monkeypatc
     assert report.ok, str(report)
 
 
-STEPS64_CASES = [case for case, fused in ROWS64_RUNS if not fused]
+# the experimental 64-row D128 steps in the transposed formulation (BackwardVariant.steps64): its fused dQ
+# (the consumers' by head-dim halves, a new exchange of dS^T between them) on every fused D128 case, the
+# portable dQ pass on the long cases and tails
+STEPS64_RUNS = [(case, True) for case in FUSED_CASES if case.head_dim == 128] + [
+    (case, False) for case, fused in ROWS64_RUNS if not fused]
 
 
-@pytest.mark.parametrize("case", STEPS64_CASES, ids=[c.id for c in STEPS64_CASES])
-def test_tlx_backward_steps64_experiment_meets_the_oracle(case, monkeypatch):
+@pytest.mark.parametrize("case, fused", STEPS64_RUNS,
+                         ids=[f"{'fused' if f else 'unfused'}-{c.id}" for c, f in STEPS64_RUNS])
+def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, monkeypatch):
     """D 128 with 64-row steps in the transposed formulation (not shipped: item-level scalars spill),
-    the dK/dV kernel with the portable dQ pass (asked for the fused dQ, it must fall back to it),
-    judged by the rule like the shipped builds."""
-    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    with its fused dQ or the portable dQ pass, judged by the rule like the shipped builds."""
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
     monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "steps64=1")
     report = run_case(case, backend="auto", device="cuda", backward=True)
     assert report.backward_kernel == "tlx-hopper", str(report)

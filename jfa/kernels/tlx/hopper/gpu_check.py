@@ -244,9 +244,10 @@ def bwd(suite: str = "gem", out: str = "", rep: int = 100) -> int:
 
 def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     """Times of what the fused-dQ backward runs besides its kernel (memory-bound passes): the row
-    statistics with delta computed in the same pass (what ships; the portable delta pass and the
-    statistics from it, as the unfused path runs them, beside it), allocating the zeroed fp32 dQ
-    accumulator, reading it out as dq in q's dtype."""
+    statistics with delta computed in the same pass, alone and zeroing the fp32 dQ accumulator too (what
+    ships, not for broadcast Q; the portable delta pass and the statistics from it, as the unfused path
+    runs them, beside it), allocating the zeroed accumulator (what broadcast Q runs), reading it out as
+    dq in q's dtype."""
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
@@ -260,8 +261,16 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
         return tlx_backward.DqAccumulator(q)
 
     accum = accumulator()
+    zero = tlx_backward.DqAccumulator(q, zeroed=False).tensor if not kwargs["broadcast_q"] else None
     parts = {"row stats with delta": lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs,
                                                                     outputs=(o, do, None)),
+             # what ships (not broadcast Q): the same pass also zeroes the accumulator
+             "row stats with delta, zeroing dq_accum": lambda: tlx_backward.row_stats(
+                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero),
+             "... 32-row blocks": lambda: tlx_backward.row_stats(
+                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero, block_rows=32),
+             "... 128-row blocks": lambda: tlx_backward.row_stats(
+                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero, block_rows=128),
              "delta (unfused path)": lambda: row_delta(o, do),
              "row stats from delta (unfused path)": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
              "zero dq_accum": accumulator, "convert dq": accum.read}
@@ -277,8 +286,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     and the producer's dQ's own switches ("producer: ...": its step before the loads, sent in its own
     step, "stage-only", "none", the zig-zag schedule; only where the build has the producer's dQ),
     against the deterministic backward (portable dQ
-    pass: each row written once, fixed order); plus what the fused path runs outside its kernel. Run it
-    with and without JFA_TLX_OWN_WAITS=1: the step order only differs with it. ``only``: comma-separated
+    pass: each row written once, fixed order); what ships again with the dK/dV kernel under the generic
+    pipeliner; plus what the fused path runs outside its kernel. ``only``: comma-separated
     substrings of the column names to time (the deterministic baseline always runs)."""
     import contextlib
 
@@ -293,17 +302,20 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
                "not persistent": BV(persistent=False)}
     # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
     unfused["rows64, deterministic"] = BV(rows64=True)
-    # experiment (not validated, item-level spill): D128 64-row steps in the transposed formulation
+    # experiment (item-level spills): D128 64-row steps in the transposed formulation
     unfused["steps64, deterministic"] = BV(steps64=True)
     fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
+    # ... and its fused dQ, the consumers' by head-dim halves; then its parts (timing only: dq wrong)
+    # ("stage-only" is left out: ptxas crashes on that build, SIGSEGV, 2026-11-30)
+    fused.update({"steps64, fused tma": BV(steps64=True), "steps64: none": BV(steps64=True, dq_reduce="none")})
     # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
     fused["producer: dQ before the loads"] = BV(dq_first=True)
     fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
     fused["producer: zig-zag"] = BV(schedule="zigzag")
-    # what ships, timed again with the dK/dV kernel's own waits (JFA_TLX_OWN_WAITS for that kernel
-    # only, set around each launch: the setting is part of the cache key, so both builds live in this
-    # process and are timed in turn, past the run-to-run spread between processes)
-    own_waits_columns = {"own waits (dK/dV)": "jagged_dkdv_tlx_kernel"}
+    # what ships, timed again with the generic pipeliner on the dK/dV kernel (own waits ship for it:
+    # jfa.kernels.tlx.pipeline), set around each launch: the setting is part of the cache key, so both
+    # builds live in this process and are timed in turn, past the run-to-run spread between processes
+    own_waits_columns = {"generic pipeliner (dK/dV)": False}
     fused.update({name: BV() for name in own_waits_columns})
     fused.update({f"producer: {mode}": BV(dq_reduce=mode) for mode in ("stage-only", "none")})
     fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
@@ -320,17 +332,19 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
-        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items()}
+        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items()
+                if problem.D == 128 or not (var.rows64 or var.steps64)}  # the D 128 experiments
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
             # the "producer: ..." columns only where the build has the producer's dQ (not causal D 128)
             runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()
-                         if not name.startswith("producer:") or tlx_backward.dq_in_producer(
-                             tlx_backward.config_for(problem.D, var), var, kwargs["causal"])})
+                         if (not name.startswith("producer:") or tlx_backward.dq_in_producer(
+                             tlx_backward.config_for(problem.D, var), var, kwargs["causal"]))
+                         and (problem.D == 128 or not (var.rows64 or var.steps64))})
         ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
         row = table[problem.name] = {}
         for name, extra in runs.items():
             def fn(extra=extra, waits=own_waits_columns.get(name)):
-                with pipeline.own_waits(waits) if waits else contextlib.nullcontext():
+                with pipeline.own_waits(waits) if waits is not None else contextlib.nullcontext():
                     return tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **extra, **kwargs)
             diff = _max_abs_diffs(fn(), ref)
             ms = triton.testing.do_bench(fn, warmup=25, rep=rep)

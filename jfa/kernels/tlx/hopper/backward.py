@@ -125,11 +125,12 @@ D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consum
 
 # An experiment (BackwardVariant.steps64): 64-row steps at D 128 in the transposed formulation that
 # ships at D 64 (and the one FA3 uses at 80 rows: NOTES.md, session 8). S^T, dP^T at N = 64 read 1.5x
-# less shared memory per FLOP than at N = 32, the measured wall. Without the fused dQ (portable dQ pass)
-# on the H200: +2 to +6.5% over the 32-row kernel (session 9). The fused dQ is FA3's: each consumer
+# less shared memory per FLOP than at N = 32, the measured wall. The fused dQ is FA3's: each consumer
 # computes dQ^T for one head-dim half over both consumers' keys (``_dq_halves``: the producer cannot hold
-# a [64, 128] fp32 dQ). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB
-# + 2 x 2 fp32 dQ half-stages of 16 KB: 224 KB of the 227 KB (fused).
+# a [64, 128] fp32 dQ). On the H200 (session 9) against what ships: +4 to +9% on longtail and dense
+# D 128, -5 to -7% on uniform-D128, even on broadcast Q; its consumers keep a 192 B stack (the gate
+# refuses it). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one
+# fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB).
 D128_STEPS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq_halves=True)
 
 
@@ -792,8 +793,8 @@ def jagged_dkdv_tlx_kernel(
     # number of dS^T slots: the consumers may run DQ_LAG steps ahead of the producer's dQ.
     DQ_LAG: tl.constexpr = NUM_BUFFERS_QDO - 1
     # DQ_HALVES: two slots of both consumers' dS^T (a consumer stores step s + 1's while the other may
-    # still run step s's dQ MMAs over both), one fp32 half-stage per consumer (shared memory: 224 KB with
-    # two, as compiled 241 KB)
+    # still run step s's dQ MMAs over both), one fp32 half-stage per consumer (two each came to 241 KB
+    # as compiled, over the 227 KB)
     NUM_BUFFERS_DS: tl.constexpr = DQ_LAG if DQ_PRODUCER else (2 if DQ_HALVES else 1)
     NUM_DQ_STAGES: tl.constexpr = 2 if DQ_PRODUCER else (1 if DQ_HALVES else 2) * _CONSUMERS
     if ROWS:  # P and dS of the row-major step ([BLOCK_M, BLOCK_N]); the producer's dQ by head-dim halves

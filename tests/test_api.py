@@ -122,8 +122,9 @@ def test_boolean_environment_switches_parse_one_way_and_reject_typos(name, monke
 
 
 def test_own_waits_can_name_the_kernels_it_applies_to(monkeypatch):
-    """JFA_TLX_OWN_WAITS takes a boolean (every TLX kernel or none) or TLX kernel names; a name that is
-    not a TLX kernel is a ValueError that says what the variable takes."""
+    """JFA_TLX_OWN_WAITS takes a boolean (every TLX kernel or none) or TLX kernel names, and unset means
+    what ships (the dK/dV kernel only); a name that is not a TLX kernel is a ValueError that says what
+    the variable takes."""
     from jfa.kernels.tlx import pipeline
 
     monkeypatch.setenv(pipeline.ENV, "jagged_dkdv_tlx_kernel")
@@ -133,6 +134,12 @@ def test_own_waits_can_name_the_kernels_it_applies_to(monkeypatch):
     assert all(pipeline.enabled(k) for k in pipeline.KERNELS)
     monkeypatch.setenv(pipeline.ENV, "1")
     assert all(pipeline.enabled(k) for k in pipeline.KERNELS)
+    monkeypatch.delenv(pipeline.ENV)  # unset: what ships, own waits for the dK/dV kernel only
+    assert pipeline.enabled("jagged_dkdv_tlx_kernel") and not pipeline.enabled("jagged_fwd_tlx_kernel")
+    monkeypatch.setenv(pipeline.ENV, "0")
+    with pipeline.own_waits(None):
+        assert pipeline.enabled("jagged_dkdv_tlx_kernel")
+    assert not pipeline.enabled("jagged_dkdv_tlx_kernel")  # restored
     for bad in ("jagged_dkdv_kernel", "jagged_dkdv_tlx_kernel,fwd", ","):
         monkeypatch.setenv(pipeline.ENV, bad)
         with pytest.raises(ValueError, match="JFA_TLX_OWN_WAITS: must be 0, 1, true, false or comma-separated"):

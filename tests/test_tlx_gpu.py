@@ -215,27 +215,11 @@ STEPS64_RUNS = [(case, True) for case in FUSED_CASES if case.head_dim == 128] + 
     (case, False) for case, fused in ROWS64_RUNS if not fused]
 
 
-@pytest.mark.parametrize("case, fused", STEPS64_RUNS,
-                         ids=[f"{'fused' if f else 'unfused'}-{c.id}" for c, f in STEPS64_RUNS])
-def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, monkeypatch):
-    """D 128 with 64-row steps in the transposed formulation (not shipped: item-level scalars spill),
-    with its fused dQ or the portable dQ pass, judged by the rule like the shipped builds."""
-    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "steps64=1")
-    report = run_case(case, backend="auto", device="cuda", backward=True)
-    assert report.backward_kernel == "tlx-hopper", str(report)
-    assert report.ok, str(report)
-
-
-@pytest.mark.parametrize("case, switches", FUSED_RUNS, ids=[f"{s or 'shipped'}-{c.id}" for c, s in FUSED_RUNS])
-def test_tlx_backward_with_fused_dq_meets_the_oracle(case, switches, monkeypatch):
-    """The fused dQ reduction (dQ = dS K per step, reduce-added into an fp32 accumulator: staged TMA
-    reduce-adds, or atomics), judged by the rule: tails, empty sequences and broadcast Q (every
-    sequence adding into the same rows)."""
+def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
+    """Record, for each dK/dV launch, whether it got a dQ accumulator and the variant ``switches`` names
+    (the fused dQ of that build ran, not a fallback to the portable dQ pass)."""
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
-    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", switches)
     expected = tlx_backward.BackwardVariant.parse(switches)
     launches = []
     original = tlx_backward.jagged_dkdv_tlx
@@ -245,6 +229,33 @@ def test_tlx_backward_with_fused_dq_meets_the_oracle(case, switches, monkeypatch
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tlx_backward, "jagged_dkdv_tlx", spy)
+    return launches
+
+
+@pytest.mark.parametrize("case, fused", STEPS64_RUNS,
+                         ids=[f"{'fused' if f else 'unfused'}-{c.id}" for c, f in STEPS64_RUNS])
+def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, monkeypatch):
+    """D 128 with 64-row steps in the transposed formulation (not shipped: item-level scalars spill),
+    with its fused dQ (which must be what ran) or the portable dQ pass, judged by the rule like the
+    shipped builds."""
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "steps64=1")
+    launches = _spy_on_fused_dq(monkeypatch, "steps64=1")
+    report = run_case(case, backend="auto", device="cuda", backward=True)
+    assert report.backward_kernel == "tlx-hopper", str(report)
+    if fused and case.lengths_k and case.lengths_q:
+        assert launches and all(launches), "the steps64 fused dQ did not run"
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("case, switches", FUSED_RUNS, ids=[f"{s or 'shipped'}-{c.id}" for c, s in FUSED_RUNS])
+def test_tlx_backward_with_fused_dq_meets_the_oracle(case, switches, monkeypatch):
+    """The fused dQ reduction (dQ = dS K per step, reduce-added into an fp32 accumulator: staged TMA
+    reduce-adds, or atomics), judged by the rule: tails, empty sequences and broadcast Q (every
+    sequence adding into the same rows)."""
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", switches)
+    launches = _spy_on_fused_dq(monkeypatch, switches)
     report = run_case(case, backend="auto", device="cuda", backward=True)
     if report.backward_kernel == "tlx-hopper" and case.lengths_k and case.lengths_q:
         assert launches and all(launches), f"the fused dQ path ({switches or 'shipped'}) did not run"

@@ -379,7 +379,9 @@ def _compile_tlx(target: Target, spec, num_consumers: int):
         "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
         "no ptxas wgmma serialisation (C7513-C7515)": not set(structure["ptxas_warnings"]) & WGMMA_SERIALISED,
     }
-    if own_waits:
+    # what ships for the dK/dV kernel is its own waits (pipeline.DEFAULT): required here whatever DEFAULT
+    # says, so that the gate fails if the shipped build loses them
+    if own_waits or (target.kernel == "dkdv" and target.own_waits is None):
         expected["MMAs in flight together (the source's waits, not a wait-all per commit)"] = \
             structure["wgmma_overlaps"] > 0
     return compiled, result, expected

@@ -131,6 +131,8 @@ D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consum
 # D 128, -5 to -7% on uniform-D128, even on broadcast Q; its consumers keep a 192 B stack (the gate
 # refuses it). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one
 # fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB).
+# Two (Q, dO) stages for the unfused build too (it measured the same with three: uniform-D128 288.5 with
+# three, 290.8 and 291.3 with two; longtail 375.2 / 375.3, 372.9; session 9).
 D128_STEPS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq_halves=True)
 
 
@@ -785,7 +787,7 @@ def jagged_dkdv_tlx_kernel(
     # fused dQ: each consumer's dS^T (an operand of its dQ MMA) and two fp32 dQ stages per consumer (one
     # being read by its TMA reduce-add while the next step fills the other), [BLOCK_M, HEAD_DIM]. With
     # DQ_PRODUCER: NUM_BUFFERS_DS slots of both consumers' dS^T (the producer reads a step's slot while
-    # the consumers fill the next) and the producer's two stages.
+    # the consumers fill the next) and the producer's two stages. With DQ_HALVES: see below.
     DQ_ROWS: tl.constexpr = BLOCK_M if FUSED_DQ else 8
     # DQ_PRODUCER: the producer computes a step's dQ DQ_LAG steps after issuing its loads, so that its
     # wait for the consumers' dS^T delays the next load by no more than the ring allows: one less than
@@ -1036,7 +1038,7 @@ class DqAccumulator:
 
         desc, _ = _descriptor(self.tensor, self.config.block_m)
         columns = dq_box_columns(self.config, self.q.shape[2])
-        if columns != self.q.shape[2]:  # the rows-major step reduce-adds head-dim halves
+        if columns != self.q.shape[2]:  # the rows-major producer and the dq_halves consumers reduce-add halves
             desc = TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
                                     block_shape=[self.config.block_m, columns])
         return desc, self.tensor.stride(0)
@@ -1090,8 +1092,10 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             zero = dq_accum.tensor
         else:
             dq_accum.tensor.zero_()
-        dq_accum.zeroed = True
+            dq_accum.zeroed = True
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs, zero=zero)
+    if zero is not None:
+        dq_accum.zeroed = True
     desc_stats = _stats_descriptor(stats, cfg.block_m)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu

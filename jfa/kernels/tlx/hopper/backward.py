@@ -404,11 +404,12 @@ def _stage_dq(dq_stage, dq, sm_scale, DQ_T: tl.constexpr):
 
 
 @triton.jit
-def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.constexpr):
+def _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T: tl.constexpr, STAGES: tl.constexpr = 2):
     """Staged dQ reduction: registers -> shared memory -> TMA reduce-add into the fp32 accumulator (the
     copy runs behind the next step) at query row ``dq_row``, column ``dq_col`` (the head's). The stage was
-    last handed to TMA two steps ago: wait until that reduce-add has read it."""
-    tlx.async_descriptor_store_wait(1)
+    last handed to TMA STAGES steps ago (its writer's stages take turns): wait until that reduce-add has
+    read it."""
+    tlx.async_descriptor_store_wait(STAGES - 1)
     _stage_dq(dq_stage, dq, sm_scale, DQ_T)
     tlx.fence_async_shared()
     tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
@@ -475,15 +476,25 @@ def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col):
 
 
 @triton.jit
-def _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE: tl.constexpr, DQ_T: tl.constexpr):
+def _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_REDUCE: tl.constexpr, DQ_T: tl.constexpr,
+            STAGES: tl.constexpr = 2):
     """A step's dQ (the producer's or a consumer's) to the accumulator through shared memory as
     ``DQ_REDUCE`` says (``BackwardVariant.dq_reduce``: 0 the staged reduce-add; timing only: 3 the
-    staging without the reduce-add, 2 nothing; 1, the consumers' atomics, is theirs)."""
+    staging without the reduce-add, 2 nothing; 1, the consumers' atomics, is theirs). ``STAGES``: how
+    many stages the writer takes turns over."""
     if DQ_REDUCE == 0:
-        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T)
+        _reduce_add_dq(dq, dq_stage, desc_dq, dq_row, dq_col, sm_scale, DQ_T, STAGES)
     elif DQ_REDUCE == 3:
         _stage_dq(dq_stage, dq, sm_scale, DQ_T)
         tlx.fence_async_shared()
+
+
+@triton.jit
+def _hand_over_ds(ds_tile, ds_t, ds_full):
+    """Store this consumer's dS^T (bf16) for another warpgroup's dQ MMA and signal it on ``ds_full``."""
+    tlx.local_store(ds_tile, ds_t)
+    tlx.fence_async_shared()  # generic-proxy stores made visible to the readers' wgmma (async proxy)
+    tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
 
 
 @triton.jit
@@ -497,10 +508,8 @@ def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, d
     retire; the half goes to the accumulator through this consumer's stage. Returns dk, retired."""
     HALF: tl.constexpr = HEAD_DIM // 2
     dk = tlx.async_dot(ds_t, q_tile, dk)
-    tlx.local_store(ds_tile, ds_t)
-    tlx.fence_async_shared()  # generic-proxy stores made visible to both consumers' wgmma (async proxy)
-    tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
-    tlx.barrier_wait(ds_full, ds_phase)  # ... and the other consumer's too
+    _hand_over_ds(ds_tile, ds_t, ds_full)
+    tlx.barrier_wait(ds_full, ds_phase)  # the other consumer's dS^T is stored too
     dq = None
     for c in tl.static_range(_CONSUMERS):
         k_half_t = tlx.local_trans(tlx.local_slice(k_tiles[c], [0, cid * HALF], [BLOCK_N, HALF]))
@@ -508,10 +517,9 @@ def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, d
     dk = tlx.async_dot_wait(2, dk)
     dq = tlx.async_dot_wait(0, dq)
     tlx.barrier_arrive(ds_empty, 1)
-    # one stage per consumer (shared memory): the last step's reduce-add, issued a whole step ago, has
-    # read it
-    tlx.async_descriptor_store_wait(0)
-    _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col + cid * HALF, sm_scale, DQ_REDUCE, True)
+    # one stage per consumer (shared memory): the last step's reduce-add, issued a whole step ago, must
+    # have read it
+    _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col + cid * HALF, sm_scale, DQ_REDUCE, True, STAGES=1)
     return dk
 
 
@@ -559,9 +567,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         dv = tlx.async_dot_wait(0, dv)
     elif DQ_PRODUCER:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
-        tlx.local_store(ds_tile, ds_t.to(DTYPE))
-        tlx.fence_async_shared()  # generic-proxy stores made visible to the producer's wgmma (async proxy)
-        tlx.barrier_arrive(ds_full, 1)  # after a warpgroup barrier: all 128 threads have stored and fenced
+        _hand_over_ds(ds_tile, ds_t.to(DTYPE), ds_full)
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
     elif DQ_FIRST:
@@ -647,7 +653,7 @@ def _dkdv_step_rows(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_til
 
 
 @triton.jit
-def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt,
                     dq_row0, dq_col, m_start, offs_n, key0, len_q, len_k, causal_shift, qk_scale, sm_scale,
                     cid: tl.constexpr,
@@ -660,6 +666,8 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tile, v_tile, k_tiles, q_tiles, do_tiles,
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. ``ds_tile``
     is the consumer's dS^T tile, or with DQ_PRODUCER or DQ_HALVES the step's slot of ``ds_tiles`` (the
     producer's step count equals the consumers')."""
+    k_tile = k_tiles[cid]
+    v_tile = v_tiles[cid]
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     ds_buf, ds_phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
     if DQ_PRODUCER or DQ_HALVES:
@@ -713,8 +721,6 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         n_masked_steps = tl.where(partial, num_q_tiles - first, n_masked)
         bulk_start = tl.where(partial, bulk_end, bulk_start)
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_tile = k_tiles[cid]
-    v_tile = v_tiles[cid]
     ds_tile = ds_tiles[cid]
     p_tile = p_tiles[cid]
     dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the item's dQ goes in the (contiguous, q-shaped) accumulator
@@ -727,14 +733,14 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tile, v_tile, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+            dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q,
             len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
             DQ_PRODUCER, DQ_HALVES, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tile, v_tile, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+            dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             i * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q, len_k, causal_shift, qk_scale, sm_scale, cid,
             False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM,

@@ -260,17 +260,16 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     def accumulator():
         return tlx_backward.DqAccumulator(q)
 
+    def stats_with_delta(**options):
+        return lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs, outputs=(o, do, None), **options)
+
     accum = accumulator()
     zero = tlx_backward.DqAccumulator(q, zeroed=False).tensor if not kwargs["broadcast_q"] else None
-    parts = {"row stats with delta": lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs,
-                                                                    outputs=(o, do, None)),
+    parts = {"row stats with delta": stats_with_delta(),
              # what ships (not broadcast Q): the same pass also zeroes the accumulator
-             "row stats with delta, zeroing dq_accum": lambda: tlx_backward.row_stats(
-                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero),
-             "... 32-row blocks": lambda: tlx_backward.row_stats(
-                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero, block_rows=32),
-             "... 128-row blocks": lambda: tlx_backward.row_stats(
-                 lse, None, out_cu, num_seqs, outputs=(o, do, None), zero=zero, block_rows=128),
+             "row stats with delta, zeroing dq_accum": stats_with_delta(zero=zero),
+             "... 32-row blocks": stats_with_delta(zero=zero, block_rows=32),
+             "... 128-row blocks": stats_with_delta(zero=zero, block_rows=128),
              "delta (unfused path)": lambda: row_delta(o, do),
              "row stats from delta (unfused path)": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
              "zero dq_accum": accumulator, "convert dq": accum.read}
@@ -332,14 +331,15 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
-        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items()
-                if problem.D == 128 or not (var.rows64 or var.steps64)}  # the D 128 experiments
+        def applies(var, D=problem.D):  # the 64-row experiments change D 128 only
+            return D == 128 or not (var.rows64 or var.steps64)
+
+        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items() if applies(var)}
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
             # the "producer: ..." columns only where the build has the producer's dQ (not causal D 128)
             runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()
-                         if (not name.startswith("producer:") or tlx_backward.dq_in_producer(
-                             tlx_backward.config_for(problem.D, var), var, kwargs["causal"]))
-                         and (problem.D == 128 or not (var.rows64 or var.steps64))})
+                         if applies(var) and (not name.startswith("producer:") or tlx_backward.dq_in_producer(
+                             tlx_backward.config_for(problem.D, var), var, kwargs["causal"]))})
         ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
         row = table[problem.name] = {}
         for name, extra in runs.items():

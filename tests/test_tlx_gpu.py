@@ -184,10 +184,12 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
 # the shipped fused dQ (the producer's; the consumers' for causal D 128) and the consumers' dQ on every
 # case; on the long ones and the tails the ablation's switches (atomic reduction, dQ MMA before dK), the
 # producer's own (dQ before the loads, sent in its step: no effect where the build has the consumers'
-# dQ) and the schedules the K/V phase-from-the-round-counter must also hold for (zig-zag, one CTA per item)
+# dQ), the schedules the K/V phase-from-the-round-counter must also hold for (zig-zag, one CTA per item)
+# and the consumers computing a keyless half (skip_keyless=0, what ran until session 10)
 FUSED_RUNS = [(case, switches) for switches in ("", "dq_in_producer=0") for case in FUSED_CASES] + [
     (case, switches) for switches in ("dq_in_producer=0,dq_reduce=atomic", "dq_in_producer=0,dq_first=1",
-                                      "dq_send_late=0", "dq_first=1", "schedule=zigzag", "persistent=0")
+                                      "dq_send_late=0", "dq_first=1", "schedule=zigzag", "persistent=0",
+                                      "skip_keyless=0")
     for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
 
 

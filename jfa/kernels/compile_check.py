@@ -130,6 +130,7 @@ def tlx_backward_targets() -> list:
     # (the consumers' dQ ships for causal D 128: that build is above)
     ablation_builds = {"fused-dq,dq_first=1": {64: (False,), 128: (False,)},  # the producer's dQ before the loads
                        "fused-dq,dq_send_late=0": {64: (False,), 128: (False,)},
+                       "fused-dq,skip_keyless=0": {64: (False,), 128: (False, True)},
                        "fused-dq,dq_in_producer=0": {64: (False, True), 128: (False,)},
                        "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True), 128: (False,)},
                        "fused-dq,dq_in_producer=0,dq_reduce=atomic": {64: (False,)},

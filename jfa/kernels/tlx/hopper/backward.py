@@ -213,6 +213,13 @@ class BackwardVariant:
     # D 128 with 64-row steps in the transposed formulation (``D128_STEPS64``); its fused dQ is the
     # consumers' by head-dim halves (dq_in_producer, dq_first and the atomic reduction do not apply)
     steps64: bool = False
+    # each consumer looks at its own BLOCK_N key rows (ships): one whose rows all lie past the sequence
+    # (the upper half of a last key tile of at most BLOCK_N keys) runs no MMA, only keeps the barriers'
+    # phases (and hands the producer's dQ a zero dS^T), so the other consumer and the producer get the
+    # tensor cores to themselves; one whose rows all lie inside runs the unmasked bulk even where the
+    # other's reach past the sequence. False: both consumers run every step of such a tile, masked.
+    # Not with the dq_halves consumers (each computes a dQ half over both consumers' keys).
+    skip_keyless: bool = True
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -273,7 +280,8 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 def _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs):
     """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
     statistics: ``aligned_columns``); a multiple of COLUMN_ALIGN."""
-    seq = tl.minimum(tl.load(TILES + item // num_heads), num_seqs - 1)
+    seq = tl.load(TILES + item // num_heads)
+    seq = tl.where(seq < num_seqs, seq, 0)
     return tl.load(STATS_CU + seq).to(tl.int32)
 
 
@@ -695,6 +703,26 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
 
 
 @triton.jit
+def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid: tl.constexpr,
+                       DQ_PRODUCER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
+    """A step of a consumer with no key rows in the item: no MMA, only the ring's protocol. It waits for
+    the slot to fill before handing it back, so that its arrival counts for this fill and not a later
+    one (the empty barrier takes both consumers' arrivals). With DQ_PRODUCER its dS^T slot gets zeros:
+    the producer's dQ MMA runs over both consumers' slots, and the K rows it pairs them with (the next
+    sequence's, or TMA's zero fill) are finite."""
+    buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    if DQ_PRODUCER:
+        ds_buf, ds_phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
+        tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
+        _hand_over_ds(ds_tiles[ds_buf * _CONSUMERS + cid], tl.zeros([BLOCK_N, BLOCK_M], dtype=DTYPE),
+                      ds_fulls[ds_buf])
+    tlx.barrier_wait(qdo_fulls[buf], phase)
+    tlx.barrier_arrive(qdo_empties[buf], 1)
+    return qdo_cnt + 1
+
+
+@triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, p_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages,
                        desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, stride_dqt, stride_dkt, stride_dkh, stride_dvt,
@@ -703,7 +731,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
                        DQ_PRODUCER: tl.constexpr, DQ_HALVES: tl.constexpr, ROWS: tl.constexpr,
-                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       SKIP_KEYLESS: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                        DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
@@ -715,11 +743,23 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     n_masked_steps = n_masked
     bulk_start = first + n_lead
     if FUSED_DQ and not CAUSAL:
-        # a key tile reaching past the sequence (its TMA box holds the next sequence's first keys) runs
+        # key rows reaching past the sequence (the TMA box holds the next sequence's first keys) run
         # every step masked, so that the bulk step carries no key mask (registers: D 128 spilled with it)
-        partial = n_start + TILE_N > len_k
+        if SKIP_KEYLESS:  # this consumer's rows (the other's may reach past while these do not)
+            partial = n_start + (cid + 1) * BLOCK_N > len_k
+        else:
+            partial = n_start + TILE_N > len_k
         n_masked_steps = tl.where(partial, num_q_tiles - first, n_masked)
         bulk_start = tl.where(partial, bulk_end, bulk_start)
+    n_keyless_steps = 0
+    if SKIP_KEYLESS and cid > 0 and not DQ_HALVES and not ROWS:
+        # this consumer's key rows all lie past the sequence: its steps run no MMA (the loops below then
+        # run no step, and the epilogue stores no row). Loop counts rather than a branch around the
+        # loops: with the branch, the consumers of the producer's-dQ build (216 registers) kept a stack.
+        keyless = n_start + cid * BLOCK_N >= len_k
+        n_keyless_steps = tl.where(keyless, num_q_tiles - first, 0)
+        n_masked_steps = tl.where(keyless, 0, n_masked_steps)
+        bulk_start = tl.where(keyless, bulk_end, bulk_start)
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     ds_tile = ds_tiles[cid]
     p_tile = p_tiles[cid]
@@ -731,6 +771,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for j in tl.range(0, n_keyless_steps):
+        qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid,
+                                     DQ_PRODUCER, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
@@ -762,15 +805,15 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     return qdo_cnt
 
 
-@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+@triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DQ, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
     stride_dqt, stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
-    col_stride_do, num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
     DQ_SEND_LATE: tl.constexpr, DQ_HALVES: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    SKIP_KEYLESS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
@@ -781,8 +824,10 @@ def jagged_dkdv_tlx_kernel(
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
+    # the grid's size and the number of rounds come as arguments, not from %nctaid and a division: a
+    # kernel parameter is re-read from the constant bank where needed, while ptxas kept the computed
+    # values on the stack (4-8 B) once the consumers had a loop more
     pid = tl.program_id(0)
-    num_progs = tl.num_programs(0)
 
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS)
@@ -828,7 +873,7 @@ def jagged_dkdv_tlx_kernel(
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
             qdo_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, num_progs)):
+            for rounds in range(0, num_rounds):
                 item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
                     # the K/V tiles' use count is `rounds`: every round but the last has an item
@@ -847,7 +892,7 @@ def jagged_dkdv_tlx_kernel(
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
             qdo_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, num_progs)):
+            for rounds in range(0, num_rounds):
                 item = _static_item(rounds, pid, num_progs, SCHEDULE)
                 if item < num_items:
                     qdo_cnt = _consume_dkdv_item(
@@ -856,7 +901,8 @@ def jagged_dkdv_tlx_kernel(
                         dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, stride_dqt, stride_dkt,
                         stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                         len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE,
-                        DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
+                        DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, SKIP_KEYLESS, TILE_N, BLOCK_N, BLOCK_M,
+                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
                         DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0 and not DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
@@ -880,6 +926,7 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
                 DQ_HALVES=fused_dq and cfg.dq_halves,
                 ROWS=cfg.rows_major,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
+                SKIP_KEYLESS=variant.skip_keyless,
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=consumer_regs(cfg, fused_dq=fused_dq, variant=variant, causal=causal))
 
@@ -1110,7 +1157,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     jagged_dkdv_tlx_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
         stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
-        num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
+        num_items, grid[0], triton.cdiv(num_items, grid[0]), tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
         **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
                       variant=variant),
         **_launch_options())

@@ -143,9 +143,9 @@ def _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_
     slot = item // num_heads
     head = item % num_heads
     seq = tl.load(TILES + slot)
-    tile = tl.load(TILES + num_slots + slot)
+    tile = tl.load(TILES + (slot + num_slots))
     valid = seq < num_seqs
-    s = tl.minimum(seq, num_seqs - 1)
+    s = tl.where(valid, seq, 0)  # (a spare slot reads sequence 0's offsets, then gets both lengths 0)
     k_row0 = tl.load(CU_K + s).to(tl.int32)
     len_k = tl.load(CU_K + s + 1).to(tl.int32) - k_row0
     if BROADCAST_Q:

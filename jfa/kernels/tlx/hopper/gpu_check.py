@@ -303,6 +303,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     unfused["rows64, deterministic"] = BV(rows64=True)
     # experiment (item-level spills): D128 64-row steps in the transposed formulation
     unfused["steps64, deterministic"] = BV(steps64=True)
+    # a consumer whose key rows all lie past the sequence computes anyway (skip_keyless=0: until session 10)
+    unfused["keyless half computed, deterministic"] = BV(skip_keyless=False)
     fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
     # ... and its fused dQ, the consumers' by head-dim halves; then its parts (timing only: dq wrong)
     # ("stage-only" is left out: ptxas crashes on that build, SIGSEGV, 2026-11-30)
@@ -311,6 +313,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     fused["producer: dQ before the loads"] = BV(dq_first=True)
     fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
     fused["producer: zig-zag"] = BV(schedule="zigzag")
+    fused["keyless half computed"] = BV(skip_keyless=False)
     # what ships, timed again with the generic pipeliner on the dK/dV kernel (own waits ship for it:
     # jfa.kernels.tlx.pipeline), set around each launch: the setting is part of the cache key, so both
     # builds live in this process and are timed in turn, past the run-to-run spread between processes

@@ -218,7 +218,9 @@ class BackwardVariant:
     # phases (and hands the producer's dQ a zero dS^T), so the other consumer and the producer get the
     # tensor cores to themselves; one whose rows all lie inside runs the unmasked bulk even where the
     # other's reach past the sequence. False: both consumers run every step of such a tile, masked.
-    # Not with the dq_halves consumers (each computes a dQ half over both consumers' keys).
+    # On the H200 +3 to +5% on the jagged gem shapes, longtail (2% of its steps) -1.4% (NOTES.md,
+    # session 10). Not with the dq_halves consumers (each computes a dQ half over both consumers'
+    # keys) or the row-major steps.
     skip_keyless: bool = True
 
     def __post_init__(self):

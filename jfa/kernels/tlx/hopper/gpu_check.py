@@ -133,6 +133,7 @@ ABLATIONS = {
     "no pingpong": tlx_forward.Variant(pingpong=False),
     "pingpong turn over QK and PV": tlx_forward.Variant(pingpong_pv=True),
     "no loop peeling": tlx_forward.Variant(peel=False),
+    "rowless half computed": tlx_forward.Variant(skip_rowless=False),
 }
 
 
@@ -390,7 +391,7 @@ def main(argv=None) -> int:
                                          "bwd-ablation", "profile"))
     parser.add_argument("--backward", action="store_true", help="sanitize: the gradients too (TLX dK/dV)")
     parser.add_argument("--only", default="", help="correctness, profile: substring of the case (shape) names to run; "
-                        "bwd-ablation: comma-separated substrings of the columns to time")
+                        "ablation, bwd-ablation: comma-separated substrings of the columns to time")
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
     parser.add_argument("--rep", type=int, default=100, help="bench, ablation: do_bench rep (ms)")
@@ -415,7 +416,9 @@ def main(argv=None) -> int:
     if args.what == "profile":
         return profile(args.suite, args.only)
     if args.what == "ablation":
-        return bench(args.suite, tuple(ABLATIONS), args.out, args.rep)
+        wanted = [w for w in args.only.split(",") if w]
+        variants = [n for n in ABLATIONS if n == "shipped" or not wanted or any(w in n for w in wanted)]
+        return bench(args.suite, tuple(variants), args.out, args.rep)
     return bench(args.suite, ("shipped",), args.out, args.rep)
 
 

@@ -179,7 +179,13 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
     # long sequences, more work items than SMs: the dQ stages alternate across items and wrap
     Case((600, 513) * 20, (600, 513) * 20, heads=4, head_dim=head_dim, dtype="bf16", causal=causal,
          name=f"fused-dq-many-items{'-causal' if causal else ''}-D{head_dim}")
-    for causal in (False, True) for head_dim in (64, 128)]
+    for causal in (False, True) for head_dim in (64, 128)] + [
+    # a consumer without keys (the second tile's upper half: 2 keys) between items whose steps reduce-add
+    # dQ through the consumers' two stages (causal D 128): on 132 SMs each CTA runs three items, one of
+    # them keyless with an odd step count (a race there was found by review, not by a test: it needs
+    # a reduce-add still reading its stage several microseconds after it was issued)
+    Case((130, 130), (130, 130), heads=132, head_dim=128, dtype="bf16", causal=True,
+         name="fused-dq-keyless-between-items-causal-D128")]
 
 
 # the shipped fused dQ (the producer's; the consumers' for causal D 128) and the consumers' dQ on every
@@ -191,7 +197,7 @@ FUSED_RUNS = [(case, switches) for switches in ("", "dq_in_producer=0") for case
     (case, switches) for switches in ("dq_in_producer=0,dq_reduce=atomic", "dq_in_producer=0,dq_first=1",
                                       "dq_send_late=0", "dq_first=1", "schedule=zigzag", "persistent=0",
                                       "skip_keyless=0")
-    for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails"))]
+    for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails", "fused-dq-keyless"))]
 
 
 # the experimental 64-row D128 steps (BackwardVariant.rows64), fused and not: the D128 long cases and tails

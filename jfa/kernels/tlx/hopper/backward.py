@@ -30,7 +30,8 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   dV are bitwise reproducible.
 * Loop peeling: steps whose every query row sees every key of the tile run without a mask; the causal
   diagonal and the sequence's last partial query tile run the masked step (one helper, ``MASKED``); with
-  the fused dQ (non-causal) so does every step of a key tile that reaches past its sequence.
+  the fused dQ (non-causal) so does every step of a consumer whose key rows reach past its sequence. A
+  consumer whose key rows all lie past it runs no MMA at all (``BackwardVariant.skip_keyless``).
 * Jagged tails without padding of the inputs: the TMA boxes may read rows of the next sequence (Q, dO
   and its statistics, K and V); the masked step zeroes P^T (and so dS^T) for every query row past the
   sequence, and for key rows past it where dQ sums over them; such key rows are never stored. (The
@@ -219,8 +220,8 @@ class BackwardVariant:
     # tensor cores to themselves; one whose rows all lie inside runs the unmasked bulk even where the
     # other's reach past the sequence. False: both consumers run every step of such a tile, masked.
     # On the H200 +3 to +5% on the jagged gem shapes, longtail (2% of its steps) -1.4% (NOTES.md,
-    # session 10). Not with the dq_halves consumers (each computes a dQ half over both consumers'
-    # keys) or the row-major steps.
+    # session 10). The MMA skip is not for the dq_halves consumers (each computes a dQ half over both
+    # consumers' keys) or the row-major steps; the per-consumer masking is for every build.
     skip_keyless: bool = True
 
     def __post_init__(self):
@@ -568,7 +569,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
     if FUSED_DQ and MASKED:
         # dQ sums over this tile's keys and lands in other rows' dQ: query rows past the sequence must
         # add exactly 0, and so must key rows past it (the next sequence's keys, loaded by the tile's TMA
-        # box; a tile that has such keys runs every step masked). P^T is 0 there already, but dP^T of a
+        # box; a consumer that has such keys runs every step masked). P^T is 0 there already, but dP^T of a
         # foreign row need not be finite: select, do not multiply (on P^T, not the mask: registers).
         ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
     if DQ_HALVES:
@@ -706,14 +707,20 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
 
 @triton.jit
 def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid: tl.constexpr,
-                       DQ_PRODUCER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
+                       STAGED_DQ: tl.constexpr, DQ_PRODUCER: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                       DTYPE: tl.constexpr):
     """A step of a consumer with no key rows in the item: no MMA, only the ring's protocol. It waits for
     the slot to fill before handing it back, so that its arrival counts for this fill and not a later
     one (the empty barrier takes both consumers' arrivals). With DQ_PRODUCER its dS^T slot gets zeros:
     the producer's dQ MMA runs over both consumers' slots, and the K rows it pairs them with (the next
-    sequence's, or TMA's zero fill) are finite."""
+    sequence's, or TMA's zero fill) are finite. With STAGED_DQ (this consumer reduce-adds its own dQ
+    through two stages picked by the step count's parity) it waits until its reduce-adds have read their
+    stages: a step without a reduce-add breaks the alternation its next one relies on (it waits for all
+    but the last, which may then be reading the very stage it rewrites)."""
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    if STAGED_DQ:
+        tlx.async_descriptor_store_wait(0)
     if DQ_PRODUCER:
         ds_buf, ds_phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
         tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
@@ -775,7 +782,8 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for j in tl.range(0, n_keyless_steps):
         qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid,
-                                     DQ_PRODUCER, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                                     FUSED_DQ and not DQ_PRODUCER and DQ_REDUCE == 0, DQ_PRODUCER, BLOCK_N,
+                                     BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         dk, dv, qdo_cnt = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
@@ -1124,7 +1132,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
     cfg = config or config_for(head_dim, variant)
-    if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0:
+    if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
         if dq_accum is not None and not dq_accum.zeroed:  # no key anywhere: dq is 0
             dq_accum.tensor.zero_()
             dq_accum.zeroed = True

@@ -398,6 +398,77 @@ def test_cli_passes_write_benchmarks(monkeypatch, tmp_path):
     assert seen["command"].startswith("jfa bench --suite sweep") and seen["plots"] is True
 
 
+def test_cli_passes_repeats_and_refuses_fewer_than_one(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "run_suite", lambda *a, **kw: seen.update(kw) or _synthetic_rows())
+    assert runner.main(["--suite", "gem", "--repeats", "3"]) == 0
+    assert seen["repeats"] == 3
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit):
+            runner.main(["--suite", "gem", "--repeats", bad])
+        assert "--repeats" in capsys.readouterr().err
+
+
+class _CountingImpl:
+    """A stand-in implementation whose timings come from a script (no GPU needed)."""
+
+    name = "fake"
+
+    def available(self):
+        return True, ""
+
+    def applies(self, causal, broadcast_q, lengths_q, lengths_k):
+        return True, ""
+
+    def prepare(self, batch, grad):
+        return impls.Prepared(fwd=lambda: torch.zeros(1), fwd_bwd=lambda: None)
+
+    def clear_cache(self):
+        pass
+
+
+def test_repeats_report_the_median_and_keep_every_run(monkeypatch):
+    """fwd and fwd+bwd take turns; each pass's time is the median over the repeats, a repeat's bwd
+    being its own fwd+bwd minus its own fwd (not the medians' difference)."""
+    script = iter([1.0, 4.0,    # repeat 1: fwd, fwd+bwd -> bwd 3.0
+                   3.0, 5.0,    # repeat 2: bwd 2.0
+                   2.0, 10.0])  # repeat 3: bwd 8.0
+    calls = []
+    monkeypatch.setattr(runner, "time_ms", lambda fn, warmup, rep: calls.append(fn) or next(script))
+    monkeypatch.setattr(runner.torch.cuda, "synchronize", lambda: None)  # the check's sync (no GPU here)
+    batch = types.SimpleNamespace(q=torch.zeros(1), causal=False, broadcast_q=False, lengths_q=None,
+                                  lengths_k=None)
+    res = runner._bench_impl(_CountingImpl(), [batch], None, ("fwd", "bwd"), None, 1, 1, repeats=3)
+    assert res["status"] == "ok", res
+    assert res["runs"] == {"fwd_ms": [1.0, 3.0, 2.0], "fwd_bwd_ms": [4.0, 5.0, 10.0], "bwd_ms": [3.0, 2.0, 8.0]}
+    assert (res["fwd_ms"], res["fwd_bwd_ms"], res["bwd_ms"]) == (2.0, 5.0, 3.0)
+    assert len(calls) == 6
+
+
+def test_markdown_shows_the_range_of_the_repeats_only_when_repeated():
+    rows = _synthetic_rows()
+    assert "repeats" not in report.markdown_report(rows)
+    for r in rows:
+        r["repeats"] = 3
+        if r["status"] == "ok":
+            r["ms_min"], r["ms_max"] = r["ms"] * 0.9, r["ms"] * 1.2
+    md = report.markdown_report(rows)
+    assert "ms, lowest-highest of 3 repeats, fwd / bwd / fwd+bwd:" in md
+    first = next(r for r in rows if r["status"] == "ok" and r["pass"] == "fwd")
+    assert f"{first['ms_min']:.3f}-{first['ms_max']:.3f}" in md
+
+
+def test_one_repeat_times_each_pass_once(monkeypatch):
+    script = iter([1.5, 4.0])
+    monkeypatch.setattr(runner, "time_ms", lambda fn, warmup, rep: next(script))
+    monkeypatch.setattr(runner.torch.cuda, "synchronize", lambda: None)
+    batch = types.SimpleNamespace(q=torch.zeros(1), causal=False, broadcast_q=False, lengths_q=None,
+                                  lengths_k=None)
+    res = runner._bench_impl(_CountingImpl(), [batch], None, ("fwd", "bwd"), None, 1, 1)
+    assert (res["fwd_ms"], res["fwd_bwd_ms"], res["bwd_ms"]) == (1.5, 4.0, 2.5)
+
+
 # ---------------------------------------------------------------------------------------
 # --suite all: gem, then sweep, then dense in one run
 # ---------------------------------------------------------------------------------------
@@ -473,10 +544,10 @@ def fake_gpu_bench(monkeypatch):
     """run_suite on CPU: CUDA "available", fixed meta, and a bench_problem that makes one ok row per
     impl and pass at once (TFLOP/s rising with the problem's sparsity, so the sweep plot has lines)."""
     monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(runner, "_meta", lambda warmup, rep: dict(META))
+    monkeypatch.setattr(runner, "_meta", lambda warmup, rep, repeats=1: dict(META))
     monkeypatch.setitem(sys.modules, "tqdm", None)  # progress as plain lines
 
-    def bench_problem(suite, problem, adapters, passes, check, warmup, rep, log=None):
+    def bench_problem(suite, problem, adapters, passes, check, warmup, rep, log=None, repeats=1):
         lengths = make_lengths(problem)
         sparsity = 1 - float(lengths.float().mean()) / problem.max_len
         rows = [runner._row(suite, problem, impl.name, pass_, 1e12, ms=1.0, tflops=100.0 * (1 + sparsity + i),

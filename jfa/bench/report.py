@@ -122,6 +122,11 @@ def markdown_report(results: Sequence[dict], meta: dict | None = None) -> str:
         out.append("Run: " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n")
     tables = [("TFLOP/s", "tflops", ".0f", passes), ("ms", "ms", ".3f", passes),
               (f"ratio to {BASELINE}", "ratio_vs_torch_varlen", ".2f", passes)]
+    repeats = max((r.get("repeats") or 1 for r in results), default=1)
+    if repeats > 1:  # the spread between repeats, beside the medians above
+        results = [{**r, "ms_range": None if r.get("ms_min") is None else f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"}
+                   for r in results]
+        tables.append((f"ms, lowest-highest of {repeats} repeats", "ms_range", "s", passes))
     if any(r.get("peak_mem_mib") is not None for r in results):
         mem = _memory_passes(passes)
         tables.append(("peak extra GPU memory, MiB", "peak_mem_mib", ".0f", mem))

@@ -29,6 +29,7 @@ import itertools
 import math
 import os
 import shlex
+import statistics
 import sys
 import time
 import zlib
@@ -342,6 +343,7 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
         "suite": suite, "problem": problem.name, "impl": impl, "pass": pass_,
         "status": "ok", "ms": None, "tflops": None, "ratio_vs_torch_varlen": None,
         "peak_mem_mib": None, "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None,
+        "ms_min": None, "ms_max": None, "repeats": 1,
         "note": "", "B": problem.B, "H": problem.H, "D": problem.D, "causal": problem.causal,
         "broadcast_q": problem.broadcast_q, "max_len": problem.max_len, "sparsity": None,
     }
@@ -350,14 +352,19 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
 
 
 def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, passes, check_idx,
-                warmup: int, rep: int) -> dict:
+                warmup: int, rep: int, repeats: int = 1) -> dict:
     """Check, time and measure one implementation.
 
     Returns {status, note, err, setup_ms, fwd_ms, fwd_bwd_ms, bwd_ms, fwd_mem, fwd_bwd_mem,
-    bwd_status}; fwd+bwd is timed (and measured) when "bwd" or "fwd_bwd" is asked for.
+    bwd_status, runs}; fwd+bwd is timed (and measured) when "bwd" or "fwd_bwd" is asked for. With
+    ``repeats`` > 1 the timings are taken that many times, fwd and fwd+bwd taking turns, and each
+    ``*_ms`` is the median over the repeats (a repeat's bwd is its fwd+bwd minus its fwd); ``runs``
+    holds every repeat's value per key (the spread between repeats: clocks and power move by several
+    per cent within minutes on a lent GPU).
     """
     res = {"status": "ok", "note": "", "err": None, "setup_ms": None, "fwd_ms": None, "bwd_ms": None,
-           "fwd_bwd_ms": None, "fwd_mem": None, "fwd_bwd_mem": None, "bwd_status": None}
+           "fwd_bwd_ms": None, "fwd_mem": None, "fwd_bwd_mem": None, "bwd_status": None,
+           "runs": {"fwd_ms": [], "fwd_bwd_ms": [], "bwd_ms": []}}
     ok, why = impl.available()
     if not ok:
         res.update(status="skipped", note=why)
@@ -387,21 +394,27 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
         if res["err"] is not None and not res["err"] <= ATOL:
             res.update(status="wrong", note=f"max abs err {res['err']:.3g} > {ATOL}")
             return res
-        stage = "fwd timing"
-        with torch.no_grad():
-            res["fwd_ms"] = time_ms(_rotating([p.fwd for p in prepared]), warmup, rep)
-            stage = "fwd memory"
-            res["fwd_mem"] = peak_extra_mib(p0.fwd, b0.q.device)
-        if "bwd" in passes or "fwd_bwd" in passes:
-            if p0.fwd_bwd is None:
-                res["bwd_status"] = "n/a"
-            else:
+        timed_bwd = "bwd" in passes or "fwd_bwd" in passes
+        if timed_bwd and p0.fwd_bwd is None:
+            res["bwd_status"] = "n/a"
+            timed_bwd = False
+        runs = res["runs"]
+        for _ in range(repeats):
+            stage = "fwd timing"
+            with torch.no_grad():
+                runs["fwd_ms"].append(time_ms(_rotating([p.fwd for p in prepared]), warmup, rep))
+            if timed_bwd:
                 stage = "fwd+bwd timing"
-                total = time_ms(_rotating([p.fwd_bwd for p in prepared]), warmup, rep)
-                res["fwd_bwd_ms"] = total
-                res["bwd_ms"] = max(total - res["fwd_ms"], 0.0)
-                stage = "fwd+bwd memory"
-                res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd, b0.q.device)
+                runs["fwd_bwd_ms"].append(time_ms(_rotating([p.fwd_bwd for p in prepared]), warmup, rep))
+                runs["bwd_ms"].append(max(runs["fwd_bwd_ms"][-1] - runs["fwd_ms"][-1], 0.0))
+        for key, values in runs.items():
+            res[key] = statistics.median(values) if values else None
+        stage = "fwd memory"
+        with torch.no_grad():
+            res["fwd_mem"] = peak_extra_mib(p0.fwd, b0.q.device)
+        if timed_bwd:
+            stage = "fwd+bwd memory"
+            res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd, b0.q.device)
     except NotApplicable as e:
         res.update(status="n/a", note=str(e))
     except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the suite
@@ -416,8 +429,10 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
 
 
 def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PASSES, check=True,
-                  warmup: int = 25, rep: int = 100, log: Callable[[str], None] | None = None) -> list[dict]:
-    """All result rows (one per impl and pass) of one problem on the current CUDA device."""
+                  warmup: int = 25, rep: int = 100, log: Callable[[str], None] | None = None,
+                  repeats: int = 1) -> list[dict]:
+    """All result rows (one per impl and pass) of one problem on the current CUDA device; with
+    ``repeats`` > 1 each time is the median of that many (``ms_min``, ``ms_max``: their range)."""
     device = torch.device("cuda", torch.cuda.current_device())
     lengths_k = make_lengths(problem)
     lengths_q = q_lengths(problem, lengths_k)
@@ -435,14 +450,17 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
 
     rows = []
     for impl in impls:
-        r = _bench_impl(impl, batches, grad, passes, check_idx, warmup, rep)
+        r = _bench_impl(impl, batches, grad, passes, check_idx, warmup, rep, repeats)
         for pass_ in passes:
             ms = {"fwd": r["fwd_ms"], "bwd": r["bwd_ms"], "fwd_bwd": r["fwd_bwd_ms"]}[pass_]
             mem = r["fwd_mem"] if pass_ == "fwd" else r["fwd_bwd_mem"]
             status = r["status"]
             if pass_ != "fwd" and status == "ok" and r["bwd_status"]:
                 status = r["bwd_status"]
+            runs = r["runs"][f"{pass_}_ms"] if status == "ok" else []
             row = _row(suite, problem, impl.name, pass_, flop[pass_], status=status, ms=ms,
+                       ms_min=min(runs) if runs else None, ms_max=max(runs) if runs else None,
+                       repeats=repeats,
                        tflops=_tflops(flop[pass_], ms) if status == "ok" else None,
                        peak_mem_mib=mem if status == "ok" else None,
                        max_abs_err=r["err"], setup_ms=r["setup_ms"], note=r["note"], n_copies=n,
@@ -463,7 +481,7 @@ _add_ratios = add_ratios
 # Suite
 # ---------------------------------------------------------------------------------------
 
-def _meta(warmup: int, rep: int) -> dict:
+def _meta(warmup: int, rep: int, repeats: int = 1) -> dict:
     import triton
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -473,7 +491,9 @@ def _meta(warmup: int, rep: int) -> dict:
         "sm": f"{props.major}{props.minor}",
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "timing": f"triton do_bench median, warmup {warmup} ms, rep {rep} ms",
+        "timing": f"triton do_bench median, warmup {warmup} ms, rep {rep} ms"
+                  + (f"; each time the median of {repeats} repeats, fwd and fwd+bwd taking turns"
+                     if repeats > 1 else ""),
     }
 
 
@@ -528,7 +548,7 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
               passes: Sequence[str] = PASSES, out_dir: str | None = None, check: bool = True,
               warmup: int = 25, rep: int = 100, problems: Sequence[str] | None = None,
               verbose: bool = True, benchmarks_path: str | None = None, command: str = "",
-              plots: bool = True) -> list[dict]:
+              plots: bool = True, repeats: int = 1) -> list[dict]:
     """Benchmark every problem of a suite (or of every suite, in turn, for ``ALL``) with every
     implementation; needs a CUDA GPU.
 
@@ -538,8 +558,11 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
     suites, or a tqdm bar) and each suite's table when it finishes. As each suite finishes,
     its JSON, markdown, CSV and PNG plots go to ``out_dir`` if given, and the BENCHMARKS.md-style
     file at ``benchmarks_path``, if given, is rewritten with every suite finished so far
-    (``command`` is the command line it quotes).
+    (``command`` is the command line it quotes). ``repeats``: each time is the median of that many
+    (``bench_problem``).
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     if not torch.cuda.is_available():
         raise RuntimeError("jfa bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     bad = [p for p in passes if p not in PASSES]
@@ -560,11 +583,11 @@ def run_suite(suite_name: str, impls: Sequence[str | Impl] = ("jfa-triton", BASE
                 progress.log(f"# {problem.name}")
                 t0 = time.perf_counter()
                 rows += bench_problem(name, problem, adapters, passes, check, warmup, rep,
-                                      progress.log if verbose else None)
+                                      progress.log if verbose else None, repeats=repeats)
                 progress.finish(problem.name, time.perf_counter() - t0)
             results += rows
             progress.log("\n" + format_table(rows))
-            paths = write_reports(name, rows, _meta(warmup, rep), out_dir, benchmarks_path, command,
+            paths = write_reports(name, rows, _meta(warmup, rep, repeats), out_dir, benchmarks_path, command,
                                   plots, progress.log, done)
             done.append((name, rows, paths.get("png", [])))
             if paths:
@@ -638,6 +661,16 @@ def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _positive_int(s: str) -> int:
+    try:
+        value = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="jfa bench", description="Benchmark jagged attention implementations.")
     ap.add_argument("--suite", default="gem", choices=[*SUITES, ALL],
@@ -659,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    ap.add_argument("--repeats", type=_positive_int, default=1,
+                    help="time each problem this many times (fwd and fwd+bwd taking turns) and report the "
+                         "median, with the range in the JSON/CSV (ms_min, ms_max)")
     ap.add_argument("--no-check", action="store_true", help="skip the reference check")
     ap.add_argument("--dry-run", action="store_true", help="list problems and impls; no GPU needed")
     return ap
@@ -684,7 +720,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_suite(args.suite, args.impls, args.passes, args.out, check=not args.no_check,
                         warmup=args.warmup, rep=args.rep, problems=args.problems,
                         benchmarks_path=args.write_benchmarks, command=command_line(argv),
-                        plots=not args.no_plots)
+                        plots=not args.no_plots, repeats=args.repeats)
     return 1 if any(r["status"] in ("wrong", "error") for r in results) else 0
 
 

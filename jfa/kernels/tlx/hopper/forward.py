@@ -183,6 +183,15 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 
 @triton.jit
+def _wait_turn(CID: tl.constexpr):
+    """Pingpong: wait until the other consumer hands this one the tensor-core turn."""
+    if CID == 0:
+        tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
+    else:
+        tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
+
+
+@triton.jit
 def _pass_turn(CID: tl.constexpr):
     """Pingpong: hand the tensor-core turn to the other consumer."""
     if CID == 0:
@@ -198,10 +207,7 @@ def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr, PASS_TU
     the turn (the caller passes it after issuing more MMAs)."""
     k_t = tlx.local_trans(k_tile)
     if PINGPONG:
-        if CID == 0:
-            tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
-        else:
-            tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
+        _wait_turn(CID)
     qk = tlx.async_dot(q_tile, k_t)
     if PINGPONG and PASS_TURN:
         _pass_turn(CID)
@@ -370,10 +376,7 @@ def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_e
             kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
             tlx.barrier_wait(k_fulls[kv_buf], kv_phase)
             if PINGPONG:
-                if CID == 0:
-                    tlx.named_barrier_wait(BAR_TO_C0, PINGPONG_THREADS)
-                else:
-                    tlx.named_barrier_wait(BAR_TO_C1, PINGPONG_THREADS)
+                _wait_turn(CID)
                 _pass_turn(CID)
             tlx.barrier_arrive(k_empties[kv_buf], 1)
             tlx.barrier_wait(v_fulls[kv_buf], kv_phase)

@@ -57,6 +57,7 @@ from jfa.kernels.tlx.hopper.forward import (
     _bufidx_phase,
     _descriptor,
     _item_sequence,
+    _safe_sequence,
     _sm_count,
     _static_item,
     offline_signature,
@@ -283,8 +284,7 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 def _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs):
     """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
     statistics: ``aligned_columns``); a multiple of COLUMN_ALIGN."""
-    seq = tl.load(TILES + item // num_heads)
-    seq = tl.where(seq < num_seqs, seq, 0)
+    seq, _valid = _safe_sequence(tl.load(TILES + item // num_heads), num_seqs)
     return tl.load(STATS_CU + seq).to(tl.int32)
 
 

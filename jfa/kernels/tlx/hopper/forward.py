@@ -138,6 +138,14 @@ def _bufidx_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
+def _safe_sequence(seq, num_seqs):
+    """(a sequence index safe to load offsets with, whether ``seq`` is real) for a tile-list entry: a
+    spare slot (sequence == num_seqs) reads sequence 0's offsets, and its caller discards what it got."""
+    valid = seq < num_seqs
+    return tl.where(valid, seq, 0), valid
+
+
+@triton.jit
 def _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q: tl.constexpr):
     """(head, tile, q_row0, out_row0, len_q, k_row0, len_k) of work item ``item`` = (tile-list slot, head),
     shared by the TLX kernels. Row origins are int32 (TMA coordinates; the packed tensors are checked
@@ -146,8 +154,7 @@ def _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_
     head = item % num_heads
     seq = tl.load(TILES + slot)
     tile = tl.load(TILES + (slot + num_slots))
-    valid = seq < num_seqs
-    s = tl.where(valid, seq, 0)  # (a spare slot reads sequence 0's offsets, then gets both lengths 0)
+    s, valid = _safe_sequence(seq, num_seqs)  # (a spare slot then gets both lengths 0)
     k_row0 = tl.load(CU_K + s).to(tl.int32)
     len_k = tl.load(CU_K + s + 1).to(tl.int32) - k_row0
     if BROADCAST_Q:

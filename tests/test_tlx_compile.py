@@ -108,11 +108,11 @@ def test_dkdv_row_stats_start_every_sequence_on_an_aligned_column(lengths, devic
     lse = torch.randn(rows, heads, generator=g)
     lse[::3, 1] = float("-inf")
     delta = torch.randn(rows, heads, generator=g)
-    from jfa.kernels.tlx.hopper import backward
+    from jfa.kernels.tlx.hopper import row_stats as stats_pass
 
-    stats, stats_cu = backward.row_stats(lse.to(device), delta.to(device), cu.to(device), len(lengths))
+    stats, stats_cu = stats_pass.row_stats(lse.to(device), delta.to(device), cu.to(device), len(lengths))
     stats, stats_cu = stats.cpu(), stats_cu.cpu()
-    align = backward.COLUMN_ALIGN
+    align = stats_pass.COLUMN_ALIGN
     assert align % 4 == 0
     assert stats.shape[0] == 2 * heads and stats.shape[1] % align == 0 and int(stats_cu[-1]) <= stats.shape[1]
     assert (stats_cu % align == 0).all()
@@ -131,7 +131,7 @@ def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, devic
     """The fused backward's pre-pass: the statistics with delta computed in the same pass from O and dO
     (minus dlse) equal the statistics of the portable pre-pass's delta (``row_delta``): the same fp32
     products, summed in an order that may differ (1e-6 on sums of 64 products of unit normals)."""
-    from jfa.kernels.tlx.hopper import backward
+    from jfa.kernels.tlx.hopper import row_stats as stats_pass
     from jfa.kernels.triton.backward import row_delta
 
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
@@ -140,8 +140,8 @@ def test_dkdv_row_stats_compute_delta_from_the_outputs(lengths, with_dlse, devic
     out, dout = (torch.randn(rows, heads, head_dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
     lse = torch.randn(rows, heads, generator=g).to(device)
     dlse = torch.randn(rows, heads, generator=g).to(device) if with_dlse else None
-    fused, fused_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, dlse))
-    expected, expected_cu = backward.row_stats(lse, row_delta(out, dout, dlse), cu, len(lengths))
+    fused, fused_cu = stats_pass.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, dlse))
+    expected, expected_cu = stats_pass.row_stats(lse, row_delta(out, dout, dlse), cu, len(lengths))
     assert torch.equal(fused_cu.cpu(), expected_cu.cpu())
     torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=1e-6)
 
@@ -151,7 +151,7 @@ def test_dkdv_row_stats_pass_zeroes_the_dq_accumulator(lengths, device):
     """The fused backward's pre-pass also zeroes the fp32 dQ accumulator (allocated uninitialised): every
     element of every row and head, tail rows of a block included, and the statistics are those of the
     pass without it."""
-    from jfa.kernels.tlx.hopper import backward
+    from jfa.kernels.tlx.hopper import row_stats as stats_pass
 
     cu = torch.tensor((0,) + tuple(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
     rows, heads, head_dim = int(cu[-1]), 3, 64
@@ -159,12 +159,12 @@ def test_dkdv_row_stats_pass_zeroes_the_dq_accumulator(lengths, device):
     out, dout = (torch.randn(rows, heads, head_dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
     lse = torch.randn(rows, heads, generator=g).to(device)
     accum = torch.full((rows, heads, head_dim), float("nan"), device=device)
-    stats, stats_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None), zero=accum)
-    expected, expected_cu = backward.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None))
+    stats, stats_cu = stats_pass.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None), zero=accum)
+    expected, expected_cu = stats_pass.row_stats(lse, None, cu, len(lengths), outputs=(out, dout, None))
     assert torch.equal(accum.cpu(), torch.zeros(rows, heads, head_dim))
     assert torch.equal(stats.cpu(), expected.cpu()) and torch.equal(stats_cu.cpu(), expected_cu.cpu())
     with pytest.raises(ValueError, match="row_stats: zero must be"):
-        backward.row_stats(lse, lse, cu, len(lengths), zero=accum)
+        stats_pass.row_stats(lse, lse, cu, len(lengths), zero=accum)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

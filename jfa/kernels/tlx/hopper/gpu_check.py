@@ -252,6 +252,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     import triton
 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
+    from jfa.kernels.tlx.hopper import row_stats as stats_pass
     from jfa.kernels.triton.backward import row_delta
     from jfa.kernels.triton.forward import output_offsets
 
@@ -262,7 +263,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
         return tlx_backward.DqAccumulator(q)
 
     def stats_with_delta(**options):
-        return lambda: tlx_backward.row_stats(lse, None, out_cu, num_seqs, outputs=(o, do, None), **options)
+        return lambda: stats_pass.row_stats(lse, None, out_cu, num_seqs, outputs=(o, do, None), **options)
 
     accum = accumulator()
     zero = tlx_backward.DqAccumulator(q, zeroed=False).tensor if not kwargs["broadcast_q"] else None
@@ -272,7 +273,7 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
              "... 32-row blocks": stats_with_delta(zero=zero, block_rows=32),
              "... 128-row blocks": stats_with_delta(zero=zero, block_rows=128),
              "delta (unfused path)": lambda: row_delta(o, do),
-             "row stats from delta (unfused path)": lambda: tlx_backward.row_stats(lse, delta, out_cu, num_seqs),
+             "row stats from delta (unfused path)": lambda: stats_pass.row_stats(lse, delta, out_cu, num_seqs),
              "zero dq_accum": accumulator, "convert dq": accum.read}
     return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
 

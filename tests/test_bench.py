@@ -410,6 +410,11 @@ def test_cli_passes_repeats_and_refuses_fewer_than_one(monkeypatch, capsys):
         assert "--repeats" in capsys.readouterr().err
 
 
+def test_run_suite_refuses_fewer_than_one_repeat_before_anything_runs():
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        runner.run_suite("gem", repeats=0)
+
+
 class _CountingImpl:
     """A stand-in implementation whose timings come from a script (no GPU needed)."""
 

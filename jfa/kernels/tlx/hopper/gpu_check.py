@@ -278,7 +278,8 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep):
     return {name: round(triton.testing.do_bench(fn, warmup=10, rep=rep), 4) for name, fn in parts.items()}
 
 
-def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = "") -> int:
+def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = "", rounds: int = 1,
+                 shapes: str = "") -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: zig-zag instead of round-robin, one CTA per work item instead of
     persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), the
@@ -291,6 +292,7 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     pipeliner; plus what the fused path runs outside its kernel. ``only``: comma-separated
     substrings of the column names to time (the deterministic baseline always runs)."""
     import contextlib
+    import statistics
 
     import triton
 
@@ -310,7 +312,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
     # ... and its fused dQ, the consumers' by head-dim halves; then its parts (timing only: dq wrong)
     # ("stage-only" is left out: ptxas crashes on that build, SIGSEGV, 2026-11-30)
-    fused.update({"steps64, fused tma": BV(steps64=True), "steps64: none": BV(steps64=True, dq_reduce="none")})
+    fused.update({"steps64, fused tma": BV(steps64=True), "steps64: none": BV(steps64=True, dq_reduce="none"),
+                  "steps64, dq half sent late": BV(steps64=True, halves_send_late=True)})
     # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
     fused["producer: dQ before the loads"] = BV(dq_first=True)
     fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
@@ -332,6 +335,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
          f"{'own waits' if pipeline.enabled('jagged_dkdv_tlx_kernel') else 'generic pipeliner'})")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_backward.SUPPORTED_HEAD_DIMS, also_at_d64=True):
+        if shapes and not any(w in problem.name for w in shapes.split(",") if w):
+            continue
         q, k, v, cu_q, cu_k = b.q, b.k, b.v, b.cu_q, b.cu_k
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
@@ -347,17 +352,26 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
                              tlx_backward.config_for(problem.D, var), var, kwargs["causal"]))})
         ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
         row = table[problem.name] = {}
+        fns, times = {}, {name: [] for name in runs}
         for name, extra in runs.items():
             def fn(extra=extra, waits=own_waits_columns.get(name)):
                 with pipeline.own_waits(waits) if waits is not None else contextlib.nullcontext():
                     return tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **extra, **kwargs)
-            diff = _max_abs_diffs(fn(), ref)
-            ms = triton.testing.do_bench(fn, warmup=25, rep=rep)
-            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **diff}
+            fns[name] = fn
+            row[name] = _max_abs_diffs(fn(), ref)
+        # with rounds > 1 the columns take turns, so that a drift of the clocks reaches all of them
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(triton.testing.do_bench(fn, warmup=25, rep=rep))
+        for name, ms_list in times.items():
+            ms = statistics.median(ms_list)
+            row[name] = {"bwd_tflops": round(work / ms / 1e9, 1), "ms": round(ms, 4), **row[name]}
+            if rounds > 1:
+                row[name]["tflops_range"] = [round(work / max(ms_list) / 1e9, 1), round(work / min(ms_list) / 1e9, 1)]
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
             row["outside the fused kernel, ms"] = _fused_path_parts(q, o, do, lse, b.cu_q, kwargs, rep)
-        _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} ({r['ms']} ms, dq diff "
-                                                 f"{r['dq_max_abs_diff']:.2g})" for n, r in row.items()
+        _say(f"{problem.name:40s} " + "  ".join(f"{n}: {r['bwd_tflops']} {r.get('tflops_range', '')} ({r['ms']} ms, "
+                                                 f"dq diff {r['dq_max_abs_diff']:.2g})" for n, r in row.items()
                                                  if "bwd_tflops" in r))
         if "outside the fused kernel, ms" in row:
             _say(f"{'':40s} outside the fused kernel, ms: {row['outside the fused kernel, ms']}")
@@ -396,6 +410,9 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", default="gem", help="bench, ablation: suite name (jfa.bench.suites)")
     parser.add_argument("--out", default="", help="bench, ablation: write the TFLOP/s table as JSON here")
     parser.add_argument("--rep", type=int, default=100, help="bench, ablation: do_bench rep (ms)")
+    parser.add_argument("--rounds", type=int, default=1, help="bwd-ablation: time the columns this many times "
+                        "in turn (median TFLOP/s and its range)")
+    parser.add_argument("--shapes", default="", help="bwd-ablation: comma-separated substrings of the shapes to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         _say("gpu_check: no CUDA GPU visible")
@@ -413,7 +430,7 @@ def main(argv=None) -> int:
     if args.what == "bwd":
         return bwd(args.suite, args.out, args.rep)
     if args.what == "bwd-ablation":
-        return bwd_ablation(args.suite, args.out, args.rep, args.only)
+        return bwd_ablation(args.suite, args.out, args.rep, args.only, args.rounds, args.shapes)
     if args.what == "profile":
         return profile(args.suite, args.only)
     if args.what == "ablation":

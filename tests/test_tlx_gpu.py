@@ -220,8 +220,11 @@ def test_tlx_backward_rows64_experiment_meets_the_oracle(case, fused, monkeypatc
 # the experimental 64-row D128 steps in the transposed formulation (BackwardVariant.steps64): its fused dQ
 # (the consumers' by head-dim halves, a new exchange of dS^T between them) on every fused D128 case, the
 # portable dQ pass on the long cases and tails
-STEPS64_RUNS = [(case, True) for case in FUSED_CASES if case.head_dim == 128] + [
-    (case, False) for case, fused in ROWS64_RUNS if not fused]
+STEPS64_RUNS = [(case, True, "steps64=1") for case in FUSED_CASES if case.head_dim == 128] + [
+    (case, False, "steps64=1") for case, fused in ROWS64_RUNS if not fused]
+# and with the consumers' dQ halves sent a step late (BackwardVariant.halves_send_late)
+STEPS64_RUNS += [(case, True, "steps64=1,halves_send_late=1")
+                 for case in FUSED_CASES if case.head_dim == 128]
 
 
 def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
@@ -241,15 +244,15 @@ def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
     return launches
 
 
-@pytest.mark.parametrize("case, fused", STEPS64_RUNS,
-                         ids=[f"{'fused' if f else 'unfused'}-{c.id}" for c, f in STEPS64_RUNS])
-def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, monkeypatch):
+@pytest.mark.parametrize("case, fused, switches", STEPS64_RUNS,
+                         ids=[f"{'fused' if f else 'unfused'}-{s}-{c.id}" for c, f, s in STEPS64_RUNS])
+def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, switches, monkeypatch):
     """D 128 with 64-row steps in the transposed formulation (not shipped: item-level scalars spill),
     with its fused dQ (which must be what ran) or the portable dQ pass, judged by the rule like the
     shipped builds."""
     monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "steps64=1")
-    launches = _spy_on_fused_dq(monkeypatch, "steps64=1")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", switches)
+    launches = _spy_on_fused_dq(monkeypatch, switches)
     report = run_case(case, backend="auto", device="cuda", backward=True)
     assert report.backward_kernel == "tlx-hopper", str(report)
     if fused and case.lengths_k and case.lengths_q:

@@ -131,8 +131,11 @@ D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consum
 # less shared memory per FLOP than at N = 32, the measured wall. The fused dQ is FA3's: each consumer
 # computes dQ^T for one head-dim half over both consumers' keys (``_dq_halves``: the producer cannot hold
 # a [64, 128] fp32 dQ). On the H200 (session 9) against what ships: +4 to +9% on longtail and dense
-# D 128, -5 to -7% on uniform-D128, even on broadcast Q; its consumers keep a 192 B stack (the gate
-# refuses it). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one
+# D 128, -5 to -7% on uniform-D128, even on broadcast Q. With each consumer's dQ half sent a step late
+# (``halves_send_late``), session 11, 7 interleaved rounds in one process: uniform-D128 +1.7%, longtail
+# +4.3%, dense +8.1%, broadcast Q +0.2%; in the bench harness longtail 487-493 TFLOP/s (FA4: 484), what
+# ships 445-450. Not shipped: its consumers spill (56 spill stores; per-thread shared-memory addresses
+# LLVM hoists to the kernel's entry, reloaded twice per step), which the gate refuses. Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one
 # fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB).
 # Two (Q, dO) stages for the unfused build too (it measured the same with three: uniform-D128 288.5 with
 # three, 290.8 and 291.3 with two; longtail 375.2 / 375.3, 372.9; session 9).
@@ -225,6 +228,11 @@ class BackwardVariant:
     # session 10). The MMA skip is not for the dq_halves consumers (each computes a dQ half over both
     # consumers' keys) or the row-major steps; the per-consumer masking is for every build.
     skip_keyless: bool = True
+    # steps64 (dq_halves): a consumer's dQ half is stored to its stage at the end of a step, and fenced
+    # and reduce-added at the start of the next, once that step's S^T and dP^T are issued (the producer's
+    # dq_send_late, for the consumers): the fence no longer waits on the critical path for the stage's
+    # stores to drain through shared memory, which the other consumer's wgmma keep busy
+    halves_send_late: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -475,15 +483,16 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
 
 
 @triton.jit
-def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col):
+def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0):
     """The second half of the staged reduction with DQ_SEND_LATE: fence the stage's stores (issued a
     step ago, so the fence no longer waits for them to drain through shared memory, which the
     consumers' wgmma keep busy) and reduce-add it at (``dq_row``, ``dq_col``)."""
     tlx.fence_async_shared()
     # every producer thread fenced its own stores before the elected one issues the reduce-add (the
     # compiler's barrier sits before the fence here: the stores are a loop iteration back). Named
-    # barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX shows).
-    tlx.named_barrier_wait(0, 128)
+    # barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX shows); the
+    # consumers (HALVES_LATE) pass their own.
+    tlx.named_barrier_wait(BARRIER, 128)
     tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
 
 
@@ -511,13 +520,14 @@ def _hand_over_ds(ds_tile, ds_t, ds_full):
 
 @triton.jit
 def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, ds_full, ds_empty, dq_stage, desc_dq,
-               dq_row, dq_col, sm_scale, cid: tl.constexpr, DQ_REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
+               dq_row, dq_col, sm_scale, cid: tl.constexpr, DQ_REDUCE: tl.constexpr, HALVES_LATE: tl.constexpr,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """DQ_HALVES (FA3's split of the fused dQ): issue dK += dS^T Q, store this consumer's dS^T to its
     slot, and once both consumers have (``ds_full``: one arrival each), compute dQ^T for head-dim columns
     [cid * D/2, (cid + 1) * D/2) over both consumers' keys, K^T[half] dS^T: [D/2, BLOCK_M], 32 registers
     at D 128, the same MMA shape as S^T. Both slots are handed back (``ds_empty``) once the dQ MMAs
-    retire; the half goes to the accumulator through this consumer's stage. Returns dk, retired."""
+    retire; the half goes to the accumulator through this consumer's stage (with HALVES_LATE only stored
+    there: the next step sends it, ``_send_halves_dq``). Returns dk, retired."""
     HALF: tl.constexpr = HEAD_DIM // 2
     dk = tlx.async_dot(ds_t, q_tile, dk)
     _hand_over_ds(ds_tile, ds_t, ds_full)
@@ -529,28 +539,45 @@ def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, d
     dk = tlx.async_dot_wait(2, dk)
     dq = tlx.async_dot_wait(0, dq)
     tlx.barrier_arrive(ds_empty, 1)
-    # one stage per consumer (shared memory): the last step's reduce-add, issued a whole step ago, must
-    # have read it
-    _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col + cid * HALF, sm_scale, DQ_REDUCE, True, STAGES=1)
+    if HALVES_LATE:
+        # the stage's last reduce-add (sent at this step's start, behind S^T and dP^T) must have read it
+        tlx.async_descriptor_store_wait(0)
+        _stage_dq(dq_stage, dq, sm_scale, True)
+    else:
+        # one stage per consumer (shared memory): the last step's reduce-add, issued a whole step ago, must
+        # have read it
+        _dq_out(dq, dq_stage, desc_dq, dq_row, dq_col + cid * HALF, sm_scale, DQ_REDUCE, True, STAGES=1)
     return dk
+
+
+@triton.jit
+def _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """HALVES_LATE: reduce-add the dQ half a previous step of the item stored to this consumer's stage
+    (at query row ``staged_row``; < 0: none is staged). Named barrier 11 + cid: the consumer's own
+    warpgroup (the forward's pingpong takes 9 and 10)."""
+    if staged_row >= 0:
+        _send_staged_dq(dq_stage, desc_dq, staged_row, dq_col + cid * (HEAD_DIM // 2), 11 + cid)
 
 
 @triton.jit
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds_tile, ds_full, dq_stage, desc_dq,
                DQ, stride_dqt, dq_row, dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale,
-               k_tiles, ds_tiles, ds_buf, ds_phase, ds_empty, cid: tl.constexpr,
+               k_tiles, ds_tiles, ds_buf, ds_phase, ds_empty, staged_row, cid: tl.constexpr,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr,
                DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-               DQ_HALVES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               DTYPE: tl.constexpr):
+               DQ_HALVES: tl.constexpr, HALVES_LATE: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with FUSED_DQ also dQ = dS K for these rows (transposed with DQ_T),
     reduce-added into the fp32 dQ accumulator by TMA from shared memory, or with DQ_PRODUCER only dS^T
     stored for the producer's dQ (slot ``ds_tile``, free, signalled on ``ds_full``), or with DQ_HALVES
-    one head-dim half of dQ over both consumers' keys (``_dq_halves``). Returns (dk, dv) with every MMA
+    one head-dim half of dQ over both consumers' keys (``_dq_halves``; with HALVES_LATE the previous
+    step's half, ``staged_row``, is sent once S^T and dP^T are issued). Returns (dk, dv) with every MMA
     retired."""
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
+    if HALVES_LATE:
+        _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)
     lse2 = tlx.local_load(lse_tile)                          # [1, BLOCK_M]: lse * log2(e), +inf for empty rows
     s_t = tlx.async_dot_wait(1, s_t)
     p_t = tl.math.exp2(s_t * qk_scale - lse2)
@@ -575,7 +602,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, ds
         ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
     if DQ_HALVES:
         dk = _dq_halves(dk, ds_t.to(DTYPE), q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, ds_full, ds_empty,
-                        dq_stage, desc_dq, dq_row, dq_col, sm_scale, cid, DQ_REDUCE, BLOCK_N, HEAD_DIM)
+                        dq_stage, desc_dq, dq_row, dq_col, sm_scale, cid, DQ_REDUCE, HALVES_LATE, BLOCK_N, HEAD_DIM)
         dv = tlx.async_dot_wait(0, dv)
     elif DQ_PRODUCER:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
@@ -668,16 +695,17 @@ def _dkdv_step_rows(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_til
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt,
                     dq_row0, dq_col, m_start, offs_n, key0, len_q, len_k, causal_shift, qk_scale, sm_scale,
-                    cid: tl.constexpr,
+                    staged_row, cid: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr,
                     DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
-                    DQ_HALVES: tl.constexpr, ROWS: tl.constexpr,
+                    DQ_HALVES: tl.constexpr, ROWS: tl.constexpr, HALVES_LATE: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                     HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                     DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. ``ds_tile``
     is the consumer's dS^T tile, or with DQ_PRODUCER or DQ_HALVES the step's slot of ``ds_tiles`` (the
-    producer's step count equals the consumers')."""
+    producer's step count equals the consumers'). ``staged_row``: with HALVES_LATE the query row of the
+    dQ half staged and not yet sent (< 0: none); returns the one this step leaves staged."""
     k_tile = k_tiles[cid]
     v_tile = v_tiles[cid]
     buf, phase = _bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
@@ -700,10 +728,13 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
                             desc_dq, DQ, stride_dqt,
                             dq_row0 + m_start,
                             dq_col, m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, k_tiles, ds_tiles,
-                            ds_buf, ds_phase, ds_empties[ds_buf], cid, MASKED, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST,
-                            DQ_T, DQ_PRODUCER, DQ_HALVES, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE)
+                            ds_buf, ds_phase, ds_empties[ds_buf], staged_row, cid, MASKED, CAUSAL, FUSED_DQ,
+                            DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, HALVES_LATE, BLOCK_N,
+                            BLOCK_M, HEAD_DIM, DTYPE)
+        if HALVES_LATE:
+            staged_row = dq_row0 + m_start
     tlx.barrier_arrive(qdo_empties[buf], 1)
-    return dk, dv, qdo_cnt + 1
+    return dk, dv, qdo_cnt + 1, staged_row
 
 
 @triton.jit
@@ -741,7 +772,8 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        FUSED_DQ: tl.constexpr, DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr,
                        DQ_PRODUCER: tl.constexpr, DQ_HALVES: tl.constexpr, ROWS: tl.constexpr,
-                       SKIP_KEYLESS: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       SKIP_KEYLESS: tl.constexpr, HALVES_LATE: tl.constexpr,
+                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                        DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
@@ -785,20 +817,24 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid,
                                      FUSED_DQ and not DQ_PRODUCER and DQ_REDUCE == 0, DQ_PRODUCER, BLOCK_N,
                                      BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+    staged_row = -1  # HALVES_LATE: no dQ half staged yet in this item
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
-        dk, dv, qdo_cnt = _dkdv_ring_step(
+        dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
             _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q,
-            len_k, causal_shift, qk_scale, sm_scale, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T,
-            DQ_PRODUCER, DQ_HALVES, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            len_k, causal_shift, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST,
+            DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, HALVES_LATE, BLOCK_N, BLOCK_M, HEAD_DIM,
+            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
-        dk, dv, qdo_cnt = _dkdv_ring_step(
+        dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             p_tile, ds_tile, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DQ, stride_dqt, dq_row0, dq_col,
-            i * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q, len_k, causal_shift, qk_scale, sm_scale, cid,
-            False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, BLOCK_N, BLOCK_M, HEAD_DIM,
-            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            i * BLOCK_M, offs_n, n_start + cid * BLOCK_N, len_q, len_k, causal_shift, qk_scale, sm_scale,
+            staged_row, cid, False, CAUSAL, FUSED_DQ, DQ_REDUCE, DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS,
+            HALVES_LATE, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+    if HALVES_LATE:  # the item's last staged half
+        _send_halves_dq(dq_stages[cid], desc_dq, staged_row, dq_col, cid, HEAD_DIM)
     if DQ_HALVES:  # every MMA of this consumer reading the item's K and V (both halves of K) has retired
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_arrive(kv_empties[c], 1)
@@ -806,6 +842,12 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
+    if DQ_HALVES:
+        # the item's numbers read again rather than carried through the loops (registers: at 240 with
+        # 64-row steps the values kept for the epilogue were spilled to the stack)
+        head, _t, _qr, _or, _lq, k_row0, len_k = _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads,
+                                                                num_seqs, len_q_bcast, BROADCAST_Q)
+        offs_n = _t * TILE_N + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_n < len_k
     offs_d = tl.arange(0, HEAD_DIM)
     rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
@@ -824,7 +866,7 @@ def jagged_dkdv_tlx_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr,
     DQ_REDUCE: tl.constexpr, DQ_FIRST: tl.constexpr, DQ_T: tl.constexpr, DQ_PRODUCER: tl.constexpr,
     DQ_SEND_LATE: tl.constexpr, DQ_HALVES: tl.constexpr, ROWS: tl.constexpr, SCHEDULE: tl.constexpr,
-    SKIP_KEYLESS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SKIP_KEYLESS: tl.constexpr, HALVES_LATE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
@@ -912,7 +954,8 @@ def jagged_dkdv_tlx_kernel(
                         dq_stages, desc_dq, DQ, DK, DV, TILES, CU_Q, CU_K, stride_dqt, stride_dkt,
                         stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                         len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q, FUSED_DQ, DQ_REDUCE,
-                        DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, SKIP_KEYLESS, TILE_N, BLOCK_N, BLOCK_M,
+                        DQ_FIRST, DQ_T, DQ_PRODUCER, DQ_HALVES, ROWS, SKIP_KEYLESS, HALVES_LATE, TILE_N,
+                        BLOCK_N, BLOCK_M,
                         NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
                         DTYPE)
             if FUSED_DQ and DQ_REDUCE == 0 and not DQ_PRODUCER:
@@ -938,6 +981,7 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
                 ROWS=cfg.rows_major,
                 SCHEDULE=SCHEDULES.index(variant.schedule),
                 SKIP_KEYLESS=variant.skip_keyless,
+                HALVES_LATE=fused_dq and cfg.dq_halves and variant.halves_send_late and variant.dq_reduce == "tma",
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 CONSUMER_REGS=consumer_regs(cfg, fused_dq=fused_dq, variant=variant, causal=causal))
 

@@ -174,10 +174,10 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
                        ("dq_in_producer=0,dq_reduce=atomic,dq_first=1", "dq_first"), ("fused=1", "unknown switch"),
                        ("dq_reduce=atomic", "consumers' dQ: add dq_in_producer=0"),
                        ("rows64=1,dq_in_producer=0", "rows64: only with the producer's dQ"),
-                       ("rows64=1,steps64=1", "pick one"),
-                       ("steps64=1,dq_first=1", "steps64: its dQ .* takes neither")):
+                       ("rows64=1", "rows64=1 needs steps64=0")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)
+    assert SHIPPED.steps64 and SHIPPED.halves_send_late  # D 128 ships the 64-row steps (session 11)
     monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "dq_in_producer=0,dq_reduce=atomic")
     assert default_variant() == BackwardVariant(dq_in_producer=False, dq_reduce="atomic")
     assert BackwardVariant.parse("dq_first=1,dq_send_late=0") == BackwardVariant(dq_first=True, dq_send_late=False)

@@ -8,6 +8,8 @@ import itertools
 import json
 import math
 
+import os
+
 import pytest
 import torch
 
@@ -45,13 +47,14 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     assert 0 < row["shared_bytes"] <= SM90_SHARED_LIMIT
     module = backward if target["kernel"] == "dkdv" else forward
     assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
-    cfg = module.config_for(target["head_dim"])
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
         build, _, switches = target["variant"].partition(",")
-        regs = backward.consumer_regs(cfg, fused_dq=build == "fused-dq", causal=target["causal"],
-                                      variant=backward.BackwardVariant.parse(switches))
+        variant = backward.BackwardVariant.parse(switches)
+        fused = build == "fused-dq"
+        regs = backward.consumer_regs(backward.config_for(target["head_dim"], variant, fused), fused_dq=fused,
+                                      causal=target["causal"], variant=variant)
     else:
-        regs = cfg.consumer_regs
+        regs = module.config_for(target["head_dim"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]
     assert details["setmaxnreg"]["dec"], "the producer never gives registers back"
     assert details["tma_loads"] > 0 and details["expect_tx"] > 0, "no TMA loads"
@@ -170,8 +173,8 @@ def test_dkdv_row_stats_pass_zeroes_the_dq_accumulator(lengths, device):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     """The fused dQ's fp32 accumulator is shaped like q and starts at zero; its TMA box is one query
-    step's rows of one head (half the head dim for the rows-major experiment); it reads back as dq in
-    q's dtype and shape."""
+    step's rows of one head (half the head dim where a dQ is reduced by halves: the 64-row D 128 steps
+    that ship, the rows-major experiment); it reads back as dq in q's dtype and shape."""
     from jfa.kernels.tlx.hopper import backward
 
     rows, heads = 37, 3
@@ -180,11 +183,14 @@ def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     accum = backward.DqAccumulator(q)
     assert accum.tensor.shape == q.shape and accum.tensor.dtype == torch.float32 and not accum.tensor.any()
     desc, row_stride = accum.descriptor()
-    assert desc.block_shape == [backward.config_for(head_dim).block_m, head_dim]
+    assert desc.block_shape == [64, 64 if head_dim == 128 else head_dim]
     assert desc.shape == [rows, heads * head_dim] and row_stride == heads * head_dim
     if head_dim == 128:
         rows64_desc, _ = backward.DqAccumulator(q, backward.D128_ROWS64).descriptor()
         assert rows64_desc.block_shape == [64, 64]
+        steps32_desc, _ = backward.DqAccumulator(q, backward.config_for(128, backward.BackwardVariant(
+            steps64=False))).descriptor()
+        assert steps32_desc.block_shape == [32, 128]
     accum.tensor.copy_(dq)
     got = accum.read().cpu()
     assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
@@ -221,3 +227,38 @@ def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
     with pytest.raises(ValueError, match="TLX kernel name"):
         with pipeline.own_waits("jagged_dkdv"):
             pass
+
+
+def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_switch_overrides_it(monkeypatch):
+    """A launch whose config leaves its LLVM IR to ptxas (``build_llvm_o0``) compiles another build, so it
+    must change Triton's cache key; JFA_TLX_LLVM_O0, when set, decides instead (0: LLVM everywhere); the
+    context managers restore what they change, also after a bad kernel name. The 64-row D 128 config
+    asks for it, no other."""
+    from triton import knobs
+
+    from jfa.kernels.tlx import pipeline
+    from jfa.kernels.tlx.hopper import backward
+
+    pipeline.install()
+    hook = knobs.runtime.add_stages_inspection_hook
+    monkeypatch.delenv(pipeline.LLVM_O0_ENV, raising=False)
+    plain = hook()
+    assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel")
+    with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", True):
+        asked = hook()
+        assert pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and not pipeline.llvm_o0("jagged_fwd_tlx_kernel")
+        with pipeline.llvm_unoptimised(False):  # the switch wins over the build
+            assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() != asked
+    assert asked[0] != plain[0] and asked[1] != plain[1]
+    assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() == plain  # restored
+    with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", False):
+        assert hook() == plain
+    monkeypatch.setenv(pipeline.LLVM_O0_ENV, "jagged_dkdv_tlx_kernel")
+    assert hook() == asked
+    with pytest.raises(ValueError, match="TLX kernel name"):
+        with pipeline.llvm_unoptimised("dkdv"):
+            pass
+    assert os.environ[pipeline.LLVM_O0_ENV] == "jagged_dkdv_tlx_kernel"
+    configs = [backward.config_for(d, v, f) for d in (64, 128) for f in (True, False)
+               for v in (backward.SHIPPED, backward.BackwardVariant(steps64=False))]
+    assert [c for c in configs if c.llvm_o0] == [backward.D128_STEPS64]

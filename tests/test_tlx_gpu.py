@@ -188,15 +188,19 @@ FUSED_CASES = [c for c in DKDV_CASES if c.head_dim in getattr(
          name="fused-dq-keyless-between-items-causal-D128")]
 
 
-# the shipped fused dQ (the producer's; the consumers' for causal D 128) and the consumers' dQ on every
-# case; on the long ones and the tails the ablation's switches (atomic reduction, dQ MMA before dK), the
-# producer's own (dQ before the loads, sent in its step: no effect where the build has the consumers'
-# dQ), the schedules the K/V phase-from-the-round-counter must also hold for (zig-zag, one CTA per item)
-# and the consumers computing a keyless half (skip_keyless=0, what ran until session 10)
-FUSED_RUNS = [(case, switches) for switches in ("", "dq_in_producer=0") for case in FUSED_CASES] + [
-    (case, switches) for switches in ("dq_in_producer=0,dq_reduce=atomic", "dq_in_producer=0,dq_first=1",
-                                      "dq_send_late=0", "dq_first=1", "schedule=zigzag", "persistent=0",
-                                      "skip_keyless=0")
+# the shipped fused dQ (D 64: the producer's; D 128: the 64-row steps' dQ halves, sent a step late) and
+# the consumers' dQ (steps64=0: at D 128 the 32-row build's) on every case; on the long ones and the tails
+# the ablation's switches (atomic reduction, dQ MMA before dK), the producer's own (dQ before the loads,
+# sent in its step: no effect where the build has the consumers' dQ), the 32-row D 128 build that shipped
+# until session 11, the schedules the K/V phase-from-the-round-counter must also hold for (zig-zag, one
+# CTA per item), the consumers computing a keyless half (skip_keyless=0, what ran until session 10) and
+# the 64-row steps' dQ halves sent in their own step
+FUSED_RUNS = [(case, switches) for switches in ("", "steps64=0,dq_in_producer=0") for case in FUSED_CASES] + [
+    (case, switches) for switches in ("steps64=0,dq_in_producer=0,dq_reduce=atomic",
+                                      "steps64=0,dq_in_producer=0,dq_first=1", "steps64=0",
+                                      "steps64=0,dq_send_late=0", "steps64=0,dq_first=1", "schedule=zigzag",
+                                      "persistent=0", "steps64=0,skip_keyless=0", "skip_keyless=0",
+                                      "halves_send_late=0")
     for case in FUSED_CASES if case.name.startswith(("fused-dq-many-items", "dkdv-tails", "fused-dq-keyless"))]
 
 
@@ -211,20 +215,15 @@ def test_tlx_backward_rows64_experiment_meets_the_oracle(case, fused, monkeypatc
     """D 128 with 64-row steps in the row-major formulation (not shipped: its builds keep a stack frame),
     judged by the rule like the shipped builds, with the producer's dQ or the portable dQ pass."""
     monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "rows64=1")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "rows64=1,steps64=0")
     report = run_case(case, backend="auto", device="cuda", backward=True)
     assert report.backward_kernel == "tlx-hopper", str(report)
     assert report.ok, str(report)
 
 
-# the experimental 64-row D128 steps in the transposed formulation (BackwardVariant.steps64): its fused dQ
-# (the consumers' by head-dim halves, a new exchange of dS^T between them) on every fused D128 case, the
-# portable dQ pass on the long cases and tails
-STEPS64_RUNS = [(case, True, "steps64=1") for case in FUSED_CASES if case.head_dim == 128] + [
-    (case, False, "steps64=1") for case, fused in ROWS64_RUNS if not fused]
-# and with the consumers' dQ halves sent a step late (BackwardVariant.halves_send_late)
-STEPS64_RUNS += [(case, True, "steps64=1,halves_send_late=1")
-                 for case in FUSED_CASES if case.head_dim == 128]
+# the 64-row D 128 steps (what ships with the fused dQ) compiled with LLVM's optimisation (not what ships:
+# that build spills), on every fused D 128 case
+LLVM_O3_RUNS = [case for case in FUSED_CASES if case.head_dim == 128]
 
 
 def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
@@ -244,19 +243,21 @@ def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
     return launches
 
 
-@pytest.mark.parametrize("case, fused, switches", STEPS64_RUNS,
-                         ids=[f"{'fused' if f else 'unfused'}-{s}-{c.id}" for c, f, s in STEPS64_RUNS])
-def test_tlx_backward_steps64_experiment_meets_the_oracle(case, fused, switches, monkeypatch):
-    """D 128 with 64-row steps in the transposed formulation (not shipped: item-level scalars spill),
-    with its fused dQ (which must be what ran) or the portable dQ pass, judged by the rule like the
-    shipped builds."""
-    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1" if fused else "0")
-    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", switches)
-    launches = _spy_on_fused_dq(monkeypatch, switches)
+@pytest.mark.parametrize("case", LLVM_O3_RUNS, ids=[c.id for c in LLVM_O3_RUNS])
+def test_tlx_backward_d128_with_llvm_optimisation_meets_the_oracle(case, monkeypatch):
+    """What ships at D 128 with the fused dQ, compiled with LLVM's optimisation (JFA_TLX_LLVM_O0=0; the
+    build spills, so it does not ship), judged by the rule like the shipped builds; its fused dQ must be
+    what ran."""
+    from jfa.kernels.tlx import pipeline
+
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    monkeypatch.setenv("JFA_TLX_BWD_VARIANT", "")
+    monkeypatch.setenv(pipeline.LLVM_O0_ENV, "0")
+    launches = _spy_on_fused_dq(monkeypatch, "")
     report = run_case(case, backend="auto", device="cuda", backward=True)
     assert report.backward_kernel == "tlx-hopper", str(report)
-    if fused and case.lengths_k and case.lengths_q:
-        assert launches and all(launches), "the steps64 fused dQ did not run"
+    if case.lengths_k and case.lengths_q:
+        assert launches and all(launches), "the fused dQ did not run"
     assert report.ok, str(report)
 
 

@@ -120,21 +120,36 @@ def tlx_backward_targets() -> list:
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
     # the dK/dV kernel ships with its own waits; the generic pipeliner's build is an ablation column
+    # (at D 128 the 32-row build's: the 64-row steps under the generic pipeliner keep an 8 B stack)
     for head_dim in FUSED_DQ_HEAD_DIMS:
-        targets.append(Target(f"tlx-dkdv-bf16-D{head_dim}[fused-dq,generic-pipeliner]", "dkdv", "bf16", head_dim,
-                              False, False, backend="tlx", variant="fused-dq", own_waits=False))
+        variant = "fused-dq" if head_dim != 128 else "fused-dq,steps64=0"
+        targets.append(Target(f"tlx-dkdv-bf16-D{head_dim}[{variant},generic-pipeliner]", "dkdv", "bf16", head_dim,
+                              False, False, backend="tlx", variant=variant, own_waits=False))
     # the ablation's builds that run on the GPU, with the shipped waits: {variant: {head dim: causal values}}.
     # Left out, because they keep a stack frame this gate refuses and a baseline need not meet: the atomic
     # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B); the zig-zag
-    # schedule with the producer's dQ at D 128 (two item-level scalars).
+    # schedule with the producer's dQ at D 128 (two item-level scalars). All D 128 entries but the 64-row
+    # steps' own are the 32-row build's (steps64=0). Each is compiled as its launcher compiles it (the
+    # 64-row steps' LLVM IR left to ptxas: HopperDkDvConfig.llvm_o0).
     # (the consumers' dQ ships for causal D 128: that build is above)
-    ablation_builds = {"fused-dq,dq_first=1": {64: (False,), 128: (False,)},  # the producer's dQ before the loads
-                       "fused-dq,dq_send_late=0": {64: (False,), 128: (False,)},
+    ablation_builds = {"fused-dq,dq_first=1": {64: (False,)},  # the producer's dQ before the loads
+                       "fused-dq,dq_send_late=0": {64: (False,)},
                        "fused-dq,skip_keyless=0": {64: (False,), 128: (False, True)},
-                       "fused-dq,dq_in_producer=0": {64: (False, True), 128: (False,)},
-                       "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True), 128: (False,)},
+                       "fused-dq,dq_in_producer=0": {64: (False, True)},
+                       "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True)},
                        "fused-dq,dq_in_producer=0,dq_reduce=atomic": {64: (False,)},
-                       "fused-dq,dq_in_producer=0,dq_reduce=stage-only": {64: (False, True), 128: (False, True)}}
+                       "fused-dq,dq_in_producer=0,dq_reduce=stage-only": {64: (False, True)},
+                       # D 128: the 64-row steps' dQ halves sent in their own step; the 32-row build
+                       # (shipped until session 11: the producer's dQ, the consumers' for causal) and
+                       # the switches of its dQ
+                       "fused-dq,halves_send_late=0": {128: (False, True)},
+                       "fused-dq,steps64=0": {128: (False, True)},
+                       "fused-dq,steps64=0,dq_first=1": {128: (False,)},
+                       "fused-dq,steps64=0,dq_send_late=0": {128: (False,)},
+                       "fused-dq,steps64=0,skip_keyless=0": {128: (False, True)},
+                       "fused-dq,steps64=0,dq_in_producer=0": {128: (False,)},
+                       "fused-dq,steps64=0,dq_in_producer=0,dq_first=1": {128: (False,)},
+                       "fused-dq,steps64=0,dq_in_producer=0,dq_reduce=stage-only": {128: (False, True)}}
     for variant, by_head_dim in ablation_builds.items():
         for head_dim in FUSED_DQ_HEAD_DIMS:
             targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}[{variant}]", "dkdv", "bf16",
@@ -355,15 +370,17 @@ def _variant(target: Target):
     return Variant.parse(target.variant)
 
 
-def _compile_tlx(target: Target, spec, num_consumers: int):
+def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False):
     """Compile a TLX kernel and judge what every one must show: one warp-specialised region with the
     consumer partitions, setmaxnreg both ways, TMA loads, mbarrier waits, no ptxas spill, no wgmma
-    serialisation. Returns (compiled, result, expected) with the checks still to be applied."""
+    serialisation. ``llvm_o0``: the build's config leaves its LLVM IR to ptxas, as its launcher does
+    (``pipeline.build_llvm_o0``). Returns (compiled, result, expected) with the checks still to be
+    applied."""
     from jfa.kernels.tlx import pipeline
 
     fn, sig, constants, attrs, options = spec
     pipeline.install()
-    with pipeline.own_waits(target.own_waits):
+    with pipeline.own_waits(target.own_waits), pipeline.build_llvm_o0(fn.fn.__name__, llvm_o0):
         compiled, result = _compile(target, fn, sig, constants, attrs, options)
         own_waits = pipeline.enabled(fn.fn.__name__)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
@@ -404,7 +421,8 @@ def _check_tlx(target: Target) -> Result:
         variant = tlx_backward.BackwardVariant.parse(switches)
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, variant=variant)
-        _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS)
+        cfg = tlx_backward.config_for(target.head_dim, variant, fused_dq=fused)
+        _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
         staged = fused and variant.dq_reduce == "tma"
         expected["TMA reduce-adds of dQ exactly in the staged fused build"] = \
             (result.details["tma_reduce_adds"] > 0) == staged

@@ -20,13 +20,22 @@ with own waits (session 5); the dK/dV kernel +0.6 to +3.8% on seven of the eight
 and -0.9 and +0.3% on the dense one, both builds timed in turn in one process, twice (session 9, 2026-11-30;
 ``gpu_check bwd-ablation`` column "generic pipeliner (dK/dV)" times the other build).
 
+The same hook can also skip LLVM's optimisation of a TLX kernel's LLVM IR, leaving it all to ptxas (-O3).
+LLVM's loop-invariant code motion lifts every per-thread shared-memory address (the swizzled stmatrix,
+stage and statistics offsets, computed from %tid) out of the persistent kernel's loops to its entry; at
+240 registers per consumer, ptxas then spills them to the stack. Without LLVM's passes ptxas keeps them
+where they are used: the 64-row D 128 dK/dV build (``BackwardVariant.steps64``) went from 56 spill stores
+to none (2026-11-30). A build asks for it through its config (the launcher wraps its launch in
+``build_llvm_o0``); ``JFA_TLX_LLVM_O0`` (0, 1 or kernel names, as above), when set, overrides every build.
+
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
-the setting is part of the compilation cache key, so builds under different settings never share a
+both settings are part of the compilation cache key, so builds under different settings never share a
 cache entry.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 
 from jfa.flags import env_flag
@@ -36,24 +45,35 @@ ENV = "JFA_TLX_OWN_WAITS"
 KERNELS = ("jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel")
 DEFAULT = frozenset({"jagged_dkdv_tlx_kernel"})  # what ships: the kernels that skip the generic pipeliner
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
+LLVM_O0_ENV = "JFA_TLX_LLVM_O0"
+LLVM_O0_DEFAULT = frozenset()  # no kernel as a whole: the builds that ship unoptimised ask (build_llvm_o0)
+# the kernels whose current launch's build asks for its LLVM IR to go unoptimised (set by build_llvm_o0 in
+# the launching thread, where Triton compiles)
+_build_llvm_o0: contextvars.ContextVar = contextvars.ContextVar("jfa_build_llvm_o0", default=frozenset())
 _installed = False
 
 
-def _setting():
-    """True (every TLX kernel), False, or the frozenset of kernel names ``JFA_TLX_OWN_WAITS`` selects
-    (DEFAULT when unset or empty). A value that is neither a boolean (``jfa.flags``) nor a list of KERNELS
-    raises ValueError."""
-    text = os.environ.get(ENV, "")
+def _setting(env: str = ENV, default=DEFAULT):
+    """True (every TLX kernel), False, or the frozenset of kernel names the variable ``env`` selects
+    (``default`` when unset or empty). A value that is neither a boolean (``jfa.flags``) nor a list of
+    KERNELS raises ValueError."""
+    text = os.environ.get(env, "")
     if not text.strip():
-        return DEFAULT
+        return default
     try:
-        return env_flag(ENV, False)
+        return env_flag(env, False)
     except ValueError:
         names = frozenset(n.strip() for n in text.split(",") if n.strip())
         if not names or names - set(KERNELS):
-            raise ValueError(f"{ENV}: must be 0, 1, true, false or comma-separated TLX kernel names "
+            raise ValueError(f"{env}: must be 0, 1, true, false or comma-separated TLX kernel names "
                              f"{KERNELS}, got {text!r}") from None
         return names
+
+
+def _selects(setting, kernel) -> bool:
+    if isinstance(setting, bool):
+        return setting
+    return kernel in setting if kernel is not None else bool(setting)
 
 
 def enabled(kernel: str = None) -> bool:
@@ -63,6 +83,29 @@ def enabled(kernel: str = None) -> bool:
     if isinstance(setting, bool):
         return setting
     return kernel in setting if kernel is not None else True
+
+
+def _llvm_o0_setting():
+    """``JFA_TLX_LLVM_O0`` when set; else the kernels the current launch's build asks for."""
+    if os.environ.get(LLVM_O0_ENV, "").strip():
+        return _setting(LLVM_O0_ENV, LLVM_O0_DEFAULT)
+    return _build_llvm_o0.get() or LLVM_O0_DEFAULT
+
+
+def llvm_o0(kernel: str) -> bool:
+    """Whether a TLX compile of ``kernel`` now skips LLVM's optimisation (read at each compile)."""
+    return _selects(_llvm_o0_setting(), kernel)
+
+
+@contextlib.contextmanager
+def build_llvm_o0(kernel: str, wanted: bool):
+    """Around a launch of ``kernel``: its build's config asks (``wanted``) for its LLVM IR to be left to
+    ptxas. ``JFA_TLX_LLVM_O0``, when set, still decides (measurements)."""
+    token = _build_llvm_o0.set(frozenset({kernel}) if wanted else frozenset())
+    try:
+        yield
+    finally:
+        _build_llvm_o0.reset(token)
 
 
 @contextlib.contextmanager
@@ -84,6 +127,38 @@ def own_waits(on=True):
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = saved
+
+
+@contextlib.contextmanager
+def llvm_unoptimised(on=True):
+    """Set ``JFA_TLX_LLVM_O0`` for the duration of a block, as ``own_waits`` does for its switch (None:
+    unset, each build as its config asks)."""
+    saved = os.environ.get(LLVM_O0_ENV)
+    if on is None:
+        os.environ.pop(LLVM_O0_ENV, None)
+    else:
+        os.environ[LLVM_O0_ENV] = on if isinstance(on, str) else ("1" if on else "0")
+    try:
+        _setting(LLVM_O0_ENV, LLVM_O0_DEFAULT)
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(LLVM_O0_ENV, None)
+        else:
+            os.environ[LLVM_O0_ENV] = saved
+
+
+@contextlib.contextmanager
+def _llvm_at_o0():
+    """make_llir's ``llvm.optimize_module`` runs at O0 inside the block."""
+    from triton._C.libtriton import llvm
+
+    optimize = llvm.optimize_module
+    llvm.optimize_module = lambda mod, _level, *args, **kwargs: optimize(mod, llvm.OPTIMIZE_O0, *args, **kwargs)
+    try:
+        yield
+    finally:
+        llvm.optimize_module = optimize
 
 
 @contextlib.contextmanager
@@ -122,8 +197,11 @@ def install() -> None:
     def hook(self=None, stages=None, options=None, language=None, capability=None):
         key, digest = inner(self, stages, options, language, capability)
         setting = _setting()
-        flag = ("1" if setting else "0") if isinstance(setting, bool) else "+".join(sorted(setting))
-        if stages is not None and setting and "ttgir" in stages and getattr(self, "name", "") != "amd":
+        flag = _flag(setting)
+        o0_setting = _llvm_o0_setting()
+        o0_flag = _flag(o0_setting)
+        nvidia = getattr(self, "name", "") != "amd"
+        if stages is not None and setting and "ttgir" in stages and nvidia:
             make_ttgir = stages["ttgir"]
 
             def ttgir(src, metadata):
@@ -133,7 +211,22 @@ def install() -> None:
                 return make_ttgir(src, metadata)
 
             stages["ttgir"] = ttgir
-        return f"{key}\njfa-own-waits={flag}", f"{digest}-jfa-own-waits-{flag}"
+        if stages is not None and o0_setting and "llir" in stages and nvidia:
+            make_llir = stages["llir"]
+
+            def llir(src, metadata):
+                if _is_tlx_module(src) and llvm_o0(src.get_entry_func_name()):
+                    with _llvm_at_o0():
+                        return make_llir(src, metadata)
+                return make_llir(src, metadata)
+
+            stages["llir"] = llir
+        return (f"{key}\njfa-own-waits={flag}\njfa-llvm-o0={o0_flag}",
+                f"{digest}-jfa-own-waits-{flag}-jfa-llvm-o0-{o0_flag}")
 
     knobs.runtime.add_stages_inspection_hook = hook
     _installed = True
+
+
+def _flag(setting) -> str:
+    return ("1" if setting else "0") if isinstance(setting, bool) else "+".join(sorted(setting))

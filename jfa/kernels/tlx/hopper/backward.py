@@ -5,12 +5,16 @@
 into it (below) or from the portable dQ pass (no atomics, bitwise reproducible: every
 ``deterministic=True`` call). A fused dQ build (``FUSED_DQ``) also computes dQ = dS K per step and
 reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from double-buffered shared memory,
-replacing the portable dQ pass. The producer warpgroup computes it (``DQ_PRODUCER``, what ships; the
-consumers only store dS^T), over both consumers' keys, one reduce-add per step; the causal D 128 build
-keeps it in the consumers (registers). At D 128 the 32-row query steps are below wgmma's M of 64: the
-kernel computes dQ^T = K^T dS^T instead and stores it transposed into the stage (``DQ_T``).
-The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it off), never for
-``deterministic=True`` (``gpu_check bwd-ablation``, BENCHMARKS.md).
+replacing the portable dQ pass. At D 64 the producer warpgroup computes it (``DQ_PRODUCER``; the
+consumers only store dS^T), over both consumers' keys, one reduce-add per step. At D 128 the fused build
+runs 64-row query steps (``D128_STEPS64``, since session 11: S^T and dP^T at N = 64 read half the
+shared memory per FLOP of 32-row steps) and each consumer computes dQ^T for one head-dim half over both
+consumers' keys (``DQ_HALVES``, FA3's split), reduce-adding it a step later (``halves_send_late``); its
+LLVM IR is left to ptxas (``HopperDkDvConfig.llvm_o0``: with LLVM's loop-invariant code motion its
+consumers spilled). The deterministic D 128 build keeps 32-row steps, where the steps are below wgmma's
+M of 64 and a fused dQ would be computed transposed (dQ^T = K^T dS^T, ``DQ_T``; the ablation's
+``steps64=0`` builds). The fused dQ ships at D 64 and D 128 (``JFA_TLX_FUSED_DQ=0`` turns it off), never
+for ``deterministic=True`` (``gpu_check bwd-ablation``, BENCHMARKS.md).
 
 Shape of the kernel (the forward's structure turned around: keys are the rows):
 
@@ -52,6 +56,7 @@ import triton.language as tl
 from jfa.flags import env_flag
 from jfa.kernels import alloc
 from jfa.kernels.schedule import build_tile_list
+from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.tlx.hopper.forward import (
     SCHEDULES,
@@ -85,6 +90,9 @@ class HopperDkDvConfig:
     # the fused dQ computed by the two consumers by head-dim halves, each over both consumers' keys
     # (FA3's split: ``_dq_halves``); the producer then only loads
     dq_halves: bool = False
+    # the fused build's LLVM IR left to ptxas (``pipeline.build_llvm_o0``): LLVM hoists per-thread
+    # shared-memory addresses out of the loops, and at 240 registers ptxas spilled them
+    llvm_o0: bool = False
 
 
 NUM_CONSUMERS = 2
@@ -98,7 +106,8 @@ _CONFIGS: dict[int, HopperDkDvConfig] = {
     # delta). 32-row steps ran at 0.7x the portable dK/dV pass on the H200 when lse and delta were
     # global loads on each step's critical path (NOTES.md, 2026-11-29); they now come by TMA with Q, dO.
     64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=240),
-    # D 128: dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
+    # D 128 with 32-row steps (what ships at D 128 is D128_STEPS64; this one with steps64=0, shipped until
+    # session 11): dK + dV take 128 regs/thread; 32-row steps fit in 240 registers with no spill once lse and
     # delta stopped living in registers (8 B spilled before; 64-row steps spill 96 B). Shared memory:
     # K, V halves 4 x 16 KB + 3 stages x (Q 8 KB + dO 8 KB + stats 256 B), 129 KB as compiled; with the
     # fused dQ also dS^T 2 x 4 KB and 2 (producer's dQ) or 4 (consumers') fp32 dQ stages of 16 KB:
@@ -126,26 +135,32 @@ FUSED_DQ_HEAD_DIMS = SUPPORTED_HEAD_DIMS
 # 227 KiB (fused, as compiled).
 D128_ROWS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, rows_major=True)
 
-# An experiment (BackwardVariant.steps64): 64-row steps at D 128 in the transposed formulation that
-# ships at D 64 (and the one FA3 uses at 80 rows: NOTES.md, session 8). S^T, dP^T at N = 64 read 1.5x
-# less shared memory per FLOP than at N = 32, the measured wall. The fused dQ is FA3's: each consumer
-# computes dQ^T for one head-dim half over both consumers' keys (``_dq_halves``: the producer cannot hold
-# a [64, 128] fp32 dQ). On the H200 (session 9) against what ships: +4 to +9% on longtail and dense
-# D 128, -5 to -7% on uniform-D128, even on broadcast Q. With each consumer's dQ half sent a step late
-# (``halves_send_late``), session 11, 7 interleaved rounds in one process: uniform-D128 +1.7%, longtail
-# +4.3%, dense +8.1%, broadcast Q +0.2%; in the bench harness longtail 487-493 TFLOP/s (FA4: 484), what
-# ships 445-450. Not shipped: its consumers spill (56 spill stores; per-thread shared-memory addresses
-# LLVM hoists to the kernel's entry, reloaded twice per step), which the gate refuses. Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one
-# fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB).
+# What ships at D 128 (BackwardVariant.steps64, since session 11): 64-row steps in the transposed
+# formulation that ships at D 64 (and the one FA3 uses at 80 rows: NOTES.md, session 8). S^T, dP^T at
+# N = 64 read 1.5x less shared memory per FLOP than at N = 32, the measured wall. The fused dQ is FA3's:
+# each consumer computes dQ^T for one head-dim half over both consumers' keys (``_dq_halves``: the
+# producer cannot hold a [64, 128] fp32 dQ), its half sent a step late (``halves_send_late``). On the
+# H200 (session 11, 5 interleaved rounds in one process, against the 32-row build): uniform-D128 +1.7%,
+# longtail +11.7%, dense +11.6%, broadcast Q +2.5%. Its consumers spilled (56 spill stores: per-thread
+# shared-memory addresses LLVM hoisted to the kernel's entry) until the dK/dV kernel's LLVM IR was left
+# to ptxas (``llvm_o0``, ``pipeline.build_llvm_o0``): no spill since. Shared memory: K, V 64 KB + 2 stages x
+# (Q, dO) 64 KB + dS^T 2 slots x 2 x 8 KB + one fp32 dQ half-stage of 16 KB per consumer: 209 KB as
+# compiled (two stages each: 241 KB).
 # Two (Q, dO) stages for the unfused build too (it measured the same with three: uniform-D128 288.5 with
 # three, 290.8 and 291.3 with two; longtail 375.2 / 375.3, 372.9; session 9).
-D128_STEPS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq_halves=True)
+D128_STEPS64 = HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq_halves=True,
+                                llvm_o0=True)
 
 
-def config_for(head_dim: int, variant: "BackwardVariant" = None) -> HopperDkDvConfig:
-    if variant is not None and variant.rows64 and head_dim == 128:
+def config_for(head_dim: int, variant: "BackwardVariant" = None, fused_dq: bool = True) -> HopperDkDvConfig:
+    """The dK/dV config of ``variant``'s build at ``head_dim`` (None: what ships), with the fused dQ or
+    without it (the deterministic backward: its dK/dV kernel keeps 32-row steps at D 128, the build
+    validated on the GPU; its 64-row build spilled 11 stores with LLVM's optimisation and is not
+    validated without it)."""
+    variant = SHIPPED if variant is None else variant
+    if variant.rows64 and head_dim == 128:
         return D128_ROWS64
-    if variant is not None and variant.steps64 and head_dim == 128:
+    if variant.steps64 and fused_dq and head_dim == 128:
         return D128_STEPS64
     return _CONFIGS[head_dim]
 
@@ -216,9 +231,11 @@ class BackwardVariant:
     dq_send_late: bool = True
     # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``)
     rows64: bool = False
-    # D 128 with 64-row steps in the transposed formulation (``D128_STEPS64``); its fused dQ is the
-    # consumers' by head-dim halves (dq_in_producer, dq_first and the atomic reduction do not apply)
-    steps64: bool = False
+    # D 128 with 64-row steps in the transposed formulation (``D128_STEPS64``, ships); its fused dQ is the
+    # consumers' by head-dim halves. False: the 32-row D 128 build (``_CONFIGS[128]``), the one the switches
+    # of the producer's and the consumers' dQ above (dq_in_producer, dq_first, dq_send_late, the atomic
+    # reduction) and skip_keyless concern at D 128; they do not apply to the 64-row build.
+    steps64: bool = True
     # each consumer looks at its own BLOCK_N key rows (ships): one whose rows all lie past the sequence
     # (the upper half of a last key tile of at most BLOCK_N keys) runs no MMA, only keeps the barriers'
     # phases (and hands the producer's dQ a zero dS^T), so the other consumer and the producer get the
@@ -232,7 +249,9 @@ class BackwardVariant:
     # and reduce-added at the start of the next, once that step's S^T and dP^T are issued (the producer's
     # dq_send_late, for the consumers): the fence no longer waits on the critical path for the stage's
     # stores to drain through shared memory, which the other consumer's wgmma keep busy
-    halves_send_late: bool = False
+    # On the H200 (session 11), 7 interleaved rounds: +1.7% (uniform-D128) to +8% over the half sent in its
+    # own step (its fence then waits for the stage's stores to drain)
+    halves_send_late: bool = True
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES[:2]:
@@ -246,10 +265,8 @@ class BackwardVariant:
         if self.rows64 and not self.dq_in_producer:
             raise ValueError("BackwardVariant.rows64: only with the producer's dQ (dq_in_producer=1)")
         if self.rows64 and self.steps64:
-            raise ValueError("BackwardVariant: rows64 and steps64 are two layouts of the same steps: pick one")
-        if self.steps64 and (self.dq_first or self.dq_reduce == "atomic"):
-            raise ValueError("BackwardVariant.steps64: its dQ (the consumers', by head-dim halves) takes neither "
-                             "dq_first nor dq_reduce='atomic'")
+            raise ValueError("BackwardVariant: rows64 and steps64 are two layouts of the D 128 steps: rows64=1 "
+                             "needs steps64=0 (steps64 ships)")
 
     @classmethod
     def parse(cls, text: str) -> "BackwardVariant":
@@ -970,10 +987,14 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
     producer_dq = fused_dq and dq_in_producer(cfg, variant, causal)
     if cfg.rows_major and fused_dq and not producer_dq:
         raise ValueError("a rows-major dK/dV config computes a fused dQ only in the producer (dq_in_producer=1)")
+    if cfg.dq_halves and fused_dq and variant.dq_reduce == "atomic":
+        raise ValueError("BackwardVariant: dq_reduce='atomic' is the 32-row builds' consumers' dQ (at D 128: "
+                         "steps64=0), not the 64-row steps' dQ halves")
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
                 DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
-                DQ_FIRST=fused_dq and variant.dq_first,
+                # (nor dq_first with the 64-row steps' dQ halves)
+                DQ_FIRST=fused_dq and variant.dq_first and not cfg.dq_halves,
                 DQ_T=fused_dq and dq_transposed(cfg),
                 DQ_PRODUCER=producer_dq,
                 DQ_SEND_LATE=producer_dq and variant.dq_send_late and variant.dq_reduce == "tma" and not cfg.rows_major,
@@ -993,7 +1014,7 @@ def _launch_options() -> dict:
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = False,
                  config: HopperDkDvConfig = None, variant: BackwardVariant = SHIPPED):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
-    cfg = config or config_for(head_dim, variant)
+    cfg = config or config_for(head_dim, variant, fused_dq)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq,
                             variant=variant)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
@@ -1061,7 +1082,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         ok, reason = supports(dout, head_dim, dout.dtype)
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
-    cfg = config or config_for(head_dim, variant)
+    cfg = config or config_for(head_dim, variant, fused_dq=dq_accum is not None)
     if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
         if dq_accum is not None and not dq_accum.zeroed:  # no key anywhere: dq is 0
             dq_accum.tensor.zero_()
@@ -1094,13 +1115,15 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cu_q = cu_k if broadcast_q else out_cu
     grid = (min(_sm_count(q.device), num_items) if variant.persistent else num_items,)
     dq_ptr = q if dq_accum is None else dq_accum.tensor  # read only by the atomic fused dQ (ablation)
-    jagged_dkdv_tlx_kernel[grid](
-        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
-        stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
-        num_items, grid[0], triton.cdiv(num_items, grid[0]), tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale,
-        **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
-                      variant=variant),
-        **_launch_options())
+    with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        jagged_dkdv_tlx_kernel[grid](
+            desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
+            stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+            num_items, grid[0], triton.cdiv(num_items, grid[0]), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
+            softmax_scale,
+            **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
+                          variant=variant),
+            **_launch_options())
 
 
 def default_variant() -> BackwardVariant:

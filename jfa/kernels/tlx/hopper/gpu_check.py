@@ -282,16 +282,20 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
                  shapes: str = "") -> int:
     """The backward's ablation (issue 4): the whole TLX backward's TFLOP/s with each scheduling switch
     off in turn (dK/dV kernel: zig-zag instead of round-robin, one CTA per work item instead of
-    persistent), and, where the fused dQ builds (every shape, and the jagged ones again at D64), the
-    shipped producer's dQ and, with the consumers' dQ, each reduction (``BackwardVariant.dq_reduce``:
-    "tma"; "atomic"; "none" and "stage-only", timing only, dq wrong) and the dQ-before-dK step order,
-    and the producer's dQ's own switches ("producer: ...": its step before the loads, sent in its own
-    step, "stage-only", "none", the zig-zag schedule; only where the build has the producer's dQ),
-    against the deterministic backward (portable dQ
-    pass: each row written once, fixed order); what ships again with the dK/dV kernel under the generic
-    pipeliner; plus what the fused path runs outside its kernel. ``only``: comma-separated
-    substrings of the column names to time (the deterministic baseline always runs)."""
+    persistent), and, where the dQ is fused (every shape, and the jagged ones again at D64): what ships
+    (D 64: the producer's dQ; D 128: the 64-row steps' dQ halves sent a step late), those halves sent in
+    their own step, the 32-row D 128 build that shipped until session 11 ("32-row steps (D128)") and,
+    on the 32-row builds, each reduction of the consumers' dQ (``BackwardVariant.dq_reduce``: "tma";
+    "atomic"; "none" and "stage-only", timing only, dq wrong), the dQ-before-dK step order and the
+    producer's dQ's own switches ("producer: ...": its step before the loads, sent in its own step,
+    "stage-only", "none", the zig-zag schedule; only where the build has the producer's dQ), against the
+    deterministic backward (portable dQ pass: each row written once, fixed order); what ships again
+    under the generic pipeliner and with the other LLVM setting; plus what the fused path runs outside
+    its kernel. ``only``: comma-separated substrings of the column names to time (the deterministic
+    baseline always runs); ``rounds``: the columns take turns that many times (median and range);
+    ``shapes``: comma-separated substrings of the shape names."""
     import contextlib
+    import functools
     import statistics
 
     import triton
@@ -301,32 +305,40 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     BV = tlx_backward.BackwardVariant
+    # the 32-row builds at D 128 (steps64=0, shipped until session 11; at D 64 every build has 64-row
+    # steps): the switches of the producer's and the consumers' dQ are theirs
+    B32 = functools.partial(BV, steps64=False)
     unfused = {"deterministic": BV(), "zig-zag": BV(schedule="zigzag"),
                "not persistent": BV(persistent=False)}
     # experiment (not validated, its builds spill: NOTES.md session 7): D128 64-row row-major steps
-    unfused["rows64, deterministic"] = BV(rows64=True)
-    # experiment (item-level spills): D128 64-row steps in the transposed formulation
-    unfused["steps64, deterministic"] = BV(steps64=True)
+    unfused["rows64, deterministic"] = B32(rows64=True)
     # a consumer whose key rows all lie past the sequence computes anyway (skip_keyless=0: until session 10)
-    unfused["keyless half computed, deterministic"] = BV(skip_keyless=False)
-    fused = {"fused tma, dQ in producer": BV(), "rows64, fused tma": BV(rows64=True)}  # ships: first
-    # ... and its fused dQ, the consumers' by head-dim halves; then its parts (timing only: dq wrong)
-    # ("stage-only" is left out: ptxas crashes on that build, SIGSEGV, 2026-11-30)
-    fused.update({"steps64, fused tma": BV(steps64=True), "steps64: none": BV(steps64=True, dq_reduce="none"),
-                  "steps64, dq half sent late": BV(steps64=True, halves_send_late=True)})
-    # the producer's dQ: its step before the next loads; then its parts (timing only: dq wrong)
-    fused["producer: dQ before the loads"] = BV(dq_first=True)
-    fused["producer: dQ sent in its step"] = BV(dq_send_late=False)
-    fused["producer: zig-zag"] = BV(schedule="zigzag")
-    fused["keyless half computed"] = BV(skip_keyless=False)
+    unfused["keyless half computed, deterministic"] = B32(skip_keyless=False)
+    fused = {"fused tma (ships)": BV()}  # what ships first
+    # at D 128: the 64-row steps' dQ halves sent in their own step; their parts (timing only: dq wrong;
+    # "stage-only" is left out: ptxas crashed on that build, SIGSEGV, 2026-11-30)
+    fused.update({"steps64: dq half sent in its step": BV(halves_send_late=False),
+                  "steps64: none": BV(dq_reduce="none")})
+    # the 32-row D 128 build with the producer's dQ (what shipped until session 11), its switches
+    fused["32-row steps (D128), dQ in producer"] = B32()
+    fused["rows64, fused tma"] = B32(rows64=True)
+    fused["producer: dQ before the loads"] = B32(dq_first=True)
+    fused["producer: dQ sent in its step"] = B32(dq_send_late=False)
+    fused["producer: zig-zag"] = B32(schedule="zigzag")
+    fused["keyless half computed"] = B32(skip_keyless=False)
     # what ships, timed again with the generic pipeliner on the dK/dV kernel (own waits ship for it:
     # jfa.kernels.tlx.pipeline), set around each launch: the setting is part of the cache key, so both
     # builds live in this process and are timed in turn, past the run-to-run spread between processes
     own_waits_columns = {"generic pipeliner (dK/dV)": False}
     fused.update({name: BV() for name in own_waits_columns})
-    fused.update({f"producer: {mode}": BV(dq_reduce=mode) for mode in ("stage-only", "none")})
-    fused.update({f"fused {mode}": BV(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
-    fused["fused tma, dQ before dK"] = BV(dq_in_producer=False, dq_first=True)
+    # likewise, JFA_TLX_LLVM_O0 set around each launch: what ships with LLVM optimising all of the
+    # kernel's LLVM IR (its 64-row D 128 build, which ships without, then spills) and the 32-row D 128
+    # build without it (what its config does not ask for)
+    llvm_columns = {"LLVM O3 (dK/dV)": False, "32-row steps (D128), LLVM O0": "jagged_dkdv_tlx_kernel"}
+    fused.update({"LLVM O3 (dK/dV)": BV(), "32-row steps (D128), LLVM O0": B32()})
+    fused.update({f"producer: {mode}": B32(dq_reduce=mode) for mode in ("stage-only", "none")})
+    fused.update({f"fused {mode}": B32(dq_in_producer=False, dq_reduce=mode) for mode in tlx_backward.DQ_REDUCES})
+    fused["fused tma, dQ before dK"] = B32(dq_in_producer=False, dq_first=True)
     if only:
         wanted = [w for w in only.split(",") if w]
         unfused = {n: v for n, v in unfused.items() if n == "deterministic" or any(w in n for w in wanted)}
@@ -341,21 +353,25 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
-        def applies(var, D=problem.D):  # the 64-row experiments change D 128 only
-            return D == 128 or not (var.rows64 or var.steps64)
+        def applies(name, D=problem.D):  # the columns of D 128's step layouts (the same build as ships at D 64)
+            return D == 128 or not any(w in name for w in ("32-row", "steps64", "rows64"))
 
-        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items() if applies(var)}
+        runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items() if applies(name)}
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:
             # the "producer: ..." columns only where the build has the producer's dQ (not causal D 128)
             runs.update({name: dict(fused_dq=True, variant=var) for name, var in fused.items()
-                         if applies(var) and (not name.startswith("producer:") or tlx_backward.dq_in_producer(
+                         if applies(name) and (not name.startswith("producer:") or tlx_backward.dq_in_producer(
                              tlx_backward.config_for(problem.D, var), var, kwargs["causal"]))})
         ref = tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, fused_dq=False, **kwargs)
         row = table[problem.name] = {}
         fns, times = {}, {name: [] for name in runs}
         for name, extra in runs.items():
-            def fn(extra=extra, waits=own_waits_columns.get(name)):
-                with pipeline.own_waits(waits) if waits is not None else contextlib.nullcontext():
+            def fn(extra=extra, waits=own_waits_columns.get(name), llvm=llvm_columns.get(name)):
+                with contextlib.ExitStack() as settings:
+                    if waits is not None:
+                        settings.enter_context(pipeline.own_waits(waits))
+                    # the other columns as their builds ask, whatever the environment says
+                    settings.enter_context(pipeline.llvm_unoptimised(llvm))
                     return tlx_backward.jagged_backward_tlx(q, k, v, o, lse, do, cu_q, cu_k, **extra, **kwargs)
             fns[name] = fn
             row[name] = _max_abs_diffs(fn(), ref)

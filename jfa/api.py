@@ -380,8 +380,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
     why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
     backward runs the TLX dK/dV kernel (head dims 64 and 128) after one pre-pass for the row statistics,
-    with dQ reduced inside it by its producer warpgroup (unless ``deterministic``, which takes the
-    portable dQ pass).
+    with dQ reduced inside it (head dim 64: by its producer warpgroup; 128: by its consumers, one
+    head-dim half each) unless ``deterministic``, which takes the portable dQ pass.
     """
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,

@@ -186,3 +186,19 @@ def test_tlx_backward_switches_parse_and_refuse_what_drops_dq(monkeypatch):
         monkeypatch.setenv("JFA_TLX_BWD_VARIANT", timing_only)
         with pytest.raises(ValueError, match="no dQ"):
             default_variant()
+
+
+def test_the_atomic_dq_has_no_64_row_d128_build_and_says_how_to_reach_one():
+    """dq_reduce='atomic' (the consumers' element-wise atomics) exists for the 32-row builds only: at
+    D 128 the variant must say steps64=0, and without it the build is refused (before any kernel runs,
+    the launcher computes the build's constants first), not compiled without a dQ reduction."""
+    from jfa.kernels.tlx.hopper.backward import BackwardVariant, compile_spec
+
+    atomic = BackwardVariant(dq_in_producer=False, dq_reduce="atomic")
+    with pytest.raises(ValueError, match="at D 128 add steps64=0"):
+        compile_spec("bf16", 128, causal=False, broadcast_q=False, fused_dq=True, variant=atomic)
+    for head_dim, variant in ((128, BackwardVariant(steps64=False, dq_in_producer=False, dq_reduce="atomic")),
+                              (64, atomic)):
+        constants = compile_spec("bf16", head_dim, causal=False, broadcast_q=False, fused_dq=True,
+                                 variant=variant)[2]
+        assert constants["DQ_REDUCE"] == 1 and not constants["DQ_HALVES"]

@@ -229,6 +229,31 @@ def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
             pass
 
 
+def test_the_compile_switches_are_seen_by_their_own_thread_only():
+    """The pipeline's compile-time switches (no generic pipeliner, LLVM at O0) wrap Triton's functions once
+    and read a per-context flag: a compile in another thread at the same moment is untouched, and the
+    wrappers stay in place after the block (swapping Triton's functions per compile raced)."""
+    import threading
+
+    from triton._C.libtriton import llvm, passes
+
+    from jfa.kernels.tlx import pipeline
+
+    pipeline.install()
+    optimize, add_pipeline = llvm.optimize_module, passes.ttgpuir.add_pipeline
+    assert getattr(optimize, "_jfa_wrapped", False) and getattr(add_pipeline, "_jfa_wrapped", False)
+    seen = []
+    with pipeline._llvm_at_o0(), pipeline._without_generic_pipeline():
+        other = threading.Thread(target=lambda: seen.append((pipeline._in_llvm_o0_compile.get(),
+                                                             pipeline._in_own_waits_compile.get())))
+        other.start()
+        other.join()
+        assert pipeline._in_llvm_o0_compile.get() and pipeline._in_own_waits_compile.get()
+    assert seen == [(False, False)]
+    assert not pipeline._in_llvm_o0_compile.get() and not pipeline._in_own_waits_compile.get()
+    assert llvm.optimize_module is optimize and passes.ttgpuir.add_pipeline is add_pipeline
+
+
 def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_switch_overrides_it(monkeypatch):
     """A launch whose config leaves its LLVM IR to ptxas (``build_llvm_o0``) compiles another build, so it
     must change Triton's cache key; JFA_TLX_LLVM_O0, when set, decides instead (0: LLVM everywhere); the

@@ -243,6 +243,26 @@ def _spy_on_fused_dq(monkeypatch, switches: str) -> list:
     return launches
 
 
+def test_d128_fused_backward_runs_the_build_compiled_without_llvm_optimisation(monkeypatch):
+    """The D 128 fused backward's launcher asks for its build's LLVM IR to skip LLVM's optimisation
+    (HopperDkDvConfig.llvm_o0): after one backward the dK/dV kernel's cache holds a build under that
+    setting's key, and such builds spill nothing (with LLVM's optimisation this one spills)."""
+    from jfa.kernels.tlx import pipeline
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    monkeypatch.delenv(pipeline.LLVM_O0_ENV, raising=False)
+    monkeypatch.delenv("JFA_TLX_BWD_VARIANT", raising=False)
+    monkeypatch.setenv("JFA_TLX_FUSED_DQ", "1")
+    case = next(c for c in FUSED_CASES if c.head_dim == 128 and c.lengths_k and c.lengths_q)
+    launches = _spy_on_fused_dq(monkeypatch, "")
+    report = run_case(case, backend="auto", device="cuda", backward=True)
+    assert report.ok and launches and all(launches), str(report)
+    kernel_cache = tlx_backward.jagged_dkdv_tlx_kernel.device_caches[torch.cuda.current_device()][0]
+    unoptimised = [kernel for key, kernel in kernel_cache.items() if "jfa-llvm-o0-jagged_dkdv_tlx_kernel" in str(key)]
+    assert unoptimised, "no dK/dV build was compiled without LLVM's optimisation"
+    assert all(kernel.n_spills == 0 for kernel in unoptimised)
+
+
 @pytest.mark.parametrize("case", LLVM_O3_RUNS, ids=[c.id for c in LLVM_O3_RUNS])
 def test_tlx_backward_d128_with_llvm_optimisation_meets_the_oracle(case, monkeypatch):
     """What ships at D 128 with the fused dQ, compiled with LLVM's optimisation (JFA_TLX_LLVM_O0=0; the

@@ -20,13 +20,15 @@ with own waits (session 5); the dK/dV kernel +0.6 to +3.8% on seven of the eight
 and -0.9 and +0.3% on the dense one, both builds timed in turn in one process, twice (session 9, 2026-11-30;
 ``gpu_check bwd-ablation`` column "generic pipeliner (dK/dV)" times the other build).
 
-The same hook can also skip LLVM's optimisation of a TLX kernel's LLVM IR, leaving it all to ptxas (-O3).
-LLVM's loop-invariant code motion lifts every per-thread shared-memory address (the swizzled stmatrix,
-stage and statistics offsets, computed from %tid) out of the persistent kernel's loops to its entry; at
-240 registers per consumer, ptxas then spills them to the stack. Without LLVM's passes ptxas keeps them
+The same hook can also skip LLVM's optimisation pipeline for a TLX kernel's LLVM IR (its NVPTX code
+generation still runs), leaving the optimisation to ptxas (-O3). LLVM's loop-invariant code motion lifts
+every per-thread shared-memory address (the swizzled stmatrix, stage and statistics offsets, computed
+from %tid) out of the persistent kernel's loops to its entry; at 240 registers per consumer, ptxas then
+spills them to the stack. Without LLVM's passes ptxas keeps them
 where they are used: the 64-row D 128 dK/dV build (``BackwardVariant.steps64``) went from 56 spill stores
 to none (2026-11-30). A build asks for it through its config (the launcher wraps its launch in
-``build_llvm_o0``); ``JFA_TLX_LLVM_O0`` (0, 1 or kernel names, as above), when set, overrides every build.
+``build_llvm_o0``); ``JFA_TLX_LLVM_O0`` (0, 1 or kernel names, as above), when set, overrides every build
+(naming only the forward also turns the dK/dV kernel's request off).
 
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
 both settings are part of the compilation cache key, so builds under different settings never share a
@@ -100,7 +102,9 @@ def llvm_o0(kernel: str) -> bool:
 @contextlib.contextmanager
 def build_llvm_o0(kernel: str, wanted: bool):
     """Around a launch of ``kernel``: its build's config asks (``wanted``) for its LLVM IR to be left to
-    ptxas. ``JFA_TLX_LLVM_O0``, when set, still decides (measurements)."""
+    ptxas. ``JFA_TLX_LLVM_O0``, when set, still decides (measurements). The request is seen by compiles in
+    the launching thread (Triton's synchronous JIT, which the library uses); Triton's asynchronous compile
+    mode, which compiles in worker threads, would not see it."""
     token = _build_llvm_o0.set(frozenset({kernel}) if wanted else frozenset())
     try:
         yield
@@ -148,31 +152,57 @@ def llvm_unoptimised(on=True):
             os.environ[LLVM_O0_ENV] = saved
 
 
+# Inside one compile (the thread that runs it): skip the generic pipeliner's passes / run LLVM's
+# optimisation at O0. Triton's functions are wrapped once, for good (``_wrap_triton_once``), and the
+# wrappers read these flags: a compile in another thread at the same moment is untouched (swapping the
+# module attributes in and out for each compile raced with it).
+_in_own_waits_compile: contextvars.ContextVar = contextvars.ContextVar("jfa_own_waits_compile", default=False)
+_in_llvm_o0_compile: contextvars.ContextVar = contextvars.ContextVar("jfa_llvm_o0_compile", default=False)
+
+
 @contextlib.contextmanager
+def _flag_set(flag: contextvars.ContextVar):
+    token = flag.set(True)
+    try:
+        yield
+    finally:
+        flag.reset(token)
+
+
 def _llvm_at_o0():
-    """make_llir's ``llvm.optimize_module`` runs at O0 inside the block."""
-    from triton._C.libtriton import llvm
-
-    optimize = llvm.optimize_module
-    llvm.optimize_module = lambda mod, _level, *args, **kwargs: optimize(mod, llvm.OPTIMIZE_O0, *args, **kwargs)
-    try:
-        yield
-    finally:
-        llvm.optimize_module = optimize
+    """make_llir's ``llvm.optimize_module`` runs at O0 inside the block (this thread's compile only).
+    Only LLVM's optimisation pipeline is skipped; its NVPTX code generation still runs in make_ptx."""
+    return _flag_set(_in_llvm_o0_compile)
 
 
-@contextlib.contextmanager
 def _without_generic_pipeline():
-    from triton._C.libtriton import passes
+    """The generic pipeliner's passes do nothing inside the block (this thread's compile only)."""
+    return _flag_set(_in_own_waits_compile)
 
-    saved = {name: getattr(passes.ttgpuir, name) for name in _SKIPPED_PASSES}
-    try:
-        for name in saved:
-            setattr(passes.ttgpuir, name, lambda *args, **kwargs: None)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(passes.ttgpuir, name, fn)
+
+def _wrap_triton_once() -> None:
+    from triton._C.libtriton import llvm, passes
+
+    if not getattr(llvm.optimize_module, "_jfa_wrapped", False):
+        optimize = llvm.optimize_module
+
+        def optimize_module(mod, level, *args, **kwargs):
+            return optimize(mod, llvm.OPTIMIZE_O0 if _in_llvm_o0_compile.get() else level, *args, **kwargs)
+
+        optimize_module._jfa_wrapped = True
+        llvm.optimize_module = optimize_module
+    for name in _SKIPPED_PASSES:
+        add_pass = getattr(passes.ttgpuir, name)
+        if getattr(add_pass, "_jfa_wrapped", False):
+            continue
+
+        def skippable(*args, _add_pass=add_pass, **kwargs):
+            if _in_own_waits_compile.get():
+                return None
+            return _add_pass(*args, **kwargs)
+
+        skippable._jfa_wrapped = True
+        setattr(passes.ttgpuir, name, skippable)
 
 
 def _is_tlx_module(mod) -> bool:
@@ -193,6 +223,7 @@ def install() -> None:
     inner = knobs.runtime.add_stages_inspection_hook
     if inner is None:  # no uTLX: there are no TLX kernels to compile
         return
+    _wrap_triton_once()
 
     def hook(self=None, stages=None, options=None, language=None, capability=None):
         key, digest = inner(self, stages, options, language, capability)

@@ -7,8 +7,8 @@ into it (below) or from the portable dQ pass (no atomics, bitwise reproducible: 
 reduce-adds it into an fp32 accumulator (``DqAccumulator``) by TMA from double-buffered shared memory,
 replacing the portable dQ pass. At D 64 the producer warpgroup computes it (``DQ_PRODUCER``; the
 consumers only store dS^T), over both consumers' keys, one reduce-add per step. At D 128 the fused build
-runs 64-row query steps (``D128_STEPS64``, since session 11: S^T and dP^T at N = 64 read half the
-shared memory per FLOP of 32-row steps) and each consumer computes dQ^T for one head-dim half over both
+runs 64-row query steps (``D128_STEPS64``, since session 11: S^T and dP^T at N = 64 read two thirds of
+the shared memory per FLOP of 32-row steps) and each consumer computes dQ^T for one head-dim half over both
 consumers' keys (``DQ_HALVES``, FA3's split), reduce-adding it a step later (``halves_send_late``); its
 LLVM IR is left to ptxas (``HopperDkDvConfig.llvm_o0``: with LLVM's loop-invariant code motion its
 consumers spilled). The deterministic D 128 build keeps 32-row steps, where the steps are below wgmma's
@@ -216,7 +216,8 @@ class BackwardVariant:
     # ship: under Triton's generic pipeliner every MMA is waited for at once). The producer's
     # dQ: each producer iteration runs the dQ step before issuing the next step's loads.
     dq_first: bool = False
-    # fused dQ computed by the producer warpgroup (ships; False: by each consumer over its own keys):
+    # fused dQ computed by the producer warpgroup (ships at D 64; False: by each consumer over its own keys;
+    # at D 128 the 32-row build's switch, steps64=0):
     # each consumer only stores its dS^T (DQ_LAG slots) and signals; the producer, between its loads,
     # issues dQ over both consumers' keys (one accumulator, one reduce-add per step) and runs the
     # staging, off the consumers' critical path. On the H200 +0.4 to +10% over the consumers' dQ on
@@ -227,7 +228,8 @@ class BackwardVariant:
     # next step's dQ MMA is issued, so the fence no longer waits for the stage's stores to drain through
     # shared memory (ncu, longtail-D128: 29% of the producer's time sat at that fence). On the H200 +2 to
     # +4.5% on six of eight shapes, +-0.3% on broadcast Q (NOTES.md, session 8). No effect where the
-    # build has no producer's dQ (causal D 128, dq_in_producer=0), with rows64 or dq_reduce != "tma".
+    # build has no producer's dQ (the 64-row D 128 steps, the 32-row causal D 128 build,
+    # dq_in_producer=0), with rows64 or dq_reduce != "tma".
     dq_send_late: bool = True
     # D 128 with 64-row steps in the row-major formulation (``D128_ROWS64``)
     rows64: bool = False
@@ -988,8 +990,8 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
     if cfg.rows_major and fused_dq and not producer_dq:
         raise ValueError("a rows-major dK/dV config computes a fused dQ only in the producer (dq_in_producer=1)")
     if cfg.dq_halves and fused_dq and variant.dq_reduce == "atomic":
-        raise ValueError("BackwardVariant: dq_reduce='atomic' is the 32-row builds' consumers' dQ (at D 128: "
-                         "steps64=0), not the 64-row steps' dQ halves")
+        raise ValueError("BackwardVariant: dq_reduce='atomic' (the consumers' element-wise atomics) has no build "
+                         "with the 64-row D 128 steps' dQ halves: at D 128 add steps64=0")
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 # the dQ switches mean nothing without the fused dQ: one build for every unfused variant
                 DQ_REDUCE=DQ_REDUCES.index(variant.dq_reduce) if fused_dq else 0,
@@ -1035,10 +1037,12 @@ class DqAccumulator:
     """The zeroed fp32 accumulator the fused dQ reduce-adds into (shaped like q, [T, H, D]), and its
     read-out as dq. With ``zeroed=False`` it is allocated uninitialised and ``jagged_dkdv_tlx`` zeroes it
     before its kernel: in the row statistics' pass where that pass covers its rows (not broadcast Q),
-    which saves a memset of 4 bytes per element (0.06-0.12 ms on the gem shapes, H200). A query step's reduce-add is one TMA box of BLOCK_M rows and the head's D columns.
-    (At D 128 the kernel computes dQ^T but stores it transposed into the stage: ``_stage_dq``. Until
-    2026-11-29, session 8, it kept a transposed accumulator blocked by 32 tokens, which padded every
-    sequence to 32 columns and needed its own read-out kernel.)"""
+    which saves a memset of 4 bytes per element (0.06-0.12 ms on the gem shapes, H200). A query step's
+    reduce-add is one TMA box of BLOCK_M rows and the head's D columns, or half of them where dQ is
+    reduced by head-dim halves (``dq_box_columns``: the 64-row D 128 steps that ship, 64 x 64).
+    (The kernel computes dQ^T and stores it transposed into the stage: ``_stage_dq``. Until 2026-11-29,
+    session 8, it kept a transposed accumulator blocked by 32 tokens, which padded every sequence to
+    32 columns and needed its own read-out kernel.)"""
 
     def __init__(self, q: torch.Tensor, config: HopperDkDvConfig = None, zeroed: bool = True):
         self.q = q
@@ -1083,6 +1087,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
     cfg = config or config_for(head_dim, variant, fused_dq=dq_accum is not None)
+    # the build's constants first: a variant without a build here raises before any kernel runs
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
+                            variant=variant)
     if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
         if dq_accum is not None and not dq_accum.zeroed:  # no key anywhere: dq is 0
             dq_accum.tensor.zero_()
@@ -1120,15 +1127,12 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dq_ptr, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
             stride_dq, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid[0], triton.cdiv(num_items, grid[0]), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
-            softmax_scale,
-            **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
-                          variant=variant),
-            **_launch_options())
+            softmax_scale, **constants, **_launch_options())
 
 
 def default_variant() -> BackwardVariant:
-    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="dq_in_producer=0"`` (or
-    ``dq_in_producer=0,dq_first=1``, ...: tests and measurements of each switch; dq_reduce=none drops dQ
+    """What ships, overridden for a process by ``JFA_TLX_BWD_VARIANT="steps64=0"`` (or
+    ``steps64=0,dq_in_producer=0``, ...: tests and measurements of each switch; dq_reduce=none drops dQ
     and is refused here)."""
     text = os.environ.get("JFA_TLX_BWD_VARIANT", "")
     variant = BackwardVariant.parse(text) if text else SHIPPED

@@ -353,8 +353,8 @@ def bwd_ablation(suite: str = "gem", out: str = "", rep: int = 100, only: str = 
         o, lse = tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs)
         do = torch.randn_like(o)
         work = flops(problem, b.lengths_q, b.lengths_k, "bwd")
-        def applies(name, D=problem.D):  # the columns of D 128's step layouts (the same build as ships at D 64)
-            return D == 128 or not any(w in name for w in ("32-row", "steps64", "rows64"))
+        def applies(name, D=problem.D):  # the columns of D 128's builds (at D 64 the same build as ships)
+            return D == 128 or not any(w in name for w in ("32-row", "steps64", "rows64", "LLVM O3"))
 
         runs = {name: dict(fused_dq=False, variant=var) for name, var in unfused.items() if applies(name)}
         if problem.D in tlx_backward.FUSED_DQ_HEAD_DIMS:

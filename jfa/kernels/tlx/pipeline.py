@@ -81,10 +81,7 @@ def _selects(setting, kernel) -> bool:
 def enabled(kernel: str = None) -> bool:
     """Whether TLX compiles skip the generic pipeliner (read at each compile): for ``kernel`` (an entry
     function name), or, without it, for any kernel."""
-    setting = _setting()
-    if isinstance(setting, bool):
-        return setting
-    return kernel in setting if kernel is not None else True
+    return _selects(_setting(), kernel)
 
 
 def _llvm_o0_setting():
@@ -112,44 +109,36 @@ def build_llvm_o0(kernel: str, wanted: bool):
         _build_llvm_o0.reset(token)
 
 
-@contextlib.contextmanager
 def own_waits(on=True):
     """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements): True,
     False, one of KERNELS, or None (unset: what ships). Launches inside the block compile (or find
     cached) the builds of that setting: it is part of the cache key, so one process can time both builds
     in turn."""
-    saved = os.environ.get(ENV)
-    if on is None:
-        os.environ.pop(ENV, None)
-    else:
-        os.environ[ENV] = on if isinstance(on, str) else ("1" if on else "0")
-    try:
-        _setting()  # a name outside KERNELS raises here, with the environment restored
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
+    return _switch_set(ENV, DEFAULT, on)
 
 
-@contextlib.contextmanager
 def llvm_unoptimised(on=True):
     """Set ``JFA_TLX_LLVM_O0`` for the duration of a block, as ``own_waits`` does for its switch (None:
     unset, each build as its config asks)."""
-    saved = os.environ.get(LLVM_O0_ENV)
+    return _switch_set(LLVM_O0_ENV, LLVM_O0_DEFAULT, on)
+
+
+@contextlib.contextmanager
+def _switch_set(env: str, default, on):
+    """Set the switch ``env`` for a block: True, False, kernel names, or None (unset)."""
+    saved = os.environ.get(env)
     if on is None:
-        os.environ.pop(LLVM_O0_ENV, None)
+        os.environ.pop(env, None)
     else:
-        os.environ[LLVM_O0_ENV] = on if isinstance(on, str) else ("1" if on else "0")
+        os.environ[env] = on if isinstance(on, str) else ("1" if on else "0")
     try:
-        _setting(LLVM_O0_ENV, LLVM_O0_DEFAULT)
+        _setting(env, default)  # a name outside KERNELS raises here, with the environment restored
         yield
     finally:
         if saved is None:
-            os.environ.pop(LLVM_O0_ENV, None)
+            os.environ.pop(env, None)
         else:
-            os.environ[LLVM_O0_ENV] = saved
+            os.environ[env] = saved
 
 
 # Inside one compile (the thread that runs it): skip the generic pipeliner's passes / run LLVM's
@@ -232,31 +221,31 @@ def install() -> None:
         o0_setting = _llvm_o0_setting()
         o0_flag = _flag(o0_setting)
         nvidia = getattr(self, "name", "") != "amd"
-        if stages is not None and setting and "ttgir" in stages and nvidia:
-            make_ttgir = stages["ttgir"]
-
-            def ttgir(src, metadata):
-                if _is_tlx_module(src) and enabled(src.get_entry_func_name()):
-                    with _without_generic_pipeline():
-                        return make_ttgir(src, metadata)
-                return make_ttgir(src, metadata)
-
-            stages["ttgir"] = ttgir
-        if stages is not None and o0_setting and "llir" in stages and nvidia:
-            make_llir = stages["llir"]
-
-            def llir(src, metadata):
-                if _is_tlx_module(src) and llvm_o0(src.get_entry_func_name()):
-                    with _llvm_at_o0():
-                        return make_llir(src, metadata)
-                return make_llir(src, metadata)
-
-            stages["llir"] = llir
+        if stages is not None and nvidia:
+            if setting:
+                _wrap_stage(stages, "ttgir", enabled, _without_generic_pipeline)
+            if o0_setting:
+                _wrap_stage(stages, "llir", llvm_o0, _llvm_at_o0)
         return (f"{key}\njfa-own-waits={flag}\njfa-llvm-o0={o0_flag}",
                 f"{digest}-jfa-own-waits-{flag}-jfa-llvm-o0-{o0_flag}")
 
     knobs.runtime.add_stages_inspection_hook = hook
     _installed = True
+
+
+def _wrap_stage(stages: dict, name: str, selects, switched) -> None:
+    """Run stage ``name`` inside ``switched()`` for the TLX kernels ``selects`` (by entry name) picks."""
+    if name not in stages:
+        return
+    make = stages[name]
+
+    def stage(src, metadata):
+        if _is_tlx_module(src) and selects(src.get_entry_func_name()):
+            with switched():
+                return make(src, metadata)
+        return make(src, metadata)
+
+    stages[name] = stage
 
 
 def _flag(setting) -> str:

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from jfa.kernels.cache import IdentityCache
+
 
 @triton.jit(do_not_specialize=["num_rows", "num_seqs", "search_steps"])
 def row_stats_kernel(LSE, DELTA, OUT, DOUT, DLSE, OUT_CU, STATS_CU, STATS, DQ_ZERO, num_rows, num_heads, num_seqs,
@@ -65,12 +67,22 @@ def row_stats_kernel(LSE, DELTA, OUT, DOUT, DLSE, OUT_CU, STATS_CU, STATS, DQ_ZE
 COLUMN_ALIGN = 32
 
 
+_column_layouts = IdentityCache()
+
+
 def aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[torch.Tensor, int]:
     """The column layout of the row statistics (``row_stats``), whose token axis is TMA's innermost (so
     each sequence must start 16-byte aligned): row t of sequence b sits in column
     ``col_cu[b] + (t - out_cu[b])``, and every ``col_cu[b]`` is a multiple of COLUMN_ALIGN. Returns
     (col_cu [B+1] int64, width: >= col_cu[-1], a multiple of COLUMN_ALIGN, from the sizes alone). No
-    host sync."""
+    host sync. Cached per offsets tensor like the tile lists (``jfa.kernels.cache``): a model's layers
+    and later steps on the same batch launch none of its ~7 small kernels again; ``col_cu`` is shared
+    between those calls, so nothing may write to it."""
+    return _column_layouts.get_or_build((out_cu,), (num_seqs, rows),
+                                        lambda: _aligned_columns(out_cu, num_seqs, rows))
+
+
+def _aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[torch.Tensor, int]:
     lengths = (out_cu[1:] - out_cu[:-1]).to(torch.int64)
     col_cu = torch.zeros(num_seqs + 1, dtype=torch.int64, device=out_cu.device)
     torch.cumsum((lengths + COLUMN_ALIGN - 1) // COLUMN_ALIGN * COLUMN_ALIGN, 0, out=col_cu[1:])

@@ -108,6 +108,14 @@ def _read_offsets(name: str, cu: torch.Tensor, total: int) -> int:
     return int(lengths.max()) if lengths.numel() else 0
 
 
+def _untraced(fn):
+    """``fn``, run eagerly when torch.compile traces the caller (a graph break): host logic around a device
+    read, whose errors must stay the ones written (traced, Dynamo turned the offsets' ValueError into a
+    TypeError from formatting its message). Plain ``fn`` otherwise: ``torch.compiler.disable`` imports
+    Dynamo, which imports triton, and importing jfa must not (Triton's CPU interpreter is chosen then)."""
+    return torch.compiler.disable(fn) if torch.compiler.is_compiling() else fn
+
+
 def _trust_offsets() -> bool:
     # Skips the device read that checks offset values (e.g. under CUDA-graph capture). Unsafe on bad input.
     return env_flag("JFA_TRUST_OFFSETS", False)
@@ -217,9 +225,10 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
     if not (hints_given and _trust_offsets()):
-        _check_offsets_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
+        check = _untraced(_check_offsets_values)
+        check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:
-            _check_offsets_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+            check("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
     if resolved != "torch":  # every check passed: the one copy a kernel may need, made once
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     if resolved == "tlx":

@@ -82,6 +82,70 @@ def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
     jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 70, 64)
 
 
+def _compiled_and_eager(device, fullgraph: bool):
+    """(out, grads) of one portable call compiled by torch.compile (aot_eager: Dynamo and AOTAutograd trace
+    it, the op runs its own kernels) and of the same call in eager mode."""
+    inp = _inputs(device, "fp32", causal=True)
+
+    def call(q, k, v):
+        return jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, 70, 64, causal=True, backend="triton")
+
+    results = []
+    for fn in (torch.compile(call, backend="aot_eager", fullgraph=fullgraph), call):
+        q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+        out = fn(q, k, v)
+        out.backward(inp.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    return results
+
+
+def test_torch_compile_traces_a_call_into_one_graph_when_the_offsets_are_trusted(monkeypatch, device):
+    """With both hints and JFA_TRUST_OFFSETS=1 nothing reads a device value: fullgraph=True holds, and
+    the compiled call computes bitwise what the eager call does (the same kernels run)."""
+    torch._dynamo.reset()
+    monkeypatch.setenv("JFA_TRUST_OFFSETS", "1")
+    compiled, eager = _compiled_and_eager(device, fullgraph=True)
+    for a, b in zip(compiled, eager):
+        assert torch.equal(a, b)
+
+
+def test_torch_compile_with_dynamic_shapes_takes_new_batches_without_recompiling(monkeypatch, device):
+    """Every training batch has other lengths (token count, batch size, longest sequence): one graph
+    serves them all, and each compiled call computes what the eager call does."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("JFA_TRUST_OFFSETS", "1")
+    counter = CompileCounter()
+
+    def call(q, k, v, cu, longest):
+        return jfa.jagged_attention(q, k, v, cu, cu, longest, longest, causal=True, backend="triton")
+
+    compiled = torch.compile(call, backend=counter, fullgraph=True, dynamic=True)
+    for lengths in ((5, 0, 30, 17), (7, 9, 3), (40, 1, 2, 3, 4)):
+        inp = make_inputs(Case(lengths, lengths, heads=2, head_dim=32, dtype="fp32", causal=True), device)
+        args = (inp.q, inp.k, inp.v, inp.cu_k, max(lengths))
+        assert torch.equal(compiled(*args), call(*args))
+    assert counter.frame_count == 1
+
+
+def test_torch_compile_keeps_validating_the_offsets(monkeypatch, device):
+    """Untrusted offsets are read back (a graph break, not an error), so a compiled call still refuses
+    bad offsets and still computes what the eager call does."""
+    torch._dynamo.reset()
+    monkeypatch.delenv("JFA_TRUST_OFFSETS", raising=False)
+    compiled, eager = _compiled_and_eager(device, fullgraph=False)
+    for a, b in zip(compiled, eager):
+        assert torch.equal(a, b)
+    inp = _inputs(device)
+    bad = inp.cu_k.clone()
+    bad[-1] += 1  # last offset past the key count
+    call = torch.compile(lambda: jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, bad, backend="triton"),
+                         backend="aot_eager")
+    with pytest.raises(ValueError, match="cu_seqlens_k: last offset must equal the token count"):
+        call()
+
+
 def test_which_kernels_on_cpu_names_the_portable_kernel_and_why(device):
     if device != "cpu":
         pytest.skip("about CPU tensors under the interpreter (the GPU side: tests/test_tlx_gpu.py)")

@@ -12,11 +12,17 @@ def good(total=10, lengths=(4, 6), H=2, D=16, dtype=torch.float16):
     return dict(q=q, k=q.clone(), v=q.clone(), cu_seqlens_q=cu, cu_seqlens_k=cu.clone())
 
 
-def call(**overrides):
+def call(op=jfa.jagged_attention, **overrides):
     args = good()
     kwargs = {k: overrides.pop(k) for k in list(overrides) if k not in args}
     args.update(overrides)
-    return jfa.jagged_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"], **kwargs)
+    return op(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"], **kwargs)
+
+
+def compiled(*args, **kwargs):
+    """The op under torch.compile (aot_eager: traced by Dynamo, run by the op's own kernels)."""
+    torch._dynamo.reset()
+    return torch.compile(jfa.jagged_attention, backend="aot_eager")(*args, **kwargs)
 
 
 CU = lambda *xs, dtype=torch.int32: torch.tensor(xs, dtype=dtype)  # noqa: E731
@@ -62,12 +68,13 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("op", [jfa.jagged_attention, compiled], ids=["eager", "torch-compile"])
 @pytest.mark.parametrize("overrides, exc, words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_is_rejected_with_a_named_rule(overrides, exc, words, monkeypatch):
+def test_bad_input_is_rejected_with_a_named_rule(overrides, exc, words, op, monkeypatch):
     launched = []
     monkeypatch.setattr(alloc, "empty", lambda *a, **k: launched.append(a) or torch.empty(*a[:1]))
     with pytest.raises(exc) as info:
-        call(**overrides)
+        call(op, **overrides)
     for word in words:
         assert word in str(info.value), f"message {str(info.value)!r} lacks {word!r}"
     assert not launched, "a kernel output was allocated before validation failed"

@@ -127,3 +127,4 @@ def test_the_column_layout_is_rebuilt_when_the_offsets_change():
     assert cols.tolist() == [0, 32, 32, 96] and width % stats_pass.COLUMN_ALIGN == 0 and width >= 96
     cu[2] = 10  # in place: the version counter moves
     assert stats_pass.aligned_columns(cu, 3, 40)[0].tolist() == [0, 32, 64, 96]
+

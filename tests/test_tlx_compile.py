@@ -2,7 +2,8 @@
 x D 64/128 x causal x broadcast-Q), its ablation variants and timeline build, and the dK/dV kernel
 (D 64/128) compile for sm_90a with wgmma, no spills, shared memory within the SM, and the structure the design relies on (warp-specialised
 partitions with setmaxnreg, TMA loads, mbarrier waits, the pingpong named barriers, no wgmma
-serialisation). The compile runs in a child process because this test process has Triton's interpreter
+serialisation), and each kernel's launcher, bound on CPU tensors, asks for exactly the build compiled
+(signature, constants, the dK/dV build's LLVM setting). The compile runs in a child process because this test process has Triton's interpreter
 switched on. These tests say it builds as designed; that it is right is the GPU suite's job."""
 import itertools
 import json
@@ -63,8 +64,8 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     if target["kernel"] == "forward":
         pingpong = "pingpong=0" not in target["variant"]
         assert details["named_barriers"] == ([9, 10] if pingpong else []), "pingpong named barriers wrong"
-        assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
-    assert row["ok"], "; ".join(row["problems"])
+    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    assert row["ok"], "; ".join(row["problems"])  # (dK/dV: also the launch's LLVM setting, as compiled)
 
 
 def test_imports_and_refuses_on_cpu_without_touching_a_gpu():

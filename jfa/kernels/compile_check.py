@@ -14,11 +14,13 @@ checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with 
 (cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named barriers, no spill and no wgmma
 serialisation warning from ptxas; and the arguments its launcher builds are bound to the kernel (on
 CPU tensors, stopping before the compile) to check that a real launch specialises to the very
-signature compiled here.
+signature compiled here, and for the dK/dV kernel that its launcher asks for the same compile settings
+(the LLVM O0 build of ``HopperDkDvConfig.llvm_o0``, read off Triton's cache key).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -305,48 +307,18 @@ class _OfflineDriver:
         return 0
 
 
-def tlx_launch_binding(target: Target) -> dict:
-    """Bind the arguments the TLX launcher builds (``kernel_arguments``: TMA descriptors over a fused
-    [T, 3, H, D] projection, or a dense broadcast Q) to the kernel on CPU tensors, stopping before the
-    compile, and return the specialisation a real launch would compile: signature, constants and the
-    non-empty attributes. The gate checks it equals what it compiled, so a launch on the GPU runs the
-    very binary measured here."""
-    import torch
+@contextlib.contextmanager
+def _offline_launches():
+    """Launches inside the block bind their arguments through Triton's JIT on a machine with no GPU (an
+    offline driver) and stop where Triton would compile. Yields a dict filled as they run: kernel name
+    -> what that kernel's last launch would compile (``_binding``)."""
     from triton import knobs
     from triton.runtime.driver import driver
 
-    from jfa.kernels.schedule import build_tile_list
-    from jfa.kernels.tlx.hopper import forward as tlx_forward
-    from jfa.kernels.triton.forward import virtual_cu_seqlens
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
-    heads, head_dim = 4, target.head_dim
-    lengths = [300, 0, 700]
-    fused = torch.zeros(sum(lengths), 3, heads, head_dim, dtype=dtype)
-    q, k, v = fused[:, 0], fused[:, 1], fused[:, 2]
-    cu_k = torch.tensor([0, 300, 300, 1000], dtype=torch.int32)
-    len_q = 0
-    out_cu = cu_k
-    if target.broadcast_q:
-        len_q = 256
-        q = torch.zeros(len_q, heads, head_dim, dtype=dtype)
-        out_cu = virtual_cu_seqlens(len(lengths), len_q, "cpu")
-    rows = len(lengths) * len_q if target.broadcast_q else q.shape[0]
-    out = torch.empty(rows, heads, head_dim, dtype=dtype)
-    lse = torch.empty(rows, heads)
-    cfg = tlx_forward.config_for(head_dim)
-    tiles = build_tile_list(out_cu, rows, tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
-    counter = torch.zeros(2, dtype=torch.int32)
-    timeline = torch.zeros(1, 4, dtype=torch.int64)
-    args, kwargs, _ = tlx_forward.kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
-                                                   causal=target.causal, softmax_scale=head_dim ** -0.5,
-                                                   broadcast_q=target.broadcast_q, num_seqs=len(lengths),
-                                                   len_q_bcast=len_q, variant=_variant(target),
-                                                   profile=target.profile)
     seen = {}
 
     def hook(**kw):
-        seen.update(kw["compile"])
+        seen[kw["fn"].name] = _binding(kw["fn"].jit_function, kw["compile"])
         return True  # stop before compiling
 
     saved_hook = knobs.runtime.jit_cache_hook
@@ -354,14 +326,101 @@ def tlx_launch_binding(target: Target) -> dict:
     driver.set_active(_OfflineDriver())
     knobs.runtime.jit_cache_hook = hook
     try:
-        tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
+        yield seen
     finally:
         knobs.runtime.jit_cache_hook = saved_hook
         driver.set_active(saved_driver)
-    names = tlx_forward.jagged_fwd_tlx_kernel.arg_names
-    return {"signature": seen["signature"],
-            "constants": {names[path[0]]: value for path, value in seen["constants"].items()},
-            "attrs": {path: attr for path, attr in seen["configs"][0].items() if attr}}
+
+
+def _binding(kernel, compile_kwargs: dict) -> dict:
+    """The specialisation of one bound launch: signature, constants (by name), the non-empty attributes,
+    and the cache key as text (it carries the build settings of ``jfa.kernels.tlx.pipeline``)."""
+    names = kernel.arg_names
+    return {"signature": compile_kwargs["signature"],
+            "constants": {names[path[0]]: value for path, value in compile_kwargs["constants"].items()},
+            "attrs": {path: attr for path, attr in compile_kwargs["configs"][0].items() if attr},
+            "key": str(compile_kwargs["key"])}
+
+
+def _launch_inputs(target: Target):
+    """CPU tensors shaped as a launch sees them: q, k, v slices of a fused [T, 3, H, D] projection (or a
+    dense broadcast Q), offsets with an empty sequence. Returns (q, k, v, out_cu, cu_k, len_q)."""
+    import torch
+
+    from jfa.kernels.triton.forward import virtual_cu_seqlens
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
+    heads, lengths = 4, [300, 0, 700]
+    fused = torch.zeros(sum(lengths), 3, heads, target.head_dim, dtype=dtype)
+    q, k, v = fused[:, 0], fused[:, 1], fused[:, 2]
+    cu_k = torch.tensor([0, 300, 300, 1000], dtype=torch.int32)
+    if not target.broadcast_q:
+        return q, k, v, cu_k, cu_k, 0
+    len_q = 256
+    q = torch.zeros(len_q, heads, target.head_dim, dtype=dtype)
+    return q, k, v, virtual_cu_seqlens(len(lengths), len_q, "cpu"), cu_k, len_q
+
+
+def tlx_launch_binding(target: Target) -> dict:
+    """Bind the arguments the TLX forward's launcher builds (``kernel_arguments``) to the kernel on CPU
+    tensors, stopping before the compile, and return the specialisation a real launch would compile
+    (``_binding``). The gate checks it equals what it compiled, so a launch on the GPU runs the very
+    binary measured here."""
+    import torch
+
+    from jfa.kernels.schedule import build_tile_list
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    num_seqs = cu_k.numel() - 1
+    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
+    out = torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype)
+    lse = torch.empty(rows, q.shape[1])
+    cfg = tlx_forward.config_for(target.head_dim)
+    tiles = build_tile_list(out_cu, rows, tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
+    counter = torch.zeros(2, dtype=torch.int32)
+    timeline = torch.zeros(1, 4, dtype=torch.int64)
+    args, kwargs, _ = tlx_forward.kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
+                                                   causal=target.causal, softmax_scale=target.head_dim ** -0.5,
+                                                   broadcast_q=target.broadcast_q, num_seqs=num_seqs,
+                                                   len_q_bcast=len_q, variant=_variant(target),
+                                                   profile=target.profile)
+    with _offline_launches() as seen:
+        tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
+    return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
+
+
+def dkdv_launch_binding(target: Target) -> dict:
+    """What a launch of the dK/dV kernel by its launcher (``jagged_dkdv_tlx``, the fused dQ with its
+    accumulator for a "fused-dq" target) would compile, bound on CPU tensors like
+    ``tlx_launch_binding``; the statistics' pass before it stops at its compile too. Only the two GPU
+    queries (``supports``: a CUDA device; the SM count) are answered for it."""
+    from unittest import mock
+
+    import torch
+
+    from jfa.kernels.tlx import pipeline
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    num_seqs = cu_k.numel() - 1
+    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
+    out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
+    lse = torch.zeros(rows, q.shape[1])
+    build, _, switches = target.variant.partition(",")
+    fused = build == "fused-dq"
+    variant = tlx_backward.BackwardVariant.parse(switches)
+    dq_accum = tlx_backward.DqAccumulator(q, tlx_backward.config_for(target.head_dim, variant, fused_dq=True),
+                                          zeroed=False) if fused else None
+    with mock.patch.object(tlx_backward, "supports", lambda *args, **kwargs: (True, "")), \
+            mock.patch.object(tlx_backward, "_sm_count", lambda device: 132), \
+            pipeline.own_waits(target.own_waits), pipeline.llvm_unoptimised(None), _offline_launches() as seen:
+        tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None if fused else torch.zeros_like(lse),
+                                     torch.empty_like(k), torch.empty_like(v), out_cu, cu_k, causal=target.causal,
+                                     softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
+                                     num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum, variant=variant,
+                                     outputs=(out, dout, None) if fused else None)
+    return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
 def _variant(target: Target):
@@ -428,6 +487,18 @@ def _check_tlx(target: Target) -> Result:
         staged = fused and variant.dq_reduce == "tma"
         expected["TMA reduce-adds of dQ exactly in the staged fused build"] = \
             (result.details["tma_reduce_adds"] > 0) == staged
+        _, sig, constants, attrs, _ = spec
+        launch = dkdv_launch_binding(target)
+        o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
+        expected.update({
+            "a launch binds to the compiled signature": launch["signature"] == sig,
+            "a launch binds to the compiled constants": launch["constants"] == constants,
+            "a launch binds to the compiled attributes": launch["attrs"] == attrs,
+            # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
+            "a launch compiles with the gate's LLVM setting (cache key)":
+                o0 is not None and (o0.group(1) == tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__) == cfg.llvm_o0,
+        })
+        result.details["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
         return _finish(result, expected)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 

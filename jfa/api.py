@@ -268,6 +268,11 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _launcher(module: str, name: str):
+    """``module.name``, looked up at each call (tests and measurements replace launchers)."""
+    return getattr(importlib.import_module(module), name)
+
+
 def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
@@ -283,7 +288,7 @@ def _forward_op(name: str, module: str, launcher: str, backward):
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
            causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        launch = getattr(importlib.import_module(module), launcher)  # deterministic: for the backward
+        launch = _launcher(module, launcher)  # deterministic: for the backward
         return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                       num_seqs=num_seqs, len_q_bcast=len_q_bcast)
 
@@ -292,15 +297,18 @@ def _forward_op(name: str, module: str, launcher: str, backward):
     return op
 
 
-def _backward_op(name: str, module: str, launcher: str):
-    """A backward custom op ``jfa::<name>`` calling ``module.launcher``: (dq, dk, dv) like (q, k, v)."""
+def _backward_op(name: str, choose):
+    """A backward custom op ``jfa::<name>``: (dq, dk, dv) like (q, k, v), computed by the launcher that
+    ``choose(q, k, v, dout)`` returns. The choice is made when the op runs, on the real tensors: under
+    torch.compile, AOTAutograd traces the autograd formulas with fake tensors, which have no data
+    pointer for the TMA layout rules to read."""
 
     @torch.library.custom_op(f"jfa::{name}", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
            dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
            causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        launch = getattr(importlib.import_module(module), launcher)
+        launch = choose(q, k, v, dout)
         return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                       broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
                       deterministic=deterministic)
@@ -313,8 +321,26 @@ def _backward_op(name: str, module: str, launcher: str):
     return op
 
 
-_triton_backward = _backward_op("triton_backward", "jfa.kernels.triton.backward", "jagged_backward")
-_tlx_backward = _backward_op("tlx_backward", "jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
+def _portable_backward_launcher(q, k, v, dout):
+    return _launcher("jfa.kernels.triton.backward", "jagged_backward")
+
+
+def _tlx_backward_launcher(q, k, v, dout):
+    """The TLX backward where it takes these gradients, else the portable one (each distinct reason
+    logged once). Any backward may follow any forward (one out/lse contract)."""
+    from jfa.kernels.tlx.hopper.forward import supports
+
+    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
+    if ok:
+        ok, reason = tlx_backward_supports(q, dout)
+    if not ok:
+        _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
+        return _portable_backward_launcher(q, k, v, dout)
+    return _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
+
+
+_triton_backward = _backward_op("triton_backward", _portable_backward_launcher)
+_tlx_backward = _backward_op("tlx_backward", _tlx_backward_launcher)
 
 
 def _setup_context(ctx, inputs, output):
@@ -356,13 +382,10 @@ def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) 
 
 
 def _tlx_backward_or_portable(ctx, dout, dlse):
-    """After the TLX forward: the TLX backward where it applies, else the portable one (logged once)."""
+    """After the TLX forward: the TLX backward where it applies, else the portable one (the op chooses
+    when it runs: ``_tlx_backward_launcher``)."""
     q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
-    ok, reason = tlx_backward_supports(q, dout)
-    if not ok:
-        _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
-    backward = _tlx_backward if ok else _triton_backward
-    return tuple(backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
+    return tuple(_tlx_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
 
 
 _triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward", _portable_backward)

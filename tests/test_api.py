@@ -72,6 +72,18 @@ def test_custom_op_registration_passes_opcheck(device):
                                                              "test_autograd_registration"))
 
 
+def test_backward_op_registration_passes_opcheck(device):
+    """The backward custom op's schema and fake kernel (torch.compile traces it in a model's backward)."""
+    from jfa.api import _triton_backward
+
+    inp = _inputs(device, "fp32")
+    out, lse = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, backend="triton", return_lse=True)
+    for dlse in (None, torch.randn_like(lse)):
+        args = (inp.q, inp.k, inp.v, out, lse, inp.dout.to(out.dtype), dlse, inp.cu_q, inp.cu_k, False, 0.2, False,
+                3, 0, True)
+        torch.library.opcheck(_triton_backward, args, test_utils=("test_schema", "test_faketensor"))
+
+
 def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
     """With JFA_TRUST_OFFSETS=1 and both hints, the offsets are not read back to the host."""
     import jfa.api as api
@@ -127,6 +139,45 @@ def test_torch_compile_with_dynamic_shapes_takes_new_batches_without_recompiling
         args = (inp.q, inp.k, inp.v, inp.cu_k, max(lengths))
         assert torch.equal(compiled(*args), call(*args))
     assert counter.frame_count == 1
+
+
+def test_the_tlx_ops_autograd_traces_under_torch_compile(monkeypatch, device):
+    """AOTAutograd traces a custom op's autograd formula with fake tensors, which have no data pointer:
+    the TLX backward's choice (its TMA layout rules read data_ptr) must wait until the op runs. On CPU,
+    the TLX launchers are stood in for by the portable ones and ``supports`` runs only its layout rules;
+    the compiled training step must then equal the eager one."""
+    if device != "cpu":
+        pytest.skip("a CPU stand-in; on the GPU tests/test_tlx_gpu.py compiles the real TLX path")
+    from jfa import api
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.kernels.triton import backward as portable_backward
+    from jfa.kernels.triton import forward as portable_forward
+
+    def layout_rules_only(q, head_dim, dtype, *, k=None, v=None):
+        problems = [tlx_forward._layout_problem(n, t) for n, t in (("q", q), ("k", k), ("v", v)) if t is not None]
+        problems = [p for p in problems if p]
+        return (not problems, problems[0] if problems else "")
+
+    monkeypatch.setattr(tlx_forward, "supports", layout_rules_only)
+    monkeypatch.setattr(tlx_forward, "jagged_forward_tlx", portable_forward.jagged_forward)
+    monkeypatch.setattr(tlx_backward, "jagged_backward_tlx",
+                        lambda *args, deterministic, **kwargs: portable_backward.jagged_backward(*args, **kwargs))
+    # a head dim the TLX backward takes (64), or the choice never reaches the layout rules
+    inp = make_inputs(Case((5, 0, 70), (9, 3, 64), heads=2, head_dim=64, dtype="fp32"), device)
+
+    def step(q, k, v):
+        return api._tlx_forward(q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, False)[0]
+
+    torch._dynamo.reset()
+    results = []
+    for fn in (torch.compile(step, backend="aot_eager", fullgraph=True), step):
+        q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+        out = fn(q, k, v)
+        out.backward(inp.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_torch_compile_keeps_validating_the_offsets(monkeypatch, device):

@@ -331,3 +331,25 @@ def test_tlx_backward_falls_back_visibly_for_a_misaligned_grad(caplog):
     dq, _, _ = jagged_backward(q.detach(), k, v, out.detach(), lse, dout, cu, cu, causal=False,
                                softmax_scale=1.0 / math.sqrt(q.shape[-1]), broadcast_q=False, num_seqs=cu.numel() - 1)
     assert torch.equal(q.grad, dq)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_training_step_under_torch_compile_runs_the_tlx_kernels(head_dim):
+    """torch.compile traces the TLX ops' autograd with fake tensors (the backward's kernel choice waits
+    until the op runs): the compiled step computes bitwise what the eager one does (deterministic dQ)."""
+    q, k, v, cu = packed([300, 0, 77, 512], head_dim=head_dim)
+    dout = torch.randn_like(q)
+
+    def step(q, k, v):
+        return jfa.jagged_attention(q, k, v, cu, cu, causal=True, deterministic=True)
+
+    assert jfa.which_kernels(q, k, v).backward == "tlx-hopper"
+    torch._dynamo.reset()
+    results = []
+    for fn in (torch.compile(step, backend="aot_eager"), step):
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fn(qq, kk, vv)
+        out.backward(dout)
+        results.append((out, qq.grad, kk.grad, vv.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

@@ -94,14 +94,10 @@ def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
     jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 70, 64)
 
 
-def _compiled_and_eager(device, fullgraph: bool):
-    """(out, grads) of one portable call compiled by torch.compile (aot_eager: Dynamo and AOTAutograd trace
-    it, the op runs its own kernels) and of the same call in eager mode."""
-    inp = _inputs(device, "fp32", causal=True)
-
-    def call(q, k, v):
-        return jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, 70, 64, causal=True, backend="triton")
-
+def _compiled_and_eager(inp, call, fullgraph: bool) -> list:
+    """[(out, dq, dk, dv) of ``call(q, k, v)`` compiled by torch.compile (aot_eager: Dynamo and
+    AOTAutograd trace it, the ops run their own kernels), the same of the eager call]."""
+    torch._dynamo.reset()
     results = []
     for fn in (torch.compile(call, backend="aot_eager", fullgraph=fullgraph), call):
         q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
@@ -111,12 +107,16 @@ def _compiled_and_eager(device, fullgraph: bool):
     return results
 
 
+def _portable_call(inp):
+    return lambda q, k, v: jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, 70, 64, causal=True, backend="triton")
+
+
 def test_torch_compile_traces_a_call_into_one_graph_when_the_offsets_are_trusted(monkeypatch, device):
     """With both hints and JFA_TRUST_OFFSETS=1 nothing reads a device value: fullgraph=True holds, and
     the compiled call computes bitwise what the eager call does (the same kernels run)."""
-    torch._dynamo.reset()
     monkeypatch.setenv("JFA_TRUST_OFFSETS", "1")
-    compiled, eager = _compiled_and_eager(device, fullgraph=True)
+    inp = _inputs(device, "fp32", causal=True)
+    compiled, eager = _compiled_and_eager(inp, _portable_call(inp), fullgraph=True)
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
 
@@ -169,23 +169,17 @@ def test_the_tlx_ops_autograd_traces_under_torch_compile(monkeypatch, device):
     def step(q, k, v):
         return api._tlx_forward(q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, False)[0]
 
-    torch._dynamo.reset()
-    results = []
-    for fn in (torch.compile(step, backend="aot_eager", fullgraph=True), step):
-        q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
-        out = fn(q, k, v)
-        out.backward(inp.dout)
-        results.append((out, q.grad, k.grad, v.grad))
-    for a, b in zip(*results):
+    compiled, eager = _compiled_and_eager(inp, step, fullgraph=True)
+    for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
 
 
 def test_torch_compile_keeps_validating_the_offsets(monkeypatch, device):
     """Untrusted offsets are read back (a graph break, not an error), so a compiled call still refuses
     bad offsets and still computes what the eager call does."""
-    torch._dynamo.reset()
     monkeypatch.delenv("JFA_TRUST_OFFSETS", raising=False)
-    compiled, eager = _compiled_and_eager(device, fullgraph=False)
+    inp = _inputs(device, "fp32", causal=True)
+    compiled, eager = _compiled_and_eager(inp, _portable_call(inp), fullgraph=False)
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
     inp = _inputs(device)

@@ -278,6 +278,10 @@ def test_tlx_backward_d128_with_llvm_optimisation_meets_the_oracle(case, monkeyp
     assert report.backward_kernel == "tlx-hopper", str(report)
     if case.lengths_k and case.lengths_q:
         assert launches and all(launches), "the fused dQ did not run"
+        from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+        kernel_cache = tlx_backward.jagged_dkdv_tlx_kernel.device_caches[torch.cuda.current_device()][0]
+        assert any("jfa-llvm-o0-0" in str(key) for key in kernel_cache), "the override did not reach the build"
     assert report.ok, str(report)
 
 

@@ -271,7 +271,7 @@ def _synthetic_rows(suite="gem", sweep=False):
                     "status": "ok" if ok else "n/a", "ms": tflop / tf * 1e3 if ok else None,
                     "tflops": tf, "ratio_vs_torch_varlen": None,
                     "peak_mem_mib": (100.0 if pass_ == "fwd" else 300.0) if ok else None,
-                    "tflop": tflop, "max_abs_err": 0.01 if ok else None, "setup_ms": None,
+                    "host_us": (410.0 if pass_ == "fwd" else 1520.0) if ok else None, "tflop": tflop, "max_abs_err": 0.01 if ok else None, "setup_ms": None,
                     "note": "" if ok else "causal: not covered", "B": 512, "H": 4, "D": 128,
                     "causal": False, "broadcast_q": False, "max_len": max_len, "sparsity": s,
                 })
@@ -298,6 +298,7 @@ def test_csv_writer_round_trips(tmp_path):
     assert float(first["tflops"]) == pytest.approx(300.0)
     assert float(first["ratio_vs_torch_varlen"]) == pytest.approx(1.2)
     assert float(first["peak_mem_mib"]) == 100.0
+    assert float(first["host_us"]) == 410.0
     na = next(r for r in got if r["impl"] == "sdpa-njt")
     assert na["status"] == "n/a" and na["tflops"] == "" and na["note"] == "causal: not covered"
 
@@ -311,6 +312,8 @@ def test_markdown_report_has_ms_ratio_memory_and_fwd_bwd():
     assert "| uniform-B512-L1024-H4-D128 | 300 / 270 / 270 | 250 / 225 / 225 | n/a / n/a / n/a |" in md
     assert "1.20 / 1.20 / 1.20" in md
     assert "100 / 300" in md
+    assert "host time of a call (CPU, the GPU kept busy), us, fwd / fwd+bwd:" in md
+    assert "| uniform-B512-L1024-H4-D128 | 410 / 1520 | 410 / 1520 | n/a / n/a |" in md
     assert "sdpa-njt on full-B8-L4096-H16-D128: n/a: causal: not covered" in md
     table = runner.format_table(_synthetic_rows())
     assert "peak MiB" in table and "fwd_bwd" in table
@@ -653,6 +656,12 @@ def test_peak_memory_is_measured_on_cuda_only():
     assert runner.peak_extra_mib(lambda: torch.empty(4), torch.device("cpu")) is None
 
 
+def test_host_time_is_measured_on_cuda_only():
+    if torch.cuda.is_available():  # a few allocations: far below the sleep ahead of them
+        assert 0 < runner.host_us(lambda: torch.empty(2**20, device="cuda"), torch.device("cuda")) < 5e3
+    assert runner.host_us(lambda: torch.empty(4), torch.device("cpu")) is None
+
+
 def test_dry_run_lists_new_impls_with_reasons(capsys):
     assert runner.main(["--suite", "gem", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -927,7 +936,7 @@ def test_bench_impl_flow_on_cpu(name, cpu_runner, monkeypatch):
     res = runner._bench_impl(impl, [b], grad, suites.PASSES, idx, 0, 0)
     assert res["status"] == "ok", res
     assert res["err"] < 1e-5 and res["fwd_ms"] == 1.0 and res["fwd_bwd_ms"] == 3.0 and res["bwd_ms"] == 2.0
-    assert res["fwd_mem"] is None  # CPU tensors: no GPU memory to measure
+    assert res["fwd_mem"] is None and res["fwd_host_us"] is None  # CPU tensors: nothing measured on a GPU
     # n/a, with the adapter's reason, before anything is prepared (NJT on a causal problem).
     njt = impls.get_impl("sdpa-njt")
     monkeypatch.setattr(njt, "available", lambda: (True, ""))

@@ -3,7 +3,8 @@
 A result row is a dict with at least ``problem``, ``impl``, ``pass`` (``fwd``, ``bwd`` or
 ``fwd_bwd``), ``status`` (``ok``, ``skipped``, ``n/a``, ``wrong``, ``error``), ``ms``,
 ``tflops``, ``ratio_vs_torch_varlen``, ``max_abs_err``, ``setup_ms`` and ``note``; optional
-``peak_mem_mib`` (peak extra GPU memory of one untimed call), ``sparsity`` and ``max_len``.
+``peak_mem_mib`` (peak extra GPU memory of one untimed call), ``host_us`` (host time of one call,
+microseconds), ``sparsity`` and ``max_len``.
 Everything here works on plain rows, on any machine. Plots need matplotlib (the ``bench``
 extra); it is imported lazily, drawn headless on the Agg canvas, and when it is missing the
 plots are skipped with a printed note.
@@ -36,7 +37,7 @@ __all__ = [
 #: Leading CSV columns, in order; any other keys of the rows follow, sorted.
 CSV_COLUMNS = (
     "suite", "problem", "impl", "pass", "status", "ms", "tflops", "ratio_vs_torch_varlen",
-    "peak_mem_mib", "tflop", "max_abs_err", "setup_ms", "B", "H", "D", "causal", "broadcast_q",
+    "peak_mem_mib", "host_us", "tflop", "max_abs_err", "setup_ms", "B", "H", "D", "causal", "broadcast_q",
     "max_len", "sparsity", "n_copies", "total_q", "total_k", "note",
 )
 PASS_LABELS = {"fwd": "fwd", "bwd": "bwd", "fwd_bwd": "fwd+bwd"}
@@ -113,7 +114,7 @@ def _memory_passes(passes: Sequence[str]) -> list[str]:
 
 def markdown_report(results: Sequence[dict], meta: dict | None = None) -> str:
     """Markdown tables (cells ``fwd / bwd / fwd+bwd``): TFLOP/s, ms, ratio to torch-varlen,
-    peak extra GPU memory (when measured), then notes."""
+    peak extra GPU memory and host time per call (when measured), then notes."""
     problems = list(dict.fromkeys(r["problem"] for r in results))
     impls = list(dict.fromkeys(r["impl"] for r in results))
     passes = [p for p in PASSES if any(r["pass"] == p for r in results)]
@@ -130,6 +131,9 @@ def markdown_report(results: Sequence[dict], meta: dict | None = None) -> str:
     if any(r.get("peak_mem_mib") is not None for r in results):
         mem = _memory_passes(passes)
         tables.append(("peak extra GPU memory, MiB", "peak_mem_mib", ".0f", mem))
+    if any(r.get("host_us") is not None for r in results):
+        tables.append(("host time of a call (CPU, the GPU kept busy), us", "host_us", ".0f",
+                       _memory_passes(passes)))
     for title, key, spec, ps in tables:
         out.append(f"{title}, {' / '.join(PASS_LABELS[p] for p in ps)}:\n")
         out.append("| shape | " + " | ".join(impls) + " |")

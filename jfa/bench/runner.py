@@ -12,7 +12,8 @@ takes to exceed 2x the L2 cache (memory permitting), rotated between calls; ever
 implementation's forward output is compared with a float32 PyTorch reference on a subsample
 of sequences before it is timed (``wrong`` and not timed above 5e-2 absolute); times are
 ``triton.testing.do_bench`` medians; backward = (forward + backward) - forward. After timing,
-one untimed call per pass measures the peak extra GPU memory. Progress: one line per finished
+one untimed call per pass measures the peak extra GPU memory, and 20 calls issued behind a GPU
+sleep measure the host (CPU) time of a call (``host_us``). Progress: one line per finished
 problem (a tqdm bar when tqdm is installed). Reports (:mod:`jfa.bench.report`): terminal table,
 JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file. ``--suite all`` runs
 every suite in turn (gem, sweep, dense) and writes each suite's files as it finishes, as a run of
@@ -72,6 +73,10 @@ MAX_COPIES = 64
 COPY_MEMORY_FRACTION = 0.25
 #: Sequences per problem checked against the reference.
 CHECK_SEQUENCES = 6
+#: Host time: calls timed per pass, behind a sleep kernel of this many GPU cycles (~50 ms on an H200),
+#: which keeps the GPU busy for longer than the calls take so that none of them waits on it.
+HOST_CALLS = 20
+HOST_SLEEP_CYCLES = 100_000_000
 #: ``--suite`` value that runs every suite of ``SUITES`` in turn.
 ALL = "all"
 #: Implementations whose failures are reported as "skipped" rather than "error".
@@ -268,6 +273,26 @@ def peak_extra_mib(fn: Callable, device: torch.device) -> float | None:
     return max(peak - base, 0) / 2**20
 
 
+def host_us(fn: Callable, device: torch.device) -> float | None:
+    """Host (CPU) microseconds of one call of ``fn``: the median over HOST_CALLS calls issued while the
+    GPU is still busy with a sleep kernel queued ahead of them, so the time is the caller's own (Python,
+    allocations, launches), which a GPU waits on whenever its kernels are shorter. A call that
+    synchronises with the GPU waits for the sleep and shows it (milliseconds, not microseconds). None
+    unless ``device`` is a CUDA device."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    fn()  # compiled and its caches filled: the steady state a training step sees
+    torch.cuda.synchronize()
+    torch.cuda._sleep(HOST_SLEEP_CYCLES)
+    times = []
+    for _ in range(HOST_CALLS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
 def _tflops(flop: float, ms: float | None) -> float | None:
     return None if ms is None or ms <= 0 else flop / (ms * 1e-3) / 1e12
 
@@ -342,7 +367,7 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
     row = {
         "suite": suite, "problem": problem.name, "impl": impl, "pass": pass_,
         "status": "ok", "ms": None, "tflops": None, "ratio_vs_torch_varlen": None,
-        "peak_mem_mib": None, "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None,
+        "peak_mem_mib": None, "host_us": None, "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None,
         "ms_min": None, "ms_max": None, "repeats": 1,
         "note": "", "B": problem.B, "H": problem.H, "D": problem.D, "causal": problem.causal,
         "broadcast_q": problem.broadcast_q, "max_len": problem.max_len, "sparsity": None,
@@ -355,15 +380,17 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
                 warmup: int, rep: int, repeats: int = 1) -> dict:
     """Check, time and measure one implementation.
 
-    Returns {status, note, err, setup_ms, fwd_ms, fwd_bwd_ms, bwd_ms, fwd_mem, fwd_bwd_mem,
-    bwd_status, runs}; fwd+bwd is timed (and measured) when "bwd" or "fwd_bwd" is asked for. With
+    Returns {status, note, err, setup_ms, fwd_ms, fwd_bwd_ms, bwd_ms, fwd_mem, fwd_bwd_mem, fwd_host_us,
+    fwd_bwd_host_us, bwd_status, runs}; fwd+bwd is timed (and measured) when "bwd" or "fwd_bwd" is
+    asked for. With
     ``repeats`` > 1 the timings are taken that many times, fwd and fwd+bwd taking turns, and each
     ``*_ms`` is the median over the repeats (a repeat's bwd is its fwd+bwd minus its fwd); ``runs``
     holds every repeat's value per key (the spread between repeats: clocks and power move by several
     per cent within minutes on a lent GPU).
     """
     res = {"status": "ok", "note": "", "err": None, "setup_ms": None, "fwd_ms": None, "bwd_ms": None,
-           "fwd_bwd_ms": None, "fwd_mem": None, "fwd_bwd_mem": None, "bwd_status": None,
+           "fwd_bwd_ms": None, "fwd_mem": None, "fwd_bwd_mem": None, "fwd_host_us": None,
+           "fwd_bwd_host_us": None, "bwd_status": None,
            "runs": {"fwd_ms": [], "fwd_bwd_ms": [], "bwd_ms": []}}
     ok, why = impl.available()
     if not ok:
@@ -415,6 +442,11 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
         if timed_bwd:
             stage = "fwd+bwd memory"
             res["fwd_bwd_mem"] = peak_extra_mib(p0.fwd_bwd, b0.q.device)
+        stage = "host time"
+        with torch.no_grad():
+            res["fwd_host_us"] = host_us(p0.fwd, b0.q.device)
+        if timed_bwd:
+            res["fwd_bwd_host_us"] = host_us(p0.fwd_bwd, b0.q.device)
     except NotApplicable as e:
         res.update(status="n/a", note=str(e))
     except Exception as e:  # noqa: BLE001 - one implementation failing must not stop the suite
@@ -454,6 +486,7 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
         for pass_ in passes:
             ms = {"fwd": r["fwd_ms"], "bwd": r["bwd_ms"], "fwd_bwd": r["fwd_bwd_ms"]}[pass_]
             mem = r["fwd_mem"] if pass_ == "fwd" else r["fwd_bwd_mem"]
+            host = r["fwd_host_us"] if pass_ == "fwd" else r["fwd_bwd_host_us"]  # bwd: fwd+bwd's, as memory
             status = r["status"]
             if pass_ != "fwd" and status == "ok" and r["bwd_status"]:
                 status = r["bwd_status"]
@@ -463,6 +496,7 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
                        repeats=repeats,
                        tflops=_tflops(flop[pass_], ms) if status == "ok" else None,
                        peak_mem_mib=mem if status == "ok" else None,
+                       host_us=host if status == "ok" else None,
                        max_abs_err=r["err"], setup_ms=r["setup_ms"], note=r["note"], n_copies=n,
                        total_q=out_rows, total_k=int(lengths_k.sum()), sparsity=sparsity)
             rows.append(row)

@@ -1,9 +1,11 @@
 """The public op: validation, backend dispatch and autograd (DESIGN.md section 3 is the contract).
 
 Every check runs before any kernel: a bad argument raises ``TypeError`` (wrong kind of thing) or
-``ValueError`` (right kind, broken rule) naming the argument and the rule. The portable Triton path is
-a ``torch.library.custom_op`` with a registered autograd formula and fake (meta) kernel, so
-``torch.compile`` can trace models that call it.
+``ValueError`` (right kind, broken rule) naming the argument and the rule. The kernels are
+``torch.library`` custom ops with autograd formulas and fake (meta) kernels, so ``torch.compile``
+traces models that call them; eager calls run the same forward and backward through an
+``torch.autograd.Function`` twin instead, since the custom op's dispatch costs several times more host
+time per call.
 """
 from __future__ import annotations
 
@@ -261,7 +263,7 @@ def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
 
 
 # ----------------------------------------------------------------------------------------------------
-# the portable Triton path as a custom op with autograd
+# the kernels with autograd: custom ops (what tracers see) and their eager twin
 # ----------------------------------------------------------------------------------------------------
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     # token and head strides are free; the kernels want the head dim itself contiguous
@@ -273,52 +275,17 @@ def _launcher(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = q.new_empty((rows, q.shape[1], q.shape[2]))
-    return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
+# the forward launcher of each kernel backend (the backward's is chosen when it runs: _run_backward)
+_FORWARD_LAUNCHERS = {"triton": ("jfa.kernels.triton.forward", "jagged_forward"),
+                      "tlx": ("jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx")}
 
 
-def _forward_op(name: str, module: str, launcher: str, backward):
-    """A forward custom op ``jfa::<name>`` calling ``module.launcher`` (looked up at each call), with the
-    shared fake kernel; ``backward(ctx, dout, dlse)`` is its autograd formula. Every forward kernel keeps
-    the out/lse contract, so any backward can follow any forward."""
-
-    @torch.library.custom_op(f"jfa::{name}", mutates_args=())
-    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
-           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        launch = _launcher(module, launcher)  # deterministic: for the backward
-        return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                      num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-
-    op.register_fake(_forward_fake)
-    op.register_autograd(backward, setup_context=_setup_context)
-    return op
-
-
-def _backward_op(name: str, choose):
-    """A backward custom op ``jfa::<name>``: (dq, dk, dv) like (q, k, v), computed by the launcher that
-    ``choose(q, k, v, dout)`` returns. The choice is made when the op runs, on the real tensors: under
-    torch.compile, AOTAutograd traces the autograd formulas with fake tensors, which have no data
-    pointer for the TMA layout rules to read."""
-
-    @torch.library.custom_op(f"jfa::{name}", mutates_args=())
-    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-           dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
-           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        launch = choose(q, k, v, dout)
-        return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                      broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
-                      deterministic=deterministic)
-
-    @op.register_fake
-    def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-          deterministic):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-    return op
+def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+    """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
+    backward can follow any forward."""
+    launch = _launcher(*_FORWARD_LAUNCHERS[backend])
+    return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                  num_seqs=num_seqs, len_q_bcast=len_q_bcast)
 
 
 def _portable_backward_launcher(q, k, v, dout):
@@ -327,7 +294,7 @@ def _portable_backward_launcher(q, k, v, dout):
 
 def _tlx_backward_launcher(q, k, v, dout):
     """The TLX backward where it takes these gradients, else the portable one (each distinct reason
-    logged once). Any backward may follow any forward (one out/lse contract)."""
+    logged once)."""
     from jfa.kernels.tlx.hopper.forward import supports
 
     ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
@@ -339,8 +306,22 @@ def _tlx_backward_launcher(q, k, v, dout):
     return _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
 
 
-_triton_backward = _backward_op("triton_backward", _portable_backward_launcher)
-_tlx_backward = _backward_op("tlx_backward", _tlx_backward_launcher)
+def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
+                  num_seqs, len_q_bcast, deterministic):
+    """(dq, dk, dv) after ``backend``'s forward. The kernel is chosen here, on the real tensors: under
+    torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
+    formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
+    choose = _tlx_backward_launcher if backend == "tlx" else _portable_backward_launcher
+    launch = choose(q, k, v, dout)
+    return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                  broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
+                  deterministic=deterministic)
+
+
+def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = q.new_empty((rows, q.shape[1], q.shape[2]))
+    return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
@@ -354,16 +335,97 @@ _NO_GRADS = (None,) * 8  # for the forward's non-tensor inputs, cu_q .. determin
 
 
 def _grad_inputs(ctx, dout):
-    """(q, k, v, out, lse, dout, cu_q, cu_k) for a backward op: a missing grad of out is zeros, and the
-    head dim is made contiguous (the one layout rule every backward kernel has)."""
+    """(q, k, v, out, lse, dout, cu_q, cu_k) for a backward: a missing grad of out is zeros, and the head
+    dim is made contiguous (the one layout rule every backward kernel has)."""
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dout = _last_dim_contiguous(torch.zeros_like(out) if dout is None else dout)
     return q, k, v, out, lse, dout, cu_q, cu_k
 
 
-def _portable_backward(ctx, dout, dlse):
-    q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
-    return tuple(_triton_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
+def _backward_op(backend: str):
+    """The custom op ``jfa::<backend>_backward``: (dq, dk, dv) like (q, k, v), by ``_run_backward``."""
+
+    @torch.library.custom_op(f"jfa::{backend}_backward", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+           dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale,
+                             broadcast_q, num_seqs, len_q_bcast, deterministic)
+
+    @op.register_fake
+    def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+          deterministic):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    return op
+
+
+def _forward_op(backend: str, backward_op):
+    """The custom op ``jfa::<backend>_forward`` (``_run_forward``), with the shared fake kernel and an
+    autograd formula that calls ``backward_op``."""
+
+    @torch.library.custom_op(f"jfa::{backend}_forward", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
+           causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        # (deterministic: for the backward)
+        return _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast)
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
+        return tuple(backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
+
+    op.register_fake(_forward_fake)
+    op.register_autograd(backward, setup_context=_setup_context)
+    return op
+
+
+_triton_backward = _backward_op("triton")
+_tlx_backward = _backward_op("tlx")
+_triton_forward = _forward_op("triton", _triton_backward)
+_tlx_forward = _forward_op("tlx", _tlx_backward)
+_FORWARD_OPS = {"triton": _triton_forward, "tlx": _tlx_forward}
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' eager twin: the same forward and backward (``_run_forward``, ``_run_backward``)
+    without the custom op's dispatch, whose autograd wrapper costs far more host time per call (on the
+    CPU machine, launchers stubbed: 174 us a forward call against 22 us; 2026-11-30). Eager calls take
+    it; tracers take the custom ops (``_traced``)."""
+
+    @staticmethod
+    def forward(ctx, backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+                deterministic):
+        out, lse = _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs,
+                                len_q_bcast)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+                             deterministic), (out, lse))
+        ctx.backend = backend
+        # an unused output's grad stays None (no zeros made): delta - dlse is then delta itself
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
+        grads = _run_backward(ctx.backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)
+        return (None, *grads) + _NO_GRADS
+
+
+def _traced(*tensors) -> bool:
+    """Whether a tracer sees this call: torch.compile or torch.export, or tensor subclasses (fake and
+    functional tensors of other tracers). The custom ops then, whose schemas and fake kernels they use."""
+    return torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors)
+
+
+def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+               deterministic):
+    """(out, lse) of ``backend``'s kernels ("triton" or "tlx"), differentiable in q, k, v."""
+    args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
+    if _traced(q, k, v):
+        return _FORWARD_OPS[backend](*args)
+    return _EagerAttention.apply(backend, *args)
 
 
 def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
@@ -379,18 +441,6 @@ def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) 
         if not ok:
             return False, f"grad of out: {reason}"
     return True, ""
-
-
-def _tlx_backward_or_portable(ctx, dout, dlse):
-    """After the TLX forward: the TLX backward where it applies, else the portable one (the op chooses
-    when it runs: ``_tlx_backward_launcher``)."""
-    q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
-    return tuple(_tlx_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)) + _NO_GRADS
-
-
-_triton_forward = _forward_op("triton_forward", "jfa.kernels.triton.forward", "jagged_forward", _portable_backward)
-_tlx_forward = _forward_op("tlx_forward", "jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx",
-                           _tlx_backward_or_portable)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -425,7 +475,6 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                                        softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q)
         lse = lse.to(torch.float32)
     else:
-        forward = _tlx_forward if problem.backend == "tlx" else _triton_forward
-        out, lse = forward(problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
-                           problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)
+        out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
+                              problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)
     return (out, lse) if return_lse else out

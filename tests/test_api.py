@@ -166,12 +166,32 @@ def test_the_tlx_ops_autograd_traces_under_torch_compile(monkeypatch, device):
     # a head dim the TLX backward takes (64), or the choice never reaches the layout rules
     inp = make_inputs(Case((5, 0, 70), (9, 3, 64), heads=2, head_dim=64, dtype="fp32"), device)
 
-    def step(q, k, v):
-        return api._tlx_forward(q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, False)[0]
+    def step(q, k, v):  # compiled: the custom ops; eager: their autograd.Function twin (both: the stand-ins)
+        return api._attention("tlx", q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, False)[0]
 
     compiled, eager = _compiled_and_eager(inp, step, fullgraph=True)
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+def test_eager_calls_skip_the_custom_op_and_traced_calls_use_it(monkeypatch, device):
+    """Eager calls run the kernels through an autograd.Function (the custom op's dispatch costs ~150 us
+    of host time per call); torch.compile sees the custom ops, whose fake kernels it traces."""
+    from jfa import api
+
+    inp = _inputs(device, "fp32", causal=True)
+    refuse = lambda *args, **kwargs: pytest.fail("the wrong path was taken")  # noqa: E731
+    monkeypatch.setattr(api, "_FORWARD_OPS", {"triton": refuse, "tlx": refuse})
+    q = inp.q.detach().requires_grad_()
+    jfa.jagged_attention(q, inp.k, inp.v, inp.cu_q, inp.cu_k, backend="triton").backward(inp.dout)
+    assert q.grad is not None
+    monkeypatch.undo()
+    monkeypatch.setenv("JFA_TRUST_OFFSETS", "1")
+    call = _portable_call(inp)
+    eager = call(inp.q, inp.k, inp.v)
+    monkeypatch.setattr(api._EagerAttention, "apply", refuse)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(call, backend="aot_eager", fullgraph=True)(inp.q, inp.k, inp.v), eager)
 
 
 def test_torch_compile_keeps_validating_the_offsets(monkeypatch, device):

@@ -3,7 +3,7 @@
 Every check runs before any kernel: a bad argument raises ``TypeError`` (wrong kind of thing) or
 ``ValueError`` (right kind, broken rule) naming the argument and the rule. The kernels are
 ``torch.library`` custom ops with autograd formulas and fake (meta) kernels, so ``torch.compile``
-traces models that call them; eager calls run the same forward and backward through an
+traces models that call them; eager calls run the same forward and backward through a
 ``torch.autograd.Function`` twin instead, since the custom op's dispatch costs several times more host
 time per call.
 """

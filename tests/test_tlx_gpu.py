@@ -339,21 +339,30 @@ def test_tlx_backward_falls_back_visibly_for_a_misaligned_grad(caplog):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_training_step_under_torch_compile_runs_the_tlx_kernels(head_dim):
-    """torch.compile traces the TLX ops' autograd with fake tensors (the backward's kernel choice waits
-    until the op runs): the compiled step computes bitwise what the eager one does (deterministic dQ)."""
+    """torch.compile traces the TLX custom ops and their autograd formula with fake tensors (the
+    backward's kernel is chosen when its op runs): one graph (fullgraph) computes bitwise what the eager
+    path does (deterministic dQ). Through jagged_attention the dispatch reads tensor addresses (TMA
+    alignment), a graph break, and the result is the same too."""
+    from jfa import api
+
     q, k, v, cu = packed([300, 0, 77, 512], head_dim=head_dim)
     dout = torch.randn_like(q)
+    num_seqs = cu.numel() - 1
+    assert jfa.which_kernels(q, k, v).backward == "tlx-hopper"
 
-    def step(q, k, v):
+    def ops(q, k, v):
+        return api._attention("tlx", q, k, v, cu, cu, True, head_dim ** -0.5, False, num_seqs, 0, True)[0]
+
+    def public(q, k, v):
         return jfa.jagged_attention(q, k, v, cu, cu, causal=True, deterministic=True)
 
-    assert jfa.which_kernels(q, k, v).backward == "tlx-hopper"
-    torch._dynamo.reset()
-    results = []
-    for fn in (torch.compile(step, backend="aot_eager"), step):
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        out = fn(qq, kk, vv)
-        out.backward(dout)
-        results.append((out, qq.grad, kk.grad, vv.grad))
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+    for step, fullgraph in ((ops, True), (public, False)):
+        torch._dynamo.reset()
+        results = []
+        for fn in (torch.compile(step, backend="aot_eager", fullgraph=fullgraph), step):
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = fn(qq, kk, vv)
+            out.backward(dout)
+            results.append((out, qq.grad, kk.grad, vv.grad))
+        for a, b in zip(*results):
+            assert torch.equal(a, b), step.__name__

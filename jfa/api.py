@@ -294,12 +294,8 @@ def _portable_backward_launcher(q, k, v, dout):
 
 def _tlx_backward_launcher(q, k, v, dout):
     """The TLX backward where it takes these gradients, else the portable one (each distinct reason
-    logged once)."""
-    from jfa.kernels.tlx.hopper.forward import supports
-
-    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
-    if ok:
-        ok, reason = tlx_backward_supports(q, dout)
+    logged once). Only reached after the TLX forward accepted q, k, v (``_tlx_or_portable``)."""
+    ok, reason = tlx_backward_supports(q, dout)
     if not ok:
         _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
         return _portable_backward_launcher(q, k, v, dout)

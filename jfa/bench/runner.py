@@ -254,6 +254,10 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def _on_cuda(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
 def peak_extra_mib(fn: Callable, device: torch.device) -> float | None:
     """Peak GPU memory that one call of ``fn`` allocates beyond what is already allocated, MiB.
 
@@ -261,7 +265,7 @@ def peak_extra_mib(fn: Callable, device: torch.device) -> float | None:
     minus ``memory_allocated`` before it (the inputs, already there). Whatever ``fn`` returns is
     alive at the peak and counts. None unless ``device`` (the inputs') is a CUDA device.
     """
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+    if not _on_cuda(device):
         return None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -279,7 +283,7 @@ def host_us(fn: Callable, device: torch.device) -> float | None:
     allocations, launches), which a GPU waits on whenever its kernels are shorter. A call that
     synchronises with the GPU waits for the sleep and shows it (milliseconds, not microseconds). None
     unless ``device`` is a CUDA device."""
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+    if not _on_cuda(device):
         return None
     fn()  # compiled and its caches filled: the steady state a training step sees
     torch.cuda.synchronize()

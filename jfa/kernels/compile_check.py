@@ -472,6 +472,16 @@ def _finish(result: Result, expected: dict) -> Result:
     return result
 
 
+def _binds_as_compiled(launch: dict, spec, result: Result) -> dict:
+    """The gate's checks that a bound launch (``_binding``) specialises to the compiled ``spec``; also
+    recorded in ``result.details["launch_binds_as_compiled"]``."""
+    _, sig, constants, attrs, _ = spec
+    result.details["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
+    return {"a launch binds to the compiled signature": launch["signature"] == sig,
+            "a launch binds to the compiled constants": launch["constants"] == constants,
+            "a launch binds to the compiled attributes": launch["attrs"] == attrs}
+
+
 def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
@@ -487,36 +497,22 @@ def _check_tlx(target: Target) -> Result:
         staged = fused and variant.dq_reduce == "tma"
         expected["TMA reduce-adds of dQ exactly in the staged fused build"] = \
             (result.details["tma_reduce_adds"] > 0) == staged
-        _, sig, constants, attrs, _ = spec
         launch = dkdv_launch_binding(target)
+        expected.update(_binds_as_compiled(launch, spec, result))
+        # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
         o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
-        expected.update({
-            "a launch binds to the compiled signature": launch["signature"] == sig,
-            "a launch binds to the compiled constants": launch["constants"] == constants,
-            "a launch binds to the compiled attributes": launch["attrs"] == attrs,
-            # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
-            "a launch compiles with the gate's LLVM setting (cache key)":
-                o0 is not None and (o0.group(1) == tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__) == cfg.llvm_o0,
-        })
-        result.details["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
+        expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
+            o0 is not None and (o0.group(1) == tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__) == cfg.llvm_o0
         return _finish(result, expected)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
     variant = _variant(target)
     spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                     broadcast_q=target.broadcast_q, variant=variant, profile=target.profile)
-    _, sig, constants, attrs, _ = spec
     _, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
-    structure = result.details
-    launch = tlx_launch_binding(target)
-    expected.update({
-        "pingpong named barriers 9 and 10 (none without pingpong)":
-            structure["named_barriers"] == ([9, 10] if variant.pingpong else []),
-        "a launch binds to the compiled signature": launch["signature"] == sig,
-        "a launch binds to the compiled constants": launch["constants"] == constants,
-        "a launch binds to the compiled attributes": launch["attrs"] == attrs,
-    })
-    structure["launch_binds_as_compiled"] = launch["signature"] == sig and launch["attrs"] == attrs
+    expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
+        result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])
+    expected.update(_binds_as_compiled(tlx_launch_binding(target), spec, result))
     return _finish(result, expected)
 
 

@@ -3,13 +3,14 @@
 ``--device cpu`` (default) runs the portable kernels in Triton's CPU interpreter, which is
 process-wide and must be switched on before triton is imported: that happens here, in
 pytest_configure, before any test module is collected. ``--device cuda`` runs the same tests on the GPU.
-``JFA_TEST_DEVICE`` sets the default.
+``JFA_TEST_DEVICE`` (``jfa.knobs.test_device``) sets the default.
 """
 import os
 import sys
 
 import pytest
 
+from jfa import knobs
 from jfa.fuzz.profiles import load_default_profile, register_profiles
 
 register_profiles()
@@ -17,7 +18,7 @@ load_default_profile()  # ci unless JFA_FUZZ_PROFILE or --hypothesis-profile say
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default=os.environ.get("JFA_TEST_DEVICE", "cpu"), choices=("cpu", "cuda"),
+    parser.addoption("--device", default=knobs.test_device, choices=("cpu", "cuda"),
                      help="device the kernel tests run on (cpu = Triton interpreter)")
     parser.addoption("--backend", default="auto", choices=("auto", "tlx", "triton", "torch"),
                      help="jfa backend the kernel tests exercise (auto: TLX where it applies on a Hopper GPU, "

@@ -9,22 +9,24 @@ time per call.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
+import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
-from jfa.flags import env_flag
+from jfa import knobs
 from jfa.kernels.cache import IdentityCache
 from jfa.kernels.triton.configs import MAX_HEAD_DIM
 
 log = logging.getLogger("jfa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKENDS = ("auto", "tlx", "triton", "torch")
-PRECISIONS = ("auto", "mxfp8")
+PRECISIONS = ("auto",)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -118,11 +120,6 @@ def _untraced(fn):
     return torch.compiler.disable(fn) if torch.compiler.is_compiling() else fn
 
 
-def _trust_offsets() -> bool:
-    # Skips the device read that checks offset values (e.g. under CUDA-graph capture). Unsafe on bad input.
-    return env_flag("JFA_TRUST_OFFSETS", False)
-
-
 def _resolve_backend(backend: str, device: torch.device) -> str:
     """The backend family a call may use before looking at shapes: "tlx", "triton" or "torch" ("tlx" for
     ``auto`` on CUDA means: the TLX kernel if it supports the call, else the portable one)."""
@@ -130,8 +127,9 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     from jfa.kernels.triton import interpreter_active
 
-    if backend == "tlx" and device.type != "cuda":
-        raise ValueError(f"backend: 'tlx' needs CUDA tensors on a Hopper (sm_90) GPU, got device {device}; "
+    if backend == "tlx" and device.type != "cuda" and not _tlx_target_registered(device):
+        raise ValueError(f"backend: 'tlx' needs CUDA tensors on a Hopper (sm_90) GPU, got device {device} "
+                         "(CPU tensors run the TLX kernels only on the TLX simulator: jfa.sim.simulated()); "
                          "use backend='auto' to run the portable kernel instead")
     if backend == "triton" and device.type == "cpu" and not interpreter_active():
         raise ValueError(
@@ -146,6 +144,13 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
             return "triton"
         return "torch"
     return backend
+
+
+def _tlx_target_registered(device: torch.device) -> bool:
+    """Whether something (the TLX simulator) registered a TLX execution target for ``device``."""
+    from jfa.kernels.tlx.common.target import target_for
+
+    return target_for(device) is not None
 
 
 _fallbacks_logged: set = set()
@@ -204,8 +209,6 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
             raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "mxfp8":
-        raise ValueError("precision: 'mxfp8' is not part of this build yet; use precision='auto'")
     _check_hint("max_seqlen_q", max_seqlen_q)
     _check_hint("max_seqlen_k", max_seqlen_k)
 
@@ -226,7 +229,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     resolved = _resolve_backend(backend, q.device)
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
-    if not (hints_given and _trust_offsets()):
+    if not (hints_given and knobs.trust_offsets):
         check = _untraced(_check_offsets_values)
         check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:
@@ -278,28 +281,66 @@ def _launcher(module: str, name: str):
 # the forward launcher of each kernel backend (the backward's is chosen when it runs: _run_backward)
 _FORWARD_LAUNCHERS = {"triton": ("jfa.kernels.triton.forward", "jagged_forward"),
                       "tlx": ("jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx")}
+KERNEL_NAMES = {"triton": "triton", "tlx": "tlx-hopper", "torch": "torch"}  # as KernelChoice names them
+
+_recorders: tuple = ()  # the lists of the open recording_dispatch blocks; replaced, never mutated
+_recorders_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording_dispatch() -> Iterator[list]:
+    """Record which kernels run inside the block: yields a list that fills, in launch order, with
+    ``(pass, kernel, where)`` triples: pass "forward" or "backward", kernel "tlx-hopper", "triton" or
+    "torch" (as :class:`KernelChoice` names them), where the device or execution target ("cuda",
+    "interpreter", "tlx-sim", ...). ``which_kernels`` says what a call would choose; this says what ran,
+    the proof a test needs that the kernel it names did. Every thread's calls are recorded (autograd runs
+    a CUDA backward on a thread of its own)."""
+    global _recorders
+    log: list = []
+    with _recorders_lock:
+        _recorders = _recorders + (log,)
+    try:
+        yield log
+    finally:
+        with _recorders_lock:
+            _recorders = tuple(other for other in _recorders if other is not log)
+
+
+def _record(pass_: str, backend: str, device: torch.device) -> None:
+    if not _recorders:
+        return
+    if backend == "tlx":
+        from jfa.kernels.tlx.common.target import target_for
+
+        where = getattr(target_for(device), "name", device.type)
+    else:
+        where = "interpreter" if backend == "triton" and device.type == "cpu" else device.type
+    for log in _recorders:
+        log.append((pass_, KERNEL_NAMES[backend], where))
 
 
 def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
     """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
     backward can follow any forward."""
     launch = _launcher(*_FORWARD_LAUNCHERS[backend])
-    return launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                  num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    result = launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                    num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    _record("forward", backend, q.device)
+    return result
 
 
 def _portable_backward_launcher(q, k, v, dout):
-    return _launcher("jfa.kernels.triton.backward", "jagged_backward")
+    return "triton", _launcher("jfa.kernels.triton.backward", "jagged_backward")
 
 
 def _tlx_backward_launcher(q, k, v, dout):
-    """The TLX backward where it takes these gradients, else the portable one (each distinct reason
-    logged once). Only reached after the TLX forward accepted q, k, v (``_tlx_or_portable``)."""
+    """("tlx", the TLX backward) where it takes these gradients, else the portable one (each distinct
+    reason logged once). Only reached after the TLX forward accepted q, k, v (``_tlx_or_portable``)."""
     ok, reason = tlx_backward_supports(q, dout)
     if not ok:
         _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
         return _portable_backward_launcher(q, k, v, dout)
-    return _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
+    return "tlx", _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
 
 
 def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
@@ -308,10 +349,12 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
     formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
     choose = _tlx_backward_launcher if backend == "tlx" else _portable_backward_launcher
-    launch = choose(q, k, v, dout)
-    return launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
-                  broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
-                  deterministic=deterministic)
+    chosen, launch = choose(q, k, v, dout)
+    grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                   broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
+                   deterministic=deterministic)
+    _record("backward", chosen, q.device)
+    return grads
 
 
 def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
@@ -429,16 +472,10 @@ def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q,
 def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
     """(True, "") when the TLX backward takes the gradients of a TLX forward on ``q`` (and ``dout``, when
     known), else (False, why). The TLX forward already accepted q, k, v."""
-    from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
-    from jfa.kernels.tlx.hopper.forward import supports
+    from jfa.kernels.tlx.hopper.backward import supports
 
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        return False, f"head_dim {q.shape[-1]} not supported by the TLX backward (only {SUPPORTED_HEAD_DIMS})"
-    if dout is not None:
-        ok, reason = supports(dout, dout.shape[-1], dout.dtype)
-        if not ok:
-            return False, f"grad of out: {reason}"
-    return True, ""
+    ok, reason = supports(q, dout)
+    return ok, "" if ok else f"TLX backward: {reason}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -472,6 +509,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         out, lse = attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                        softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q)
         lse = lse.to(torch.float32)
+        _record("forward", "torch", q.device)
     else:
         out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
                               problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)

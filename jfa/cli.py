@@ -183,7 +183,7 @@ def main(argv=None) -> int:
 
         return cmd_fuzz(rest)
     if args.command == "compile-check":
-        from jfa.kernels.compile_check import main as compile_main
+        from jfa.fuzz.compile_gate import main as compile_main
 
         return compile_main(rest)
     if args.command == "repro":

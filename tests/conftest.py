@@ -25,7 +25,7 @@ def compile_gate(tmp_path_factory):
     per test session and shared by every xdist worker (a file under the session's base temp directory,
     guarded by a lock): the compiles run in parallel child processes instead of once per worker."""
     def results(backend: str) -> dict:
-        from jfa.kernels.compile_check import run_out_of_process
+        from jfa.fuzz.compile_gate import run_out_of_process
 
         if not os.environ.get("PYTEST_XDIST_WORKER"):
             return run_out_of_process(backend)

@@ -176,20 +176,20 @@ def test_varlen_causal_kwargs_adapts_to_signature():
     assert "window_size" in params or "is_causal" in params
 
 
-def test_reference_matches_sdpa_on_cpu():
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(n, 2, 8, generator=g) for n in (5, 7, 7))
-    for causal in (False, True):
-        got = runner._attention_fp32(q, k, v, causal)
-        mask = None
-        if causal:  # bottom-right: query i sees j <= i + 2
-            mask = torch.arange(7)[None, :] <= torch.arange(5)[:, None] + 2
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask).transpose(0, 1)
-        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-    # A query row that sees no key gives zeros.
-    out = runner._attention_fp32(k, q, q, causal=True)  # Lq=7 > Lk=5: rows 0, 1 see nothing
-    assert (out[:2] == 0).all() and torch.isfinite(out).all()
+@pytest.mark.parametrize("broadcast_q", [False, True], ids=["packed", "bcastq"])
+def test_the_forward_check_judges_by_the_oracle_rule(broadcast_q):
+    """The bench's check (the rule of jfa.fuzz.rule on a subsample of sequences and heads) passes the
+    reference's own output and refuses one that is off in a single checked row."""
+    from jfa.reference import attention_reference
+
+    b = _batch([3, 0, 5, 2], seed=4, Lq=4 if broadcast_q else None)
+    out, _ = attention_reference(b.q, b.k, b.v, b.cu_q, b.cu_k, causal=b.causal, broadcast_q=b.broadcast_q)
+    check = runner.ForwardCheck(b, runner.check_indices(b.lengths_q, b.lengths_k))
+    assert check(out).ok
+    wrong = out.clone()
+    wrong[int(check.rows[-1]), 0] += 0.05
+    verdict = check(wrong)
+    assert not verdict.ok and verdict.error >= 0.04
 
 
 def test_num_copies():
@@ -932,8 +932,8 @@ def test_bench_impl_flow_on_cpu(name, cpu_runner, monkeypatch):
     monkeypatch.setattr(impl, "available", lambda: (True, ""))
     b = _batch([3, 0, 5, 2], seed=7)
     grad = torch.randn(_out_rows(b), H_T, D_T)
-    idx = runner.check_indices(b.lengths_q, b.lengths_k)
-    res = runner._bench_impl(impl, [b], grad, suites.PASSES, idx, 0, 0)
+    check = runner.ForwardCheck(b, runner.check_indices(b.lengths_q, b.lengths_k))
+    res = runner._bench_impl(impl, [b], grad, suites.PASSES, check, 0, 0)
     assert res["status"] == "ok", res
     assert res["err"] < 1e-5 and res["fwd_ms"] == 1.0 and res["fwd_bwd_ms"] == 3.0 and res["bwd_ms"] == 2.0
     assert res["fwd_mem"] is None and res["fwd_host_us"] is None  # CPU tensors: nothing measured on a GPU
@@ -959,7 +959,7 @@ def test_bench_impl_reports_wrong_output(cpu_runner, monkeypatch):
     monkeypatch.setattr(impl, "prepare", broken_prepare)
     b = _batch([3, 5], seed=8)
     res = runner._bench_impl(impl, [b], torch.zeros(8, H_T, D_T), suites.PASSES,
-                             runner.check_indices(b.lengths_q, b.lengths_k), 0, 0)
+                             runner.ForwardCheck(b, runner.check_indices(b.lengths_q, b.lengths_k)), 0, 0)
     assert res["status"] == "wrong" and res["fwd_ms"] is None and not cpu_runner
 
 

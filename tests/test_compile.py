@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from jfa.kernels.compile_check import shipped_targets
+from jfa.fuzz.compile_gate import shipped_targets
 
 TARGETS = [t.name for t in shipped_targets()]
 

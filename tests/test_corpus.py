@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jfa.fuzz.runner import load_case
-from jfa.testing import cannot_run, run_case
+from jfa.fuzz.rule import cannot_run, run_case
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.json"))
 
@@ -23,4 +23,5 @@ def test_corpus_case_meets_the_oracle(path, backend, device):
     if reason := cannot_run(case, backend, device):
         pytest.skip(reason)
     report = run_case(case, backend=backend, device=device)
+    assert report.ran_as_dispatched(), report.ran
     assert report.ok, f"{path.name} ({record.get('note', '')}):\n{report}"

@@ -11,7 +11,7 @@ from hypothesis import assume, given, target
 from hypothesis import strategies as st
 
 from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS, problems
-from jfa.testing import cannot_run, run_case
+from jfa.fuzz.rule import cannot_run, run_case
 
 
 @pytest.fixture(scope="session")
@@ -25,4 +25,5 @@ def test_random_problems_meet_the_oracle(data, backend, device, max_tokens):
     assume(not cannot_run(case, backend, device))  # --backend tlx: only what the TLX kernel takes
     report = run_case(case, backend=backend, device=device)
     target(min(report.worst.ratio, 1e6), label="worst error / allowed")
+    assert report.ran_as_dispatched(), report.ran
     assert report.ok, str(report) + "\ncase: " + json.dumps(case.__dict__)

@@ -6,7 +6,7 @@ import pytest
 
 from jfa.fuzz import runner
 from jfa.fuzz.mutants import BY_NAME, applied
-from jfa.testing import Case
+from jfa.fuzz.cases import Case
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

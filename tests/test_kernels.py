@@ -5,7 +5,7 @@ import json
 import pytest
 
 from jfa.fuzz.catalog import default_suite
-from jfa.testing import cannot_run, run_case
+from jfa.fuzz.rule import cannot_run, run_case
 
 SUITE = default_suite()
 
@@ -17,4 +17,5 @@ def test_matches_oracle(case, backend, device, record_property):
     report = run_case(case, backend=backend, device=device, backward=True)
     # the gate reads these from the JUnit XML to report the worst error per tensor
     record_property("verdicts", json.dumps({v.name: [v.error, v.allowed] for v in report.verdicts}))
+    assert report.ran_as_dispatched(), report.ran
     assert report.ok, str(report)

@@ -8,10 +8,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from jfa.kernels import schedule
+from jfa.kernels.schedule import virtual_cu_seqlens
+from jfa.kernels.tlx.common.target import LaunchTarget, register_target
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 from jfa.kernels.tlx.hopper import forward as tlx_forward
 from jfa.kernels.tlx.hopper import row_stats as stats_pass
-from jfa.kernels.triton.forward import virtual_cu_seqlens
 
 HEADS = 4
 # aten ops that copy a device value to the host (item(), tolist(), bool(tensor), nonzero's size)
@@ -43,22 +44,22 @@ class StubKernel:
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The TLX launchers on CPU tensors: kernels recorded, not run; the GPU queries answered; the host
-    caches empty (so a first call builds)."""
+    """The TLX launchers on CPU tensors: a launch target that records each TLX launch instead of running
+    it (sm_90, 132 SMs), the statistics' plain Triton kernel recorded too; the host caches empty (so a
+    first call builds)."""
     recorded = []
     schedule._tile_lists.clear()
     stats_pass._column_layouts.clear()
     virtual_cu_seqlens.cache_clear()
-    monkeypatch.setattr(tlx_forward, "jagged_fwd_tlx_kernel", StubKernel(tlx_forward.jagged_fwd_tlx_kernel, recorded))
-    monkeypatch.setattr(tlx_backward, "jagged_dkdv_tlx_kernel",
-                        StubKernel(tlx_backward.jagged_dkdv_tlx_kernel, recorded))
     monkeypatch.setattr(stats_pass, "row_stats_kernel", StubKernel(stats_pass.row_stats_kernel, recorded))
-    counter = torch.zeros(2, dtype=torch.int32)
-    monkeypatch.setattr(tlx_forward, "_work_counter", lambda device: counter)
-    for module in (tlx_forward, tlx_backward):
-        monkeypatch.setattr(module, "_sm_count", lambda device: 132)
-        monkeypatch.setattr(module, "supports", lambda *args, **kwargs: (True, ""))
-    return recorded
+    tlx_forward.work_counter(torch.device("cpu"))  # made once per device: not part of a call's own work
+
+    def record(kernel, grid, args, kwargs):
+        recorded.append((kernel.fn.__name__, grid))
+
+    previous = register_target("cpu", LaunchTarget("recorder", (9, 0), 132, record))
+    yield recorded
+    register_target("cpu", previous)
 
 
 def _problem(broadcast_q: bool, head_dim: int):
@@ -97,7 +98,7 @@ def test_a_repeated_fused_backward_only_allocates_and_reads_out_dq(launches, bro
     rows = kwargs["num_seqs"] * q.shape[0] if broadcast_q else q.shape[0]
     out, dout = torch.randn(rows, HEADS, head_dim, dtype=q.dtype), torch.randn(rows, HEADS, head_dim, dtype=q.dtype)
     lse = torch.randn(rows, HEADS)
-    call = lambda: tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, fused_dq=True, **kwargs)
+    call = lambda: tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, **kwargs)  # noqa: E731
     first, _ = _ops_of(call)
     again, (dq, dk, dv) = _ops_of(call)
     assert "aten.cumsum.out" in first, "the first call lays out the statistics' columns"
@@ -116,7 +117,7 @@ def test_no_launch_reads_a_device_value_back_to_the_host(launches, broadcast_q, 
     q, k, v, cu_q, cu_k, kwargs = _problem(broadcast_q, head_dim)
     forward_ops, (out, lse) = _ops_of(lambda: tlx_forward.jagged_forward_tlx(q, k, v, cu_q, cu_k, **kwargs))
     backward_ops, _ = _ops_of(lambda: tlx_backward.jagged_backward_tlx(
-        q, k, v, out, lse, torch.randn_like(out), cu_q, cu_k, fused_dq=True, **kwargs))
+        q, k, v, out, lse, torch.randn_like(out), cu_q, cu_k, **kwargs))
     assert not HOST_READS & set(forward_ops + backward_ops)
 
 

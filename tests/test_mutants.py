@@ -27,7 +27,8 @@ from jfa.fuzz.mutants import (
     kill,
     original_source,
 )
-from jfa.testing import Case, run_case
+from jfa.fuzz.cases import Case
+from jfa.fuzz.rule import run_case
 
 # mutants produce NaN/inf on purpose: numpy's warnings from inside the interpreter are expected noise
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jfa.kernels.tlx.hopper.row_stats import COLUMN_ALIGN, aligned_columns, row_stats
-from jfa.testing import offsets
+from jfa.fuzz.cases import offsets
 
 HEADS, HEAD_DIM = 3, 64
 LENGTHS = {

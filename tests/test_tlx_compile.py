@@ -9,12 +9,11 @@ import itertools
 import json
 import math
 
-import os
 
 import pytest
 import torch
 
-from jfa.kernels.compile_check import SM90_SHARED_LIMIT, WGMMA_SERIALISED, tlx_targets
+from jfa.fuzz.compile_gate import SM90_SHARED_LIMIT, WGMMA_SERIALISED, tlx_targets
 
 TARGETS = [t.name for t in tlx_targets()]
 
@@ -49,11 +48,7 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     module = backward if target["kernel"] == "dkdv" else forward
     assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
-        build, _, switches = target["variant"].partition(",")
-        variant = backward.BackwardVariant.parse(switches)
-        fused = build == "fused-dq"
-        regs = backward.consumer_regs(backward.config_for(target["head_dim"], variant, fused), fused_dq=fused,
-                                      causal=target["causal"], variant=variant)
+        regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq").consumer_regs
     else:
         regs = module.config_for(target["head_dim"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]
@@ -82,19 +77,19 @@ def test_imports_and_refuses_on_cpu_without_touching_a_gpu():
 
 
 def test_layout_rules_for_tma():
-    from jfa.kernels.tlx.hopper.forward import _layout_problem, _view_2d
+    from jfa.kernels.tlx.common.host import layout_problem, view_2d
 
     fused = torch.zeros(10, 3, 4, 64, dtype=torch.bfloat16)  # a [T, 3, H, D] projection: q/k/v are views
-    view = _view_2d(fused[:, 1])
+    view = view_2d(fused[:, 1])
     assert (view.rows, view.width, view.row_stride, view.col_stride) == (10, 4 * 64, 3 * 4 * 64, 64)
-    assert _layout_problem("k", fused[:, 1]) is None
-    assert "16 bytes" in _layout_problem("q", torch.zeros(10, 2, 68, dtype=torch.bfloat16)[..., :60])
-    assert "overlap" in _layout_problem("q", torch.zeros(10, 64, dtype=torch.bfloat16)[:, None, :].expand(10, 2, 64))
+    assert layout_problem("k", fused[:, 1]) is None
+    assert "16 bytes" in layout_problem("q", torch.zeros(10, 2, 68, dtype=torch.bfloat16)[..., :60])
+    assert "overlap" in layout_problem("q", torch.zeros(10, 64, dtype=torch.bfloat16)[:, None, :].expand(10, 2, 64))
 
 
 def test_variants_and_timeline_build_are_targets():
     names = {t.name for t in tlx_targets()}
-    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "pingpong_pv=1", "peel=0", "profile"):
+    for variant in ("schedule=dynamic", "pingpong=0", "peel=0", "profile"):
         assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant
     assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq", "tlx-dkdv-bf16-D128",
             "tlx-dkdv-bf16-D128-causal", "tlx-dkdv-fp16-D128-bcastq"} <= names
@@ -174,8 +169,8 @@ def test_dkdv_row_stats_pass_zeroes_the_dq_accumulator(lengths, device):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     """The fused dQ's fp32 accumulator is shaped like q and starts at zero; its TMA box is one query
-    step's rows of one head (half the head dim where a dQ is reduced by halves: the 64-row D 128 steps
-    that ship, the rows-major experiment); it reads back as dq in q's dtype and shape."""
+    step's rows of one head (half the head dim where dQ is reduced by halves: the D 128 build); it reads
+    back as dq in q's dtype and shape."""
     from jfa.kernels.tlx.hopper import backward
 
     rows, heads = 37, 3
@@ -183,51 +178,35 @@ def test_fused_dq_accumulator_reads_back_as_dq(head_dim, device):
     dq = torch.randn(rows, heads, head_dim, generator=torch.Generator().manual_seed(rows)).to(device)
     accum = backward.DqAccumulator(q)
     assert accum.tensor.shape == q.shape and accum.tensor.dtype == torch.float32 and not accum.tensor.any()
-    desc, row_stride = accum.descriptor()
+    desc = accum.descriptor()
     assert desc.block_shape == [64, 64 if head_dim == 128 else head_dim]
-    assert desc.shape == [rows, heads * head_dim] and row_stride == heads * head_dim
-    if head_dim == 128:
-        rows64_desc, _ = backward.DqAccumulator(q, backward.D128_ROWS64).descriptor()
-        assert rows64_desc.block_shape == [64, 64]
-        steps32_desc, _ = backward.DqAccumulator(q, backward.config_for(128, backward.BackwardVariant(
-            steps64=False))).descriptor()
-        assert steps32_desc.block_shape == [32, 128]
+    assert desc.shape == [rows, heads * head_dim] and desc.strides == [heads * head_dim, 1]
     accum.tensor.copy_(dq)
     got = accum.read().cpu()
     assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
     assert torch.equal(got, dq.cpu().to(torch.bfloat16))
 
 
-def test_own_waits_switch_is_part_of_the_compilation_cache_key(monkeypatch):
-    """JFA_TLX_OWN_WAITS changes what a TLX compile produces, so it must change Triton's cache key (a
+def test_the_compile_switches_are_part_of_the_compilation_cache_key():
+    """Own waits change what a TLX compile produces, so the setting must change Triton's cache key (a
     build with the generic pipeliner must never be reused for one without); installing twice is a no-op."""
-    from triton import knobs
+    from triton import knobs as triton_knobs
 
+    from jfa import knobs
     from jfa.kernels.tlx import pipeline
 
     pipeline.install()
-    hook = knobs.runtime.add_stages_inspection_hook
+    hook = triton_knobs.runtime.add_stages_inspection_hook
     pipeline.install()
-    assert knobs.runtime.add_stages_inspection_hook is hook
-    monkeypatch.setenv(pipeline.ENV, "0")
-    off = hook()
-    monkeypatch.setenv(pipeline.ENV, "1")
-    on = hook()
-    assert off[0] != on[0] and off[1] != on[1]
-    monkeypatch.setenv(pipeline.ENV, "jagged_dkdv_tlx_kernel")  # one kernel only: a third key
-    one = hook()
-    assert one[0] not in (off[0], on[0]) and one[1] not in (off[1], on[1])
-    monkeypatch.delenv(pipeline.ENV)  # unset: what ships, the same build (and key) as naming the dK/dV kernel
-    assert hook() == one
-    monkeypatch.setenv(pipeline.ENV, "1")
-    with pipeline.own_waits(False):
-        assert not pipeline.enabled()
-    assert pipeline.enabled()  # restored
-    with pipeline.own_waits("jagged_dkdv_tlx_kernel"):
+    assert triton_knobs.runtime.add_stages_inspection_hook is hook
+    keys = {}
+    for setting in (False, True, "jagged_dkdv_tlx_kernel", None):
+        with knobs.scope(tlx_own_waits=setting):
+            keys[setting] = hook()
+    assert len({keys[False], keys[True], keys["jagged_dkdv_tlx_kernel"]}) == 3
+    assert keys[None] == keys["jagged_dkdv_tlx_kernel"]  # the default: what ships, the dK/dV kernel only
+    with knobs.scope(tlx_own_waits="jagged_dkdv_tlx_kernel"):
         assert pipeline.enabled("jagged_dkdv_tlx_kernel") and not pipeline.enabled("jagged_fwd_tlx_kernel")
-    with pytest.raises(ValueError, match="TLX kernel name"):
-        with pipeline.own_waits("jagged_dkdv"):
-            pass
 
 
 def test_the_compile_switches_are_seen_by_their_own_thread_only():
@@ -255,36 +234,31 @@ def test_the_compile_switches_are_seen_by_their_own_thread_only():
     assert llvm.optimize_module is optimize and passes.ttgpuir.add_pipeline is add_pipeline
 
 
-def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_switch_overrides_it(monkeypatch):
+def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_knob_overrides_it():
     """A launch whose config leaves its LLVM IR to ptxas (``build_llvm_o0``) compiles another build, so it
-    must change Triton's cache key; JFA_TLX_LLVM_O0, when set, decides instead (0: LLVM everywhere); the
-    context managers restore what they change, also after a bad kernel name. The 64-row D 128 config
-    asks for it, no other."""
-    from triton import knobs
+    must change Triton's cache key; ``knobs.tlx_llvm_o0``, when set, decides instead (False: LLVM
+    everywhere). The D 128 fused-dQ config asks for it, no other."""
+    from triton import knobs as triton_knobs
 
+    from jfa import knobs
     from jfa.kernels.tlx import pipeline
     from jfa.kernels.tlx.hopper import backward
 
     pipeline.install()
-    hook = knobs.runtime.add_stages_inspection_hook
-    monkeypatch.delenv(pipeline.LLVM_O0_ENV, raising=False)
-    plain = hook()
-    assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel")
-    with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", True):
-        asked = hook()
-        assert pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and not pipeline.llvm_o0("jagged_fwd_tlx_kernel")
-        with pipeline.llvm_unoptimised(False):  # the switch wins over the build
-            assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() != asked
-    assert asked[0] != plain[0] and asked[1] != plain[1]
-    assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() == plain  # restored
-    with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", False):
-        assert hook() == plain
-    monkeypatch.setenv(pipeline.LLVM_O0_ENV, "jagged_dkdv_tlx_kernel")
-    assert hook() == asked
-    with pytest.raises(ValueError, match="TLX kernel name"):
-        with pipeline.llvm_unoptimised("dkdv"):
-            pass
-    assert os.environ[pipeline.LLVM_O0_ENV] == "jagged_dkdv_tlx_kernel"
-    configs = [backward.config_for(d, v, f) for d in (64, 128) for f in (True, False)
-               for v in (backward.SHIPPED, backward.BackwardVariant(steps64=False))]
-    assert [c for c in configs if c.llvm_o0] == [backward.D128_STEPS64]
+    hook = triton_knobs.runtime.add_stages_inspection_hook
+    with knobs.scope(tlx_llvm_o0=None):
+        plain = hook()
+        assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel")
+        with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", True):
+            asked = hook()
+            assert pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and not pipeline.llvm_o0("jagged_fwd_tlx_kernel")
+            with knobs.scope(tlx_llvm_o0=False):  # the knob wins over the build
+                assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() != asked
+        assert asked[0] != plain[0] and asked[1] != plain[1]
+        assert not pipeline.llvm_o0("jagged_dkdv_tlx_kernel") and hook() == plain  # restored
+        with pipeline.build_llvm_o0("jagged_dkdv_tlx_kernel", False):
+            assert hook() == plain
+        with knobs.scope(tlx_llvm_o0="jagged_dkdv_tlx_kernel"):
+            assert hook() == asked
+    configs = {(d, f): backward.config_for(d, f) for d in (64, 128) for f in (True, False)}
+    assert [key for key, c in configs.items() if c.llvm_o0] == [(128, True)]

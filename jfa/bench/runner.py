@@ -9,8 +9,8 @@ Usage (the body of ``jfa bench``)::
 
 Per problem: bf16 packed Q/K/V with fresh normal data on the GPU, in as many copies as it
 takes to exceed 2x the L2 cache (memory permitting), rotated between calls; every
-implementation's forward output is compared with a float32 PyTorch reference on a subsample
-of sequences before it is timed (``wrong`` and not timed above 5e-2 absolute); times are
+implementation's forward output is judged by the oracle rule (``jfa.fuzz.rule``) on a subsample of
+sequences and heads before it is timed (``wrong`` and not timed where it fails); times are
 ``triton.testing.do_bench`` medians; backward = (forward + backward) - forward. After timing,
 one untimed call per pass measures the peak extra GPU memory, and 20 calls issued behind a GPU
 sleep measure the host (CPU) time of a call (``host_us``). Progress: one line per finished
@@ -24,17 +24,15 @@ Nothing touches CUDA at import time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import itertools
-import math
 import os
 import shlex
 import statistics
 import sys
 import time
 import zlib
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -49,8 +47,7 @@ __all__ = [
     "suite_names",
     "ALL",
     "bench_problem",
-    "reference_forward_rows",
-    "check_forward",
+    "ForwardCheck",
     "format_table",
     "markdown_report",
     "dry_run",
@@ -60,19 +57,17 @@ __all__ = [
     "Progress",
     "command_line",
     "L2_BYTES",
-    "ATOL",
     "PASSES",
 ]
 
 #: L2 cache size assumed when the device does not report a larger one (H200: 60 MB class).
 L2_BYTES = 60 * 2**20
-#: Absolute forward tolerance against the float32 reference for bf16/fp16 inputs.
-ATOL = 5e-2
 #: Most input copies kept alive at once, and the share of free memory they may take.
 MAX_COPIES = 64
 COPY_MEMORY_FRACTION = 0.25
-#: Sequences per problem checked against the reference.
+#: Sequences and heads per problem judged by the oracle rule before timing.
 CHECK_SEQUENCES = 6
+CHECK_HEADS = 2
 #: Host time: calls timed per pass, behind a sleep kernel of this many GPU cycles (~50 ms on an H200),
 #: which keeps the GPU busy for longer than the calls take so that none of them waits on it.
 HOST_CALLS = 20
@@ -136,66 +131,8 @@ def launcher_inputs(problem: Problem, device="cuda") -> tuple[PackedBatch, dict]
 # Correctness check
 # ---------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _no_tf32():
-    """float32 matmuls in IEEE precision while the reference runs."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def _attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    head_chunk_bytes: int = 2**29) -> torch.Tensor:
-    """Exact softmax attention of one sequence in float32: ``[Lq,H,D] x [Lk,H,D] -> [Lq,H,D]``.
-
-    Causal is bottom-right aligned; rows that see no key are 0. Heads are processed in
-    chunks so the score matrix stays below ``head_chunk_bytes``.
-    """
-    q, k, v = q.float(), k.float(), v.float()
-    lq, h, d = q.shape
-    lk = k.shape[0]
-    out = torch.zeros((lq, h, d), dtype=torch.float32, device=q.device)
-    if lq == 0 or lk == 0:
-        return out
-    scale = 1.0 / math.sqrt(d)
-    mask = None
-    if causal:
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        mask = j <= i + (lk - lq)
-    step = max(1, head_chunk_bytes // (4 * lq * lk))
-    for h0 in range(0, h, step):
-        hs = slice(h0, h0 + step)
-        s = torch.einsum("qhd,khd->hqk", q[:, hs], k[:, hs]) * scale
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        p = torch.softmax(s, dim=-1)
-        if mask is not None:
-            p = torch.where(mask.any(dim=-1, keepdim=True), p, torch.zeros_like(p))
-        out[:, hs] = torch.einsum("hqk,khd->qhd", p, v[:, hs])
-    return out
-
-
 def _offsets_cpu(lengths: torch.Tensor) -> list[int]:
     return [0] + torch.cumsum(lengths, 0).tolist()
-
-
-def reference_forward_rows(batch: PackedBatch, b: int) -> tuple[slice, torch.Tensor]:
-    """(rows of the packed output, float32 reference output) for sequence ``b`` of ``batch``."""
-    ok = _offsets_cpu(batch.lengths_k)
-    k = batch.k[ok[b]:ok[b + 1]]
-    v = batch.v[ok[b]:ok[b + 1]]
-    if batch.broadcast_q:
-        rows = slice(b * batch.Lq, (b + 1) * batch.Lq)
-        q = batch.q
-    else:
-        oq = _offsets_cpu(batch.lengths_q)
-        rows = slice(oq[b], oq[b + 1])
-        q = batch.q[rows]
-    return rows, _attention_fp32(q, k, v, batch.causal)
 
 
 def check_indices(lengths_q: torch.Tensor, lengths_k: torch.Tensor, n: int = CHECK_SEQUENCES) -> list[int]:
@@ -217,22 +154,34 @@ def check_indices(lengths_q: torch.Tensor, lengths_k: torch.Tensor, n: int = CHE
     return sorted(set(picks))
 
 
-def check_forward(out: torch.Tensor, batch: PackedBatch, indices: Iterable[int]) -> float:
-    """Max absolute error of ``out`` (packed) against the float32 reference on ``indices``.
+class ForwardCheck:
+    """The oracle rule (``jfa.fuzz.rule``, the same one the tests and the gate apply) on a subsample of
+    one problem's sequences (``check_indices``) and its first CHECK_HEADS heads: every implementation's
+    forward output is judged against the float64 oracle and the PyTorch reference in the inputs' dtype,
+    both computed once per problem."""
 
-    Non-finite values count as an infinite error.
-    """
-    err = 0.0
-    with _no_tf32():
-        for b in indices:
-            rows, ref = reference_forward_rows(batch, b)
-            got = out[rows].float()
-            if got.numel() == 0:
-                continue
-            if not torch.isfinite(got).all():
-                return math.inf
-            err = max(err, float((got - ref).abs().max()))
-    return err
+    def __init__(self, batch: PackedBatch, indices: Sequence[int]):
+        from jfa.fuzz.rule import OutputJudge
+
+        heads = slice(0, min(CHECK_HEADS, batch.q.shape[1]))
+        ok = _offsets_cpu(batch.lengths_k)
+        oq = [b * batch.Lq for b in range(batch.B + 1)] if batch.broadcast_q else _offsets_cpu(batch.lengths_q)
+        self.rows = torch.cat([torch.arange(oq[b], oq[b + 1]) for b in indices]) if indices else torch.zeros(0, dtype=torch.long)
+        keys = torch.cat([torch.arange(ok[b], ok[b + 1]) for b in indices]) if indices else torch.zeros(0, dtype=torch.long)
+        self.heads = heads
+        device = batch.q.device
+        k, v = batch.k[keys.to(device), heads], batch.v[keys.to(device), heads]
+        cu_k = _offsets(torch.tensor([ok[b + 1] - ok[b] for b in indices], dtype=torch.int64), device)
+        if batch.broadcast_q:
+            q, cu_q = batch.q[:, heads], None
+        else:
+            q = batch.q[self.rows.to(device), heads]
+            cu_q = _offsets(torch.tensor([oq[b + 1] - oq[b] for b in indices], dtype=torch.int64), device)
+        self.judge = OutputJudge(q, k, v, cu_q, cu_k, causal=batch.causal, broadcast_q=batch.broadcast_q)
+
+    def __call__(self, out: torch.Tensor):
+        """The verdict (``jfa.fuzz.rule.Verdict``) of ``out``, the packed output of the whole problem."""
+        return self.judge(out[self.rows.to(out.device), self.heads])
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,7 +329,7 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
     return row
 
 
-def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, passes, check_idx,
+def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, passes, check,
                 warmup: int, rep: int, repeats: int = 1) -> dict:
     """Check, time and measure one implementation.
 
@@ -419,12 +368,13 @@ def _bench_impl(impl: Impl, batches: list[PackedBatch], grad: torch.Tensor, pass
         with torch.no_grad():
             out = p0.packed(p0.fwd())
             torch.cuda.synchronize()
-            if check_idx is not None:
-                res["err"] = check_forward(out, batches[0], check_idx)
+            verdict = check(out) if check is not None else None
         del out
-        if res["err"] is not None and not res["err"] <= ATOL:
-            res.update(status="wrong", note=f"max abs err {res['err']:.3g} > {ATOL}")
-            return res
+        if verdict is not None:
+            res["err"] = verdict.error
+            if not verdict.ok:
+                res.update(status="wrong", note=f"fails the oracle rule: {verdict}")
+                return res
         timed_bwd = "bwd" in passes or "fwd_bwd" in passes
         if timed_bwd and p0.fwd_bwd is None:
             res["bwd_status"] = "n/a"
@@ -482,11 +432,11 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
     out_rows = problem.B * problem.Lq if problem.broadcast_q else int(lengths_q.sum())
     grad = torch.randn((out_rows, problem.H, problem.D), device=device, dtype=problem.dtype,
                        generator=torch.Generator(device=device).manual_seed(7))
-    check_idx = check_indices(lengths_q, lengths_k) if check else None
+    checker = ForwardCheck(batches[0], check_indices(lengths_q, lengths_k)) if check else None
 
     rows = []
     for impl in impls:
-        r = _bench_impl(impl, batches, grad, passes, check_idx, warmup, rep, repeats)
+        r = _bench_impl(impl, batches, grad, passes, checker, warmup, rep, repeats)
         for pass_ in passes:
             ms = {"fwd": r["fwd_ms"], "bwd": r["bwd_ms"], "fwd_bwd": r["fwd_bwd_ms"]}[pass_]
             mem = r["fwd_mem"] if pass_ == "fwd" else r["fwd_bwd_mem"]

@@ -23,9 +23,8 @@ import numpy as np
 SCHEDULES = {
     "zigzag (shipped)": dict(schedule="zigzag"),
     "dynamic": dict(schedule="dynamic"),
-    "round-robin": dict(schedule="round-robin"),
-    "naive (batch order)": dict(schedule="round-robin", longest_first=False),
-    "non-persistent": dict(schedule="round-robin", persistent=False),
+    "naive (batch order)": dict(longest_first=False),
+    "non-persistent": dict(persistent=False),
 }
 
 

@@ -1,14 +1,18 @@
-"""Hand-picked adversarial cases: the fixed part of the correctness suite (tests, gate, GPU runs).
+"""Hand-picked adversarial cases: the one catalogue of the correctness suite (tests, gate, fuzz seeds,
+GPU checks, the simulator).
 
 Each family targets one way a jagged kernel goes wrong: empty sequences (leading, trailing, runs,
 all, B = 0), length 1, lengths at every tile size -1/0/+1 (read from the kernels' configs, so the
 suite follows the configs), Lq != Lk both ways with causal (fully masked rows), broadcast-Q, every
-head dim and dtype, saturated softmax, strided views, int64 offsets, explicit scales.
+head dim and dtype, saturated softmax, strided views, int64 offsets, explicit scales. The TLX kernels
+get their own tile edges (per consumer, per work item, per key block, per query step), many work items
+per CTA (ring and phase wrap-around, the persistent stride) and the items between which a consumer has
+no key or no row; ``sanitize_cases`` are the small shapes compute-sanitizer runs.
 """
 from __future__ import annotations
 
+from jfa.fuzz.cases import DTYPES, Case, replace
 from jfa.kernels.triton.configs import tile_sizes
-from jfa.testing import DTYPES, Case, replace
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
@@ -67,3 +71,83 @@ def default_suite() -> list:
     for dtype in DTYPES:
         cases += head_dim_cases(dtype)
     return cases
+
+
+TLX_DTYPES = ("bf16", "fp16")
+TLX_HEAD_DIMS = (64, 128)
+
+
+def tlx_tile_sizes(head_dim: int) -> list:
+    """Every row count a TLX kernel tiles by at ``head_dim``: the forward's rows per consumer and per work
+    item and its key block, the backward's query steps (with and without the fused dQ), key rows per
+    consumer and per work item."""
+    from jfa.kernels.tlx.hopper import backward, forward
+
+    fwd = forward.config_for(head_dim)
+    sizes = {fwd.block_m, forward.NUM_CONSUMERS * fwd.block_m, fwd.block_n}
+    for fused in (False, True):
+        bwd = backward.config_for(head_dim, fused)
+        sizes |= {bwd.block_m, bwd.block_n, backward.NUM_CONSUMERS * bwd.block_n}
+    return sorted(sizes)
+
+
+def _many_lengths(count: int, longest: int, seed: int) -> tuple:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return tuple(int(x) for x in torch.randint(0, longest, (count,), generator=g))
+
+
+def tlx_cases(scale: str = "gpu") -> list:
+    """The TLX kernels' catalogue: the structural cases for every supported dtype and head dim, the TLX
+    tile edges, many work items per CTA (plain and broadcast Q), long sequences with more items than
+    SMs, a keyless consumer between items, and the value recipes that stress the softmax.
+    ``scale="sim"`` keeps every case small enough for the CPU simulator (a few CTAs there: many items
+    per CTA come from fewer sequences)."""
+    sim = scale == "sim"
+    if scale not in ("gpu", "sim"):
+        raise ValueError(f"scale: must be 'gpu' or 'sim', got {scale!r}")
+    out = []
+    for dtype in TLX_DTYPES:
+        for head_dim in TLX_HEAD_DIMS:
+            out += structural_cases(dtype, head_dim)
+            base = Case((), (), head_dim=head_dim, dtype=dtype)
+            for block in tlx_tile_sizes(head_dim):
+                lens = tail_lengths(block)
+                out.append(replace(base, lengths_q=lens, lengths_k=lens, name=f"tlx-tails-{block}-{dtype}-D{head_dim}"))
+                out.append(replace(base, lengths_q=lens, lengths_k=lens[::-1], causal=True,
+                                   name=f"tlx-tails-{block}-causal-{dtype}-D{head_dim}"))
+            lens = _many_lengths(12 if sim else 200, 200 if sim else 400, head_dim)
+            heads = 2 if sim else 4
+            for causal in (False, True):
+                flag = "-causal" if causal else ""
+                out.append(replace(base, lengths_q=lens, lengths_k=lens, heads=heads, causal=causal,
+                                   name=f"tlx-many-items{flag}-{dtype}-D{head_dim}"))
+                out.append(replace(base, lengths_q=(130 if sim else 256,), lengths_k=lens, heads=heads, causal=causal,
+                                   broadcast_q=True, name=f"tlx-many-items-bcastq{flag}-{dtype}-D{head_dim}"))
+    for causal in (False, True):
+        for head_dim in TLX_HEAD_DIMS:
+            lens = (300, 257) * 2 if sim else (600, 513) * 20
+            out.append(Case(lens, lens, heads=2 if sim else 4, head_dim=head_dim, dtype="bf16", causal=causal,
+                            name=f"tlx-long-items{'-causal' if causal else ''}-D{head_dim}"))
+    # a consumer without keys (the second key tile's upper half: 2 keys) between items whose steps reduce-add
+    # dQ: with 132 CTAs each runs three items, one of them keyless with an odd step count
+    out.append(Case((130, 130), (130, 130), heads=6 if sim else 132, head_dim=128, dtype="bf16", causal=True,
+                    name="tlx-keyless-between-items-causal-D128"))
+    for values in ("near-ties", "dominant-key", "constant-keys"):
+        out.append(Case((300, 77, 513), (300, 513, 77), heads=2, head_dim=128, dtype="bf16", causal=True,
+                        values=values, name=f"tlx-values-{values}"))
+    return out
+
+
+def sanitize_cases() -> list:
+    """Small adversarial shapes for compute-sanitizer (memcheck, racecheck): empty sequences, length 1,
+    tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q."""
+    out = []
+    for head_dim in TLX_HEAD_DIMS:
+        base = dict(heads=2, head_dim=head_dim, dtype="bf16")
+        out += [Case((0, 1, 0, 127, 129, 0), (0, 1, 5, 127, 129, 0), name=f"san-empty-one-tails-D{head_dim}", **base),
+                Case((1, 300, 64, 200), (130, 7, 64, 1), causal=True, name=f"san-causal-cross-D{head_dim}", **base),
+                Case((200, 7, 0), (7, 200, 3), causal=True, name=f"san-causal-lq-gt-lk-D{head_dim}", **base),
+                Case((77,), (0, 129, 1), broadcast_q=True, name=f"san-bcastq-D{head_dim}", **base)]
+    return out

@@ -3,7 +3,7 @@
 Each :class:`Mutant` is one realistic bug, written as a single textual replacement in the source of
 one of the portable kernel modules (the tile schedule, the Triton forward, the Triton backward).
 :func:`applied` makes the public op ``jfa.jagged_attention`` run the mutated kernels for the duration
-of a ``with`` block; :func:`kill` runs problems (a list of :class:`jfa.testing.Case`, or a hypothesis
+of a ``with`` block; :func:`kill` runs problems (a list of :class:`jfa.fuzz.cases.Case`, or a hypothesis
 strategy of them) against the mutant and says whether, and how fast, the harness noticed.
 
 A mutant's ``find`` text must occur exactly once in the current source of its module; applying a
@@ -273,7 +273,7 @@ class KillResult(NamedTuple):
 
 def _check(case, backend: str, device: str) -> Optional[str]:
     """None when ``case`` passes against the current kernels, else the failure text."""
-    from jfa.testing import run_case
+    from jfa.fuzz.rule import run_case
 
     try:
         report = run_case(case, backend=backend, device=device)
@@ -295,7 +295,7 @@ def kill(mutant: Mutant, cases_or_strategy, settings=None, *, backend: str = "tr
          shrink: bool = False) -> KillResult:
     """Run problems against ``mutant`` until one fails the oracle rule.
 
-    ``cases_or_strategy``: an iterable of :class:`jfa.testing.Case` (run in order, stopping at the first
+    ``cases_or_strategy``: an iterable of :class:`jfa.fuzz.cases.Case` (run in order, stopping at the first
     failing one), or a hypothesis strategy of them, run through ``@given`` under ``settings`` (a
     ``hypothesis.settings``; default: hypothesis's current profile). For a strategy, deadlines are
     switched off (interpreted kernels are slow; timing is not the verdict), the example database is not

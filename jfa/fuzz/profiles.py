@@ -6,13 +6,14 @@
   overran a 120 s per-test limit on 14 busy workers; the nightly fuzzer is the GPU's search).
 - ``dev``: random, more examples, with the local example database (failures replay first).
 - ``nightly``: random and effectively unbounded; ``jfa fuzz`` bounds it by wall time instead.
-Select with ``--hypothesis-profile NAME`` or ``JFA_FUZZ_PROFILE=NAME``.
+Select with ``--hypothesis-profile NAME`` or ``JFA_FUZZ_PROFILE=NAME`` (``jfa.knobs.fuzz_profile``, whose
+choices are these names).
 """
 from __future__ import annotations
 
-import os
-
 from hypothesis import HealthCheck, settings
+
+from jfa import knobs
 
 PROFILES = ("ci", "ci-gpu", "dev", "nightly")
 _common = dict(deadline=None, print_blob=True,
@@ -27,8 +28,7 @@ def register_profiles() -> None:
 
 
 def load_default_profile() -> str:
-    name = os.environ.get("JFA_FUZZ_PROFILE", "ci")
-    if name not in PROFILES:
-        raise ValueError(f"JFA_FUZZ_PROFILE: must be one of {PROFILES}, got {name!r}")
+    """Load the profile ``knobs.fuzz_profile`` names (``JFA_FUZZ_PROFILE``, default ci)."""
+    name = knobs.fuzz_profile
     settings.load_profile(name)
     return name

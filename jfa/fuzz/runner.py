@@ -2,7 +2,7 @@
 
 ``jfa fuzz`` starts one worker process per GPU (pinned with ``CUDA_VISIBLE_DEVICES``), or on a
 CPU-only host interpreter workers, each running the hypothesis property of ``tests/test_fuzz.py``
-(``jfa.fuzz.strategies.problems`` judged by ``jfa.testing.run_case``) in fresh randomly seeded rounds
+(``jfa.fuzz.strategies.problems`` judged by ``jfa.fuzz.rule.run_case``) in fresh randomly seeded rounds
 until the deadline. Every example is a JSON line in ``DIR/worker-N.jsonl``; every failure is shrunk
 by hypothesis and written as a self-contained case file ``DIR/failures/*.json`` that
 ``jfa repro CASE.json`` replays in one command (copy it into ``tests/corpus/`` to keep it forever).
@@ -44,8 +44,8 @@ def case_record(case, report=None, *, backend="auto", device="cpu", note="") -> 
 
 
 def load_case(path):
-    """The :class:`jfa.testing.Case` stored in a case file."""
-    from jfa.testing import Case
+    """The :class:`jfa.fuzz.cases.Case` stored in a case file."""
+    from jfa.fuzz.cases import Case
 
     record = json.loads(Path(path).read_text())
     if record.get("format") != CASE_FORMAT:
@@ -69,7 +69,7 @@ def cmd_repro(argv=None) -> int:
     args = parser.parse_args(argv)
     device = args.device or _default_device()
     _prepare_process(device)
-    from jfa.testing import run_case
+    from jfa.fuzz.rule import run_case
 
     case, record = load_case(args.case_file)
     backend = args.backend or record.get("backend", "auto")
@@ -109,7 +109,7 @@ def run_worker(index: int, out_dir: Path, deadline: float, backend: str, device:
     from hypothesis import strategies as st
 
     from jfa.fuzz.strategies import problems
-    from jfa.testing import cannot_run, run_case
+    from jfa.fuzz.rule import cannot_run, run_case
 
     # inf/NaN in lanes the kernels mask out (e.g. exp2 of padded columns) are expected in the interpreter
     warnings.filterwarnings("ignore", category=RuntimeWarning)

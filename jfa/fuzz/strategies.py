@@ -1,4 +1,4 @@
-"""Hypothesis strategies that draw whole jagged attention problems (:class:`jfa.testing.Case`).
+"""Hypothesis strategies that draw whole jagged attention problems (:class:`jfa.fuzz.cases.Case`).
 
 Lengths come from a mixture of distributions chosen to break jagged kernels: uniform, log-normal long
 tail, one giant among many tiny, all equal, powers of two, lengths at k*BLOCK-1 / k*BLOCK / k*BLOCK+1
@@ -18,7 +18,7 @@ import math
 from hypothesis import strategies as st
 
 from jfa.kernels.triton.configs import tile_sizes
-from jfa.testing import DTYPES, VALUE_RECIPES, Case
+from jfa.fuzz.cases import DTYPES, VALUE_RECIPES, Case
 
 CPU_MAX_TOKENS = 640
 GPU_MAX_TOKENS = 24_000

@@ -12,6 +12,7 @@ offsets tensor (``jfa.kernels.cache``): the layers of a model and the backward r
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -82,3 +83,15 @@ def _build_tile_list(
         seq, tile = seq[order], tile[order]
     tiles = torch.stack([seq, tile]).to(torch.int32).contiguous()
     return TileList(tiles, slots, num_seqs, block)
+
+
+@functools.lru_cache(maxsize=16)
+def virtual_cu_seqlens(num_seqs: int, len_q: int, device) -> torch.Tensor:
+    """Offsets of the output rows of a broadcast Q: sequence b owns rows [b * Lq, (b + 1) * Lq).
+    Cached (never written to), so the tile lists built from it are cached too."""
+    return torch.arange(num_seqs + 1, device=device, dtype=torch.int64) * len_q
+
+
+def output_offsets(cu_q, num_seqs: int, len_q_bcast: int, broadcast_q: bool, device):
+    """Offsets of the output (and lse, dout) rows: ``cu_q``, or for a broadcast Q the virtual ones."""
+    return virtual_cu_seqlens(num_seqs, len_q_bcast, device) if broadcast_q else cu_q

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# TLX backward pass on the GPU (from the repo root, after `source .gpu/device-env.sh`): the dK/dV
-# kernel's oracle tests, its timing against the portable dK/dV pass, compute-sanitizer on the
-# gradients of the adversarial shapes. Everything lands in $OUT/backward.tgz.
-#   TESTS: pytest -k expression (default "dkdv or backward"); CHECK: the gpu_check timing command (bwd,
-#   or bwd-ablation); the JFA_TLX_* switches in the environment reach every step (the sanitizer's too).
+# TLX backward pass on the GPU (from the repo root, after `source .gpu/device-env.sh`): the backward's
+# oracle tests, its ablation (jfa.bench.ablation backward), compute-sanitizer on the gradients of the
+# adversarial shapes. Everything lands in $OUT/backward.tgz.
+#   TESTS: pytest -k expression (default "dkdv or backward"); the JFA_TLX_* settings in the environment
+#   reach every step (the sanitizer's too).
 set -u
 source "$(dirname "$0")/lib.sh"; results_dir backward
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > $R/gpu.csv
 step ${TEST_SECONDS:-240} python3 -m pytest tests/test_tlx_gpu.py --device cuda -n ${WORKERS:-6} -q -rfE -p no:cacheprovider -k "${TESTS:-dkdv or backward}" \
   --timeout 150 --timeout-method thread --junitxml $R/junit-tlx-bwd.xml > $R/pytest-tlx-bwd.log 2>&1
 tail -3 $R/pytest-tlx-bwd.log; grep -E "^(FAILED|ERROR)" $R/pytest-tlx-bwd.log | head -20
-step ${CHECK_SECONDS:-150} python3 -m jfa.kernels.tlx.hopper.gpu_check ${CHECK:-bwd} --rep ${REP:-60} --out $R/${CHECK:-bwd}.json 2>&1 | tee $R/${CHECK:-bwd}.log
+step ${ABLATION_SECONDS:-150} python3 -m jfa.bench.ablation backward --rep ${REP:-60} --out $R/backward.json 2>&1 | tee $R/backward.log
 sanitize 90 bwd --backward

@@ -6,10 +6,10 @@ step() { local t=$1; shift; echo "== $* (limit ${t}s)"; local s=$SECONDS; timeou
          echo "== rc=$rc after $((SECONDS - s))s: $*"; }
 results_dir() { OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; R=/tmp/jfa-$1; rm -rf "$R"; mkdir -p "$R"
                 trap "tar czf '$OUT/$1.tgz' -C /tmp 'jfa-$1' 2>/dev/null" EXIT; }
-# `sanitize LIMIT NAME [ARGS...]`: compute-sanitizer memcheck and racecheck over `gpu_check sanitize ARGS`
+# `sanitize LIMIT NAME [ARGS...]`: compute-sanitizer memcheck and racecheck over `python -m jfa.fuzz.sanitize ARGS`
 # (the TLX kernels on adversarial shapes), logs in $R/sanitizer-NAME-TOOL.log, a summary on stdout.
 # --report-api-errors no: Triton's loader probes cuFuncSetAttribute and handles the refusal (not a kernel error)
 sanitize() { local t=$1 name=$2; shift 2; for tool in ${SANITIZERS:-memcheck racecheck}; do
   step "$t" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
-    python3 -m jfa.kernels.tlx.hopper.gpu_check sanitize "$@" > $R/sanitizer-$name-$tool.log 2>&1
+    python3 -m jfa.fuzz.sanitize "$@" > $R/sanitizer-$name-$tool.log 2>&1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-$name-$tool.log | sort | uniq -c | head -6; done; }

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"; results_dir profile
 for kernel in ${KERNELS:-jagged_fwd_tlx_kernel jagged_dkdv_tlx_kernel}; do
   step ${PROFILE_SECONDS:-240} ncu --clock-control none --set ${SET:-full} --import-source yes \
     -k "regex:^$kernel\$" -s 1 -c 1 -f -o $R/$kernel \
-    python3 -m jfa.kernels.tlx.hopper.gpu_check profile --only "${SHAPE:-longtail-B256-L4096-H4-D128}" \
+    python3 -m jfa.bench.ablation profile --only "${SHAPE:-longtail-B256-L4096-H4-D128}" \
     > $R/$kernel.ncu.log 2>&1
   tail -3 $R/$kernel.ncu.log
   [ -f $R/$kernel.ncu-rep ] || continue

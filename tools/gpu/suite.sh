@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU test suite alone (no fuzzer beside it), then compute-sanitizer on the TLX forward's
-# adversarial shapes. From the repo root after `source .gpu/device-env.sh`; results in $OUT/suite.tgz.
+# The GPU test suite alone (no fuzzer beside it), then compute-sanitizer on the TLX kernels'
+# adversarial shapes (forward, then with the gradients). From the repo root after `source .gpu/device-env.sh`; results in $OUT/suite.tgz.
 #   SUITE_SECONDS (default 330): the suite's time limit.
 set -u
 source "$(dirname "$0")/lib.sh"; results_dir suite
@@ -8,3 +8,4 @@ step "${SUITE_SECONDS:-330}" python3 -m pytest tests --device cuda -n 14 -v -rfE
   --timeout-method thread --durations 15 --junitxml $R/junit-cuda.xml > $R/pytest.log 2>&1
 grep -E "^(FAILED|ERROR)|node down|passed|failed" $R/pytest.log | tail -25
 sanitize 45 fwd
+sanitize 60 bwd --backward

@@ -8,7 +8,7 @@ set -u
 source "$(dirname "$0")/lib.sh"; results_dir timing
 STEPS=${STEPS:-ablation bench timeline}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > $R/gpu.csv
-[[ $STEPS == *ablation* ]] && step 180 python3 -m jfa.kernels.tlx.hopper.gpu_check ablation --rep 60 --out $R/ablation.json
+[[ $STEPS == *ablation* ]] && step 180 python3 -m jfa.bench.ablation forward --rep 60 --out $R/ablation.json
 [[ $STEPS == *bench* ]] && step ${BENCH_SECONDS:-240} python3 -m jfa.bench --suite "${SUITE:-gem}" \
   --impls "${IMPLS:-jfa-tlx,jfa-triton,torch-varlen}" --pass fwd,bwd --rep 60 \
   --out $R/bench --write-benchmarks $R/BENCHMARKS-run.md

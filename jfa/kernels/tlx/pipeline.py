@@ -1,75 +1,39 @@
-"""Keep Triton's generic software pipeliner off the TLX kernels, so their wgmma waits are the ones written.
+"""Compile switches of the TLX builds: Triton's generic software pipeliner kept off a TLX kernel (so its
+wgmma waits are the ones written), and a kernel's LLVM IR left to ptxas.
 
-Fork TLX tags a TLX module ``triton.skip_generic_pipeline`` and its pipeliners return early on it. uTLX
-(the plugin this project builds with) runs stock Triton's ``make_ttgir`` on NVIDIA, whose pipeline pass
-inserts ``warp_group_dot_wait {pendings = 0}`` right after every async dot it does not pipeline itself.
-The effect, read off the PTX of every TLX kernel here: each ``wgmma.commit_group`` is followed by
-``wgmma.wait_group 0``, so a consumer never has an MMA in flight while it computes (the forward's
-QK(j) never overlaps PV(j-1); the dK/dV kernel's S^T and dP^T run one after the other). The
-``tlx.async_dot_wait(n, ...)`` counts in the source do nothing.
-
+Own waits. Fork TLX tags a TLX module ``triton.skip_generic_pipeline`` and its pipeliners return early on
+it. uTLX (the plugin this project builds with) runs stock Triton's ``make_ttgir`` on NVIDIA, whose pipeline
+pass inserts ``warp_group_dot_wait {pendings = 0}`` right after every async dot it does not pipeline
+itself: each ``wgmma.commit_group`` is then followed by ``wgmma.wait_group 0``, so a consumer never has an
+MMA in flight while it computes, and the ``tlx.async_dot_wait(n, ...)`` counts in the source do nothing.
 With own waits a compile of a TLX module skips the generic latency assignment, loop scheduling and
 pipelining (the kernels pipeline by hand: TMA rings, mbarriers, explicit waits), and the PTX waits follow
-the source (``commit, commit, wait 1, wait 0``). ptxas reports no serialisation (C7513) and no spill for
-these builds (offline gate).
+the source (``commit, commit, wait 1, wait 0``). What ships (``knobs.tlx_own_waits``, ``JFA_TLX_OWN_WAITS``):
+own waits for the dK/dV kernel, the generic pipeliner for the forward (measured: NOTES.md).
 
-What ships (``JFA_TLX_OWN_WAITS`` unset): own waits for the dK/dV kernel (``DEFAULT``), the generic
-pipeliner for the forward. The switch takes 0 (no kernel), 1 (every TLX kernel) or TLX kernel names,
-comma-separated (``JFA_TLX_OWN_WAITS=jagged_fwd_tlx_kernel``). On the H200: the forward ran 1-10% slower
-with own waits (session 5); the dK/dV kernel +0.6 to +3.8% on seven of the eight gem ablation shapes
-and -0.9 and +0.3% on the dense one, both builds timed in turn in one process, twice (session 9, 2026-11-30;
-``gpu_check bwd-ablation`` column "generic pipeliner (dK/dV)" times the other build).
-
-The same hook can also skip LLVM's optimisation pipeline for a TLX kernel's LLVM IR (its NVPTX code
-generation still runs), leaving the optimisation to ptxas (-O3). LLVM's loop-invariant code motion lifts
-every per-thread shared-memory address (the swizzled stmatrix, stage and statistics offsets, computed
-from %tid) out of the persistent kernel's loops to its entry; at 240 registers per consumer, ptxas then
-spills them to the stack. Without LLVM's passes ptxas keeps them
-where they are used: the 64-row D 128 dK/dV build (``BackwardVariant.steps64``) went from 56 spill stores
-to none (2026-11-30). A build asks for it through its config (the launcher wraps its launch in
-``build_llvm_o0``); ``JFA_TLX_LLVM_O0`` (0, 1 or kernel names, as above), when set, overrides every build
-(naming only the forward also turns the dK/dV kernel's request off).
+LLVM O0. LLVM's loop-invariant code motion lifts every per-thread shared-memory address (the swizzled
+stmatrix, stage and statistics offsets, computed from %tid) out of a persistent kernel's loops to its
+entry; at 240 registers per consumer ptxas then spills them to the stack. Skipping LLVM's optimisation
+pipeline (its NVPTX code generation still runs) leaves that to ptxas (-O3), which keeps them where they
+are used. A build asks for it through its config (its launcher wraps the launch in ``build_llvm_o0``);
+``knobs.tlx_llvm_o0`` (``JFA_TLX_LLVM_O0``), when set, overrides every build.
 
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
 both settings are part of the compilation cache key, so builds under different settings never share a
-cache entry.
+cache entry, and one process can time both builds in turn.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 
-from jfa.flags import env_flag
+from jfa import knobs
 
-ENV = "JFA_TLX_OWN_WAITS"
-# the TLX kernels the switch can name (the entry function of each compiled module)
-KERNELS = ("jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel")
-DEFAULT = frozenset({"jagged_dkdv_tlx_kernel"})  # what ships: the kernels that skip the generic pipeliner
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
-LLVM_O0_ENV = "JFA_TLX_LLVM_O0"
-LLVM_O0_DEFAULT = frozenset()  # no kernel as a whole: the builds that ship unoptimised ask (build_llvm_o0)
 # the kernels whose current launch's build asks for its LLVM IR to go unoptimised (set by build_llvm_o0 in
 # the launching thread, where Triton compiles)
 _build_llvm_o0: contextvars.ContextVar = contextvars.ContextVar("jfa_build_llvm_o0", default=frozenset())
 _installed = False
-
-
-def _setting(env: str = ENV, default=DEFAULT):
-    """True (every TLX kernel), False, or the frozenset of kernel names the variable ``env`` selects
-    (``default`` when unset or empty). A value that is neither a boolean (``jfa.flags``) nor a list of
-    KERNELS raises ValueError."""
-    text = os.environ.get(env, "")
-    if not text.strip():
-        return default
-    try:
-        return env_flag(env, False)
-    except ValueError:
-        names = frozenset(n.strip() for n in text.split(",") if n.strip())
-        if not names or names - set(KERNELS):
-            raise ValueError(f"{env}: must be 0, 1, true, false or comma-separated TLX kernel names "
-                             f"{KERNELS}, got {text!r}") from None
-        return names
 
 
 def _selects(setting, kernel) -> bool:
@@ -81,14 +45,13 @@ def _selects(setting, kernel) -> bool:
 def enabled(kernel: str = None) -> bool:
     """Whether TLX compiles skip the generic pipeliner (read at each compile): for ``kernel`` (an entry
     function name), or, without it, for any kernel."""
-    return _selects(_setting(), kernel)
+    return _selects(knobs.tlx_own_waits, kernel)
 
 
 def _llvm_o0_setting():
-    """``JFA_TLX_LLVM_O0`` when set; else the kernels the current launch's build asks for."""
-    if os.environ.get(LLVM_O0_ENV, "").strip():
-        return _setting(LLVM_O0_ENV, LLVM_O0_DEFAULT)
-    return _build_llvm_o0.get() or LLVM_O0_DEFAULT
+    """``knobs.tlx_llvm_o0`` when set; else the kernels the current launch's build asks for."""
+    setting = knobs.tlx_llvm_o0
+    return _build_llvm_o0.get() if setting is None else setting
 
 
 def llvm_o0(kernel: str) -> bool:
@@ -99,46 +62,14 @@ def llvm_o0(kernel: str) -> bool:
 @contextlib.contextmanager
 def build_llvm_o0(kernel: str, wanted: bool):
     """Around a launch of ``kernel``: its build's config asks (``wanted``) for its LLVM IR to be left to
-    ptxas. ``JFA_TLX_LLVM_O0``, when set, still decides (measurements). The request is seen by compiles in
-    the launching thread (Triton's synchronous JIT, which the library uses); Triton's asynchronous compile
-    mode, which compiles in worker threads, would not see it."""
+    ptxas. ``knobs.tlx_llvm_o0``, when set, still decides (measurements). The request is seen by compiles
+    in the launching thread (Triton's synchronous JIT, which the library uses); Triton's asynchronous
+    compile mode, which compiles in worker threads, would not see it."""
     token = _build_llvm_o0.set(frozenset({kernel}) if wanted else frozenset())
     try:
         yield
     finally:
         _build_llvm_o0.reset(token)
-
-
-def own_waits(on=True):
-    """Set ``JFA_TLX_OWN_WAITS`` for the duration of a block (offline compile gate, measurements): True,
-    False, one of KERNELS, or None (unset: what ships). Launches inside the block compile (or find
-    cached) the builds of that setting: it is part of the cache key, so one process can time both builds
-    in turn."""
-    return _switch_set(ENV, DEFAULT, on)
-
-
-def llvm_unoptimised(on=True):
-    """Set ``JFA_TLX_LLVM_O0`` for the duration of a block, as ``own_waits`` does for its switch (None:
-    unset, each build as its config asks)."""
-    return _switch_set(LLVM_O0_ENV, LLVM_O0_DEFAULT, on)
-
-
-@contextlib.contextmanager
-def _switch_set(env: str, default, on):
-    """Set the switch ``env`` for a block: True, False, kernel names, or None (unset)."""
-    saved = os.environ.get(env)
-    if on is None:
-        os.environ.pop(env, None)
-    else:
-        os.environ[env] = on if isinstance(on, str) else ("1" if on else "0")
-    try:
-        _setting(env, default)  # a name outside KERNELS raises here, with the environment restored
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = saved
 
 
 # Inside one compile (the thread that runs it): skip the generic pipeliner's passes / run LLVM's
@@ -206,17 +137,17 @@ def install() -> None:
     if _installed:
         return
     try:
-        from triton import knobs
+        from triton import knobs as triton_knobs
     except ImportError:  # pragma: no cover - Triton is a dependency
         return
-    inner = knobs.runtime.add_stages_inspection_hook
+    inner = triton_knobs.runtime.add_stages_inspection_hook
     if inner is None:  # no uTLX: there are no TLX kernels to compile
         return
     _wrap_triton_once()
 
     def hook(self=None, stages=None, options=None, language=None, capability=None):
         key, digest = inner(self, stages, options, language, capability)
-        setting = _setting()
+        setting = knobs.tlx_own_waits
         flag = _flag(setting)
         o0_setting = _llvm_o0_setting()
         o0_flag = _flag(o0_setting)
@@ -229,7 +160,7 @@ def install() -> None:
         return (f"{key}\njfa-own-waits={flag}\njfa-llvm-o0={o0_flag}",
                 f"{digest}-jfa-own-waits-{flag}-jfa-llvm-o0-{o0_flag}")
 
-    knobs.runtime.add_stages_inspection_hook = hook
+    triton_knobs.runtime.add_stages_inspection_hook = hook
     _installed = True
 
 

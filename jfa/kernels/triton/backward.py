@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from jfa.kernels import alloc
-from jfa.kernels.schedule import build_tile_list
+from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
 from jfa.kernels.triton.forward import (
@@ -24,7 +24,6 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
-    output_offsets,
 )
 
 install_bf16_dot_fix()

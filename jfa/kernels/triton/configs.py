@@ -6,11 +6,11 @@ exercise exactly the tile tails the GPU sees.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 
 import torch
+
+from jfa import knobs
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Configs:
 
 # key: (max head dim of the bucket, is_fp32)
 _TABLE: dict[tuple[int, bool], Configs] = {
-    # 16-bit rows for D 64 and 128 chosen on the H200 (2026-11-29, gem suite, variants in NOTES.md)
+    # the 16-bit rows for D 64 and 128: the fastest of the variants measured on the H200 (NOTES.md)
     (32, False): Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 4, 3)),
     (64, False): Configs(KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 4, 3)),
     (128, False): Configs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 3), KernelConfig(128, 32, 8, 3)),
@@ -50,13 +50,16 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def _override() -> Configs | None:
-    """``JFA_TRITON_CONFIG='{"forward": [bm, bn, warps, stages], "dkdv": [...], "dq": [...]}'`` replaces
-    the 16-bit rows: a tuning aid for benchmark sweeps, never set in tests."""
-    text = os.environ.get("JFA_TRITON_CONFIG")
-    if not text:
+    """``knobs.triton_config`` (``JFA_TRITON_CONFIG``) replaces the 16-bit rows: a tuning aid for
+    benchmark sweeps."""
+    rows = knobs.triton_config
+    if not rows:
         return None
-    rows = json.loads(text)
-    return Configs(*(KernelConfig(*rows[name]) for name in ("forward", "dkdv", "dq")))
+    try:
+        return Configs(*(KernelConfig(*rows[name]) for name in ("forward", "dkdv", "dq")))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{knobs.KNOBS['triton_config'].env}: needs forward, dkdv and dq as "
+                         f"[block_m, block_n, warps, stages] ({exc})") from None
 
 
 def configs_for(head_dim: int, dtype: torch.dtype) -> Configs:

@@ -9,14 +9,12 @@ elements are addressed correctly.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from jfa.kernels import alloc
-from jfa.kernels.schedule import build_tile_list
+from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
 
@@ -154,18 +152,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
 def _head_strides(t: torch.Tensor) -> tuple[int, int]:
     assert t.stride(-1) == 1, "the head dim must be contiguous (the API makes it so)"
     return t.stride(0), t.stride(1)
-
-
-@functools.lru_cache(maxsize=16)
-def virtual_cu_seqlens(num_seqs: int, len_q: int, device) -> torch.Tensor:
-    """Offsets of the output rows of a broadcast Q: sequence b owns rows [b * Lq, (b + 1) * Lq).
-    Cached (never written to), so the tile lists built from it are cached too."""
-    return torch.arange(num_seqs + 1, device=device, dtype=torch.int64) * len_q
-
-
-def output_offsets(cu_q, num_seqs: int, len_q_bcast: int, broadcast_q: bool, device):
-    """Offsets of the output (and lse, dout) rows: ``cu_q``, or for a broadcast Q the virtual ones."""
-    return virtual_cu_seqlens(num_seqs, len_q_bcast, device) if broadcast_q else cu_q
 
 
 def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,

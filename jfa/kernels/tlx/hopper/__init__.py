@@ -1,1 +1,1 @@
-"""TLX kernels for Hopper (sm_90a). Compile-verified offline only so far; see forward.py."""
+"""TLX kernels for Hopper (sm_90a): the forward, the dK/dV kernel with its fused dQ, and the row statistics pass."""

@@ -1,24 +1,20 @@
 """Jagged FlashAttention forward for Hopper (sm_90a) in TLX: persistent, warp-specialised, pingpong.
 
 What ``backend="auto"`` runs on sm_90 for bf16/fp16 with head dim 64 or 128 (``supports`` says when
-it cannot; the API then runs the portable kernel and says why, see ``jfa.which_kernels``). It computes
-what the portable ``jfa.kernels.triton.forward.jagged_forward`` computes: same arguments,
-``out [rows, H, D]`` in q's dtype, ``lse [rows, H]`` float32 (natural log), rows that see no key give
-``out = 0`` and ``lse = -inf``; causal masks are bottom-right aligned; broadcast-Q output rows are
-``b * Lq + i``. Verified on the H200 by the whole suite (``--backend auto``), ``tests/test_tlx_gpu.py``,
-``jfa fuzz`` and compute-sanitizer (``gpu_check sanitize``); timings in BENCHMARKS.md.
+it cannot; the API then runs the portable kernel and says why, see ``jfa.which_kernels``). Same
+contract as the portable ``jfa.kernels.triton.forward.jagged_forward``: ``out [rows, H, D]`` in q's
+dtype, ``lse [rows, H]`` float32 (natural log), rows that see no key give ``out = 0`` and
+``lse = -inf``; causal masks are bottom-right aligned; broadcast-Q output rows are ``b * Lq + i``.
 
-Shape of the kernel (adapted from the TLX tutorial ``hopper_fa_ws_pipelined_pingpong_persistent``):
+Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_pingpong_persistent``):
 
-* Persistent grid: one CTA per SM (SM count read from the device at launch, never at import) walks
-  work items. A work item is (tile-list slot, head); the tile list comes from
-  :func:`jfa.kernels.schedule.build_tile_list` with tiles of ``2 * BLOCK_M`` query rows, ordered by
-  decreasing key length (longest work first). Items are dealt zig-zag (round r: left to right for even
-  r, right to left for odd r); ``Variant(schedule="dynamic")`` instead has the producer take the next
-  item from a global atomic counter (passed to the consumers through a shared-memory ring; the counter
-  resets itself at the end of each launch). Spare slots carry the sentinel sequence ``B`` and are
-  skipped (no loads, no MMAs, no stores). ``profile=True`` builds a variant that records SM, start and
-  end of every item (``jfa.bench.timeline`` draws them).
+* Persistent grid: one CTA per SM walks work items (tile-list slot, head). The tile list
+  (:func:`jfa.kernels.schedule.build_tile_list`) has tiles of ``2 * BLOCK_M`` query rows ordered by
+  decreasing key length (longest first); items are dealt zig-zag (``common.device.static_item``).
+  ``Variant(schedule="dynamic")`` instead has the producer take the next item from a global atomic
+  counter, passed to the consumers through a shared-memory ring; the counter resets itself at the end
+  of each launch. Spare slots carry the sentinel sequence ``B`` and are skipped. ``profile=True``
+  builds a variant that records SM, start and end of every item (``jfa.bench.timeline`` draws them).
 * Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues
   TMA loads of Q, K and V into multi-buffered shared memory, signalling mbarriers. Two consumer
   warpgroups (``replicate=2``, many registers via setmaxnreg) each own one ``BLOCK_M``-row half of
@@ -37,39 +33,30 @@ Shape of the kernel (adapted from the TLX tutorial ``hopper_fa_ws_pipelined_ping
   ``[T, (H - 1) * stride_h + D]`` (column offset ``head * stride_h``), so a tile may read rows of the
   next sequence (or zeros past the tensor end). Those key rows are excluded by the tail mask before the
   softmax; those query rows are computed but never stored. The epilogue stores with a row mask against
-  the tile's own sequence length (no TMA store: it would write rows of the next sequence).
+  the tile's own sequence length (a TMA store would write rows of the next sequence).
 
-Known divergence from the portable kernel: a key block straddling a sequence end multiplies P = 0 by
-the V rows of the next sequence; a non-finite V value there (inf/NaN in another sequence's V) turns
+Divergence from the portable kernel: a key block straddling a sequence end multiplies P = 0 by the V
+rows of the next sequence; a non-finite V value there (inf/NaN in another sequence's V) turns
 0 * inf into NaN in this sequence's output. The portable kernel loads zeros instead.
 
 Supported: bf16 and fp16, head dims 64 and 128, q/k/v with contiguous last dim, 16-byte aligned base
-and token stride (``supports`` says why not otherwise). fp32, other head dims and MXFP8 stay on the
-portable kernel.
+and token stride (``supports`` says why not otherwise).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-try:  # the import itself touches no GPU (checked on a CPU-only machine); it fails on a Triton without uTLX
-    import triton.language.extra.tlx as tlx
-
-    from jfa.kernels.tlx import pipeline as _pipeline
-
-    _pipeline.install()  # own waits: no generic pipeliner on the dK/dV kernel (JFA_TLX_OWN_WAITS, that module)
-    _TLX_IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover - depends on the installed Triton
-    tlx = None
-    _TLX_IMPORT_ERROR = exc
-
-from jfa.flags import parse_bool
+from jfa import knobs
 from jfa.kernels import alloc
-from jfa.kernels.schedule import build_tile_list
+from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
+from jfa.kernels.tlx.common.host import check_inputs, descriptor, make_variant, offline_signature, sm_count, tlx
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -92,35 +79,27 @@ _CONSUMER_WARPS = tl.constexpr(CONSUMER_WARPS)
 
 _CONFIGS: dict[int, HopperForwardConfig] = {
     # D 64: 64 rows per consumer = one m64 wgmma per k-step; the fp32 S tile (64x128) is 64 regs/thread
-    # and O (64x64) 32, well under the budget (no spill even at 200 registers, measured offline). K/V
-    # stages are 16 KB each: 3 stages (96 KB) + 2x2 Q buffers (32 KB) + 2x8 KB epilogue scratch = 144 KB,
-    # the third stage giving the producer a block of slack on short sequences.
-    # block_n 128: one K/V block feeds two 64-row consumers, halving barrier traffic per FLOP vs 64.
-    # consumer_regs 232: the tutorial's split; the producer keeps 40 (128 * 40 + 256 * 232 <= 65536).
+    # and O (64x64) 32, well under the budget. K/V stages are 16 KB each: 3 stages (96 KB) + 2x2 Q
+    # buffers (32 KB) + 2x8 KB epilogue scratch = 144 KB, the third stage giving the producer a block of
+    # slack on short sequences. block_n 128: one K/V block feeds two 64-row consumers, half the barrier
+    # traffic per FLOP of 64. consumer_regs 232, the producer keeps 40 (128 * 40 + 256 * 232 <= 65536).
     64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=232),
-    # D 128: the tutorial's tile (64 rows per consumer, 128-key blocks, which reached 594 TFLOP/s dense on
-    # the H200). S and O (64x128 fp32) take 64 regs/thread each and P (bf16) 32 more while PV runs: it
-    # fits 232 with no spill, but only just (at 216 ptxas spills 8 B, measured offline); 128 rows per
-    # consumer would double S and O and cannot fit. K/V stages are 32 KB each: 2 stages (128 KB) + 2x2 Q
-    # buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB of 227 KB; a third stage (+64 KB) cannot fit,
-    # even with single Q buffers. consumer_regs 240 (producer 32: 256 * 240 + 128 * 32 = 65536): at 232 the
-    # causal broadcast-Q build spilled 8 B once the schedule loop carried a round counter.
+    # D 128: 64 rows per consumer, 128-key blocks. S and O (64x128 fp32) take 64 regs/thread each and P
+    # (16-bit) 32 more while PV runs; 128 rows per consumer would double S and O and cannot fit. K/V
+    # stages are 32 KB each: 2 stages (128 KB) + 2x2 Q buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB
+    # of 227 KB; a third stage (+64 KB) cannot fit, even with single Q buffers. consumer_regs 240
+    # (producer 32: 256 * 240 + 128 * 32 = 65536): at 232 the causal broadcast-Q build spills.
     128: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=2, consumer_regs=240),
 }
 
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # Named barriers of the pingpong handshake: ids 0-8 are left to Triton (it uses a few for partition
 # dispatch and intra-warpgroup syncs), 9 and 10 are the ids the TLX tutorial uses. Both consumer
 # warpgroups (2 x 128 threads) take part in each.
 BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
-# Work-item schedules of the persistent grid (Variant.schedule); items are ordered longest first.
-SCHEDULES = ("zigzag", "round-robin", "dynamic")
-SCHEDULE_ZIGZAG = tl.constexpr(0)  # static: round r deals items left to right (r even) or right to left
-SCHEDULE_ROUND_ROBIN = tl.constexpr(1)  # static: CTA pid takes pid, pid + grid, pid + 2 grid, ...
-SCHEDULE_DYNAMIC = tl.constexpr(2)  # a global atomic counter: a CTA takes the next item when it is ready
+SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
 ITEM_BUFFERS = tl.constexpr(2)  # dynamic: items the producer may fetch ahead of the consumers
 
 
@@ -132,43 +111,6 @@ def config_for(head_dim: int) -> HopperForwardConfig:
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _bufidx_phase(count, NUM_BUFFERS: tl.constexpr):
-    """Buffer index and mbarrier phase of the ``count``-th use of a ring of NUM_BUFFERS buffers."""
-    return count % NUM_BUFFERS, (count // NUM_BUFFERS) & 1
-
-
-@triton.jit
-def _safe_sequence(seq, num_seqs):
-    """(a sequence index safe to load offsets with, whether ``seq`` is real) for a tile-list entry: a
-    spare slot (sequence == num_seqs) reads sequence 0's offsets, and its caller discards what it got."""
-    valid = seq < num_seqs
-    return tl.where(valid, seq, 0), valid
-
-
-@triton.jit
-def _item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q: tl.constexpr):
-    """(head, tile, q_row0, out_row0, len_q, k_row0, len_k) of work item ``item`` = (tile-list slot, head),
-    shared by the TLX kernels. Row origins are int32 (TMA coordinates; the packed tensors are checked
-    to hold < 2**31 rows), output rows int64. A spare slot (sequence == num_seqs) gets both lengths 0."""
-    slot = item // num_heads
-    head = item % num_heads
-    seq = tl.load(TILES + slot)
-    tile = tl.load(TILES + (slot + num_slots))
-    s, valid = _safe_sequence(seq, num_seqs)  # (a spare slot then gets both lengths 0)
-    k_row0 = tl.load(CU_K + s).to(tl.int32)
-    len_k = tl.load(CU_K + s + 1).to(tl.int32) - k_row0
-    if BROADCAST_Q:
-        q_row0 = tl.zeros((), dtype=tl.int32)
-        out_row0 = s.to(tl.int64) * len_q_bcast
-        len_q = len_q_bcast + tl.zeros((), dtype=tl.int32)
-    else:
-        q_row0 = tl.load(CU_Q + s).to(tl.int32)
-        out_row0 = q_row0.to(tl.int64)
-        len_q = tl.load(CU_Q + s + 1).to(tl.int32) - q_row0
-    return head, tile, q_row0, out_row0, tl.where(valid, len_q, 0), k_row0, tl.where(valid, len_k, 0)
-
-
-@triton.jit
 def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Everything producer and consumers need about work item ``item``, computed identically by both
@@ -176,7 +118,7 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks). A spare
     slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
-    head, tile, q_row0, out_row0, len_q, k_row0, len_k = _item_sequence(
+    head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     m_start = tile * TILE_M
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
@@ -208,15 +150,14 @@ def _pass_turn(CID: tl.constexpr):
 
 
 @triton.jit
-def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr, PASS_TURN: tl.constexpr):
+def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
     """Issue S = Q K^T on wgmma in pingpong order: consumer 0 issues, then consumer 1, then 0, ...
-    (PINGPONG=False, an ablation: both issue whenever their operands are ready). PASS_TURN=False keeps
-    the turn (the caller passes it after issuing more MMAs)."""
+    (PINGPONG=False, the ablation: both issue whenever their operands are ready)."""
     k_t = tlx.local_trans(k_tile)
     if PINGPONG:
         _wait_turn(CID)
     qk = tlx.async_dot(q_tile, k_t)
-    if PINGPONG and PASS_TURN:
+    if PINGPONG:
         _pass_turn(CID)
     return qk
 
@@ -256,20 +197,16 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
 def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              n_start, offs_m, len_k, causal_shift, qk_scale,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-             PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-             BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+             PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
-    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer. PINGPONG_PV
-    (ablation): the pingpong turn covers both MMAs, so the other consumer's pair queues behind them."""
-    k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
+    k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[k_buf], k_phase)
-    qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG, not PINGPONG_PV)
+    qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG)
 
-    v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+    v_buf, v_phase = bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
     acc = tlx.async_dot(p, v_tiles[v_buf], acc)
-    if PINGPONG and PINGPONG_PV:
-        _pass_turn(CID)
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
     tlx.barrier_arrive(k_empties[k_buf], 1)
@@ -285,25 +222,11 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
 
 
 @triton.jit
-def _static_item(round, pid, num_progs, SCHEDULE: tl.constexpr):
-    """Work item of CTA ``pid`` in round ``round`` of a static schedule (>= num_items: no more work).
-
-    The items are ordered longest first, so a round deals items of similar length. Zig-zag deals even
-    rounds left to right and odd rounds right to left: the CTA that got the longest item of one round
-    gets the shortest of the next, which evens out the per-CTA totals (LPT by hand, no sync)."""
-    if SCHEDULE == SCHEDULE_ZIGZAG:
-        lane = tl.where(round % 2 == 0, pid, num_progs - 1 - pid)
-    else:
-        lane = pid
-    return round * num_progs + lane
-
-
-@triton.jit
 def _publish_item(item, item_bufs, item_fulls, item_empties, count):
     """Producer side of the dynamic schedule: hand the fetched item to both consumers through shared
     memory. barrier_arrive syncs the producer's warps before thread 0 arrives, so the store is visible
     to whoever passes the full barrier."""
-    buf, phase = _bufidx_phase(count, ITEM_BUFFERS)
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
     tlx.barrier_wait(item_empties[buf], phase ^ 1)
     tlx.local_store(item_bufs[buf], item + tl.zeros([1], dtype=tl.int32))
     tlx.barrier_arrive(item_fulls[buf], 1)
@@ -312,7 +235,7 @@ def _publish_item(item, item_bufs, item_fulls, item_empties, count):
 @triton.jit
 def _receive_item(item_bufs, item_fulls, item_empties, count):
     """Consumer side of the dynamic schedule: the ``count``-th item the producer fetched."""
-    buf, phase = _bufidx_phase(count, ITEM_BUFFERS)
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
     tlx.barrier_wait(item_fulls[buf], phase)
     item = tl.max(tlx.local_load(item_bufs[buf]), 0)
     tlx.barrier_arrive(item_empties[buf], 1)
@@ -343,7 +266,7 @@ def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
         CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
     if n_blocks > 0:
-        q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
@@ -354,7 +277,7 @@ def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
         k_col = head * col_stride_k
         v_col = head * col_stride_v
         for j in tl.range(0, n_blocks):
-            kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+            kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
             kv_row = k_row0 + j * BLOCK_N
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
             tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
@@ -376,11 +299,11 @@ def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_e
     empty barriers take both consumers' arrivals), and takes and passes the pingpong turn once per
     block as a computing consumer does (the other one's handshake stays balanced)."""
     if n_blocks > 0:
-        q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         tlx.barrier_wait(q_fulls[CID * NUM_BUFFERS_Q + q_buf], q_phase)
         tlx.barrier_arrive(q_empties[CID * NUM_BUFFERS_Q + q_buf], 1)
         for j in tl.range(0, n_blocks):
-            kv_buf, kv_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+            kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
             tlx.barrier_wait(k_fulls[kv_buf], kv_phase)
             if PINGPONG:
                 _wait_turn(CID)
@@ -399,13 +322,12 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   num_heads, num_seqs, len_q_bcast, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr,
-                  PEEL: tl.constexpr, SKIP_ROWLESS: tl.constexpr, PROFILE: tl.constexpr,
+                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr, PROFILE: tl.constexpr,
                   DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
-    (peeled first block, branch-free bulk, masked tail), then the epilogue stores; with SKIP_ROWLESS
-    nothing but the handshakes where the half has no row (``_pass_rowless_item``). Returns the
-    advanced (q_cnt, kv_cnt)."""
+    (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
+    handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
+    tensor cores to itself). Returns the advanced (q_cnt, kv_cnt)."""
     if PROFILE:
         started = _globaltimer()
     head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
@@ -415,7 +337,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     rowless = False  # (a Python bool: the branch below is compiled only where it can be taken)
-    if SKIP_ROWLESS and cid > 0:
+    if cid > 0:  # consumer 0's half holds the tile's first row, which always exists
         rowless = m_start + cid * BLOCK_M >= len_q
     if rowless:
         q_cnt, kv_cnt = _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_empties,
@@ -431,14 +353,14 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         if not PEEL:  # ablation: every block through the masked path
             n_bulk = 0
 
-        q_buf, q_phase = _bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
         tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)
 
         # block 0, peeled: QK^T and softmax only (its PV is issued by the next step)
-        k_buf, k_phase = _bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[k_buf], k_phase)
-        qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG, True)
+        qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[k_buf], 1)
         if n_bulk > 0:
@@ -449,8 +371,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                                   qk_scale, True, CAUSAL, SCALE_NONNEG, BLOCK_N)
         p = p.to(DTYPE)
         kv_cnt += 1
-        # the accumulator is created only now, after the first softmax (register pressure: with
-        # it created before, some D 128 variants spilled)
+        # the accumulator is created only now, after the first softmax: created before it, the D 128
+        # builds run out of registers and spill
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
         # bulk: no mask anywhere
@@ -458,22 +380,20 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
                                         len_k, causal_shift, qk_scale, cid, False, CAUSAL,
-                                        SCALE_NONNEG, PINGPONG, PINGPONG_PV, NUM_BUFFERS_KV, BLOCK_N,
-                                        DTYPE)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
                                         len_k, causal_shift, qk_scale, cid, True, CAUSAL,
-                                        SCALE_NONNEG, PINGPONG, PINGPONG_PV, NUM_BUFFERS_KV, BLOCK_N,
-                                        DTYPE)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
         tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
 
         # PV of the last block
-        v_buf, v_phase = _bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+        v_buf, v_phase = bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
         tlx.barrier_wait(v_fulls[v_buf], v_phase)
         acc = tlx.async_dot(p, v_tiles[v_buf], acc)
         acc = tlx.async_dot_wait(0, acc)
@@ -512,15 +432,14 @@ def jagged_fwd_tlx_kernel(
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-    CONSUMER_REGS: tl.constexpr, SCHEDULE: tl.constexpr, PINGPONG: tl.constexpr, PINGPONG_PV: tl.constexpr,
-    PEEL: tl.constexpr, SKIP_ROWLESS: tl.constexpr, PROFILE: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
+    PROFILE: tl.constexpr,
 ):
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
-    DYNAMIC: tl.constexpr = SCHEDULE == SCHEDULE_DYNAMIC
 
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
@@ -566,7 +485,7 @@ def jagged_fwd_tlx_kernel(
                     tl.store(COUNTER + 1, 0)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
-                    item = _static_item(rounds, pid, num_progs, SCHEDULE)
+                    item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
                         q_cnt, kv_cnt = _produce_item(
                             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
@@ -591,159 +510,67 @@ def jagged_fwd_tlx_kernel(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
                         num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
-                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PINGPONG_PV, PEEL, SKIP_ROWLESS, PROFILE, DTYPE)
+                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL,
+                        PROFILE, DTYPE)
                     rounds += 1
                     item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
-                    item = _static_item(rounds, pid, num_progs, SCHEDULE)
+                    item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
                         q_cnt, kv_cnt = _consume_item(
                             item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot,
                             stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL,
                             BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                            PINGPONG, PINGPONG_PV, PEEL, SKIP_ROWLESS, PROFILE, DTYPE)
+                            PINGPONG, PEEL, PROFILE, DTYPE)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------------
-_SM_COUNTS: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs of ``device``, read from the driver on first use (never at import: a CPU machine imports this)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
-
-
-@dataclass(frozen=True)
-class _View2D:
-    """A packed ``[T, H, D]`` tensor seen by TMA as the 2-D array ``[T, width]`` with row stride
-    ``row_stride``; head h is the column block ``[h * col_stride, h * col_stride + D)``."""
-
-    rows: int
-    width: int
-    row_stride: int
-    col_stride: int
-
-
-def _view_2d(t: torch.Tensor) -> _View2D:
-    rows, heads, head_dim = t.shape
-    row_stride, col_stride = t.stride(0), t.stride(1)
-    if heads == 1:
-        col_stride = head_dim  # the stride of a size-1 dim is arbitrary; never used for head 0
-    width = (heads - 1) * col_stride + head_dim
-    if rows == 1:
-        per_16_bytes = 16 // t.element_size()
-        row_stride = -(-width // per_16_bytes) * per_16_bytes  # arbitrary too; rows past 0 are never read
-    return _View2D(rows, width, row_stride, col_stride)
-
-
-def _layout_problem(name: str, t: torch.Tensor) -> str | None:
-    """Why TMA cannot read ``t`` through a 2-D view, or None. TMA needs a 16-byte aligned base and
-    16-byte multiple row strides; heads and rows must not overlap (a [T, 3, H, D] slice is fine)."""
-    if t.dim() != 3 or t.stride(-1) != 1:
-        return f"{name}: needs shape [T, H, D] with a contiguous last dim"
-    if t.shape[0] == 0:
-        return None  # never read (no descriptor is built over an empty tensor)
-    view = _view_2d(t)
-    es = t.element_size()
-    if t.data_ptr() % 16:
-        return f"{name}: TMA needs a 16-byte aligned base address"
-    if (view.row_stride * es) % 16 or (view.col_stride * es) % 16:
-        return f"{name}: TMA needs token and head strides that are multiples of 16 bytes, got {tuple(t.stride())}"
-    if view.col_stride < t.shape[2] or view.row_stride < view.width:
-        return f"{name}: heads or tokens overlap in memory (strides {tuple(t.stride())})"
-    if view.rows >= 2**31:
-        return f"{name}: more than 2**31 - 1 tokens (TMA coordinates are int32)"
-    return None
-
-
-def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: torch.Tensor | None = None,
-             v: torch.Tensor | None = None) -> tuple[bool, str]:
-    """Whether this kernel can run these inputs, and why not. Reads the device capability (at call
-    time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``."""
-    if tlx is None:
-        return False, f"triton.language.extra.tlx is not importable ({_TLX_IMPORT_ERROR}); needs triton-utlx"
-    if dtype not in SUPPORTED_DTYPES:
-        return False, f"dtype {dtype} not supported (bf16 and fp16 only; fp32 stays on the portable kernel)"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return False, f"head_dim {head_dim} not supported (only {SUPPORTED_HEAD_DIMS})"
-    if q.device.type != "cuda":
-        return False, f"needs a CUDA tensor, got device {q.device}"
-    capability = torch.cuda.get_device_capability(q.device)
-    if capability != (9, 0):
-        return False, f"needs an sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t is not None:
-            problem = _layout_problem(name, t)
-            if problem:
-                return False, problem
-    return True, ""
-
-
-def parse_switches(cls, text: str, source: str):
-    """``"key=value,key=value"`` -> ``cls(...)`` for a dataclass of ablation switches (shared by the TLX
-    kernels): bool fields take 0/1/true/false, the others the text; unknown keys and bad values raise
-    ValueError naming ``source`` (the environment variable)."""
-    fields = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
-        key, value = key.strip().replace("-", "_"), value.strip()
-        if key not in cls.__dataclass_fields__:
-            raise ValueError(f"{source}: unknown switch {key!r} (known: {list(cls.__dataclass_fields__)})")
-        if cls.__dataclass_fields__[key].type not in (bool, "bool"):
-            fields[key] = value
-        else:
-            fields[key] = parse_bool(value, f"{source}: {key}")
-    return cls(**fields)
+def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[torch.Tensor] = None,
+             v: Optional[torch.Tensor] = None) -> tuple[bool, str]:
+    """Whether this kernel can run these inputs, and why not. Reads the launch target's capability (at
+    call time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``."""
+    return check_inputs({"q": q, "k": k, "v": v}, dtype=dtype, head_dim=head_dim, head_dims=SUPPORTED_HEAD_DIMS)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """Switches of the ablation study (``python -m jfa.kernels.tlx.hopper.gpu_check ablation``). The
-    defaults are what ships; ``JFA_TLX_VARIANT="schedule=dynamic,pingpong=0"`` overrides them for a
-    process (benchmarks of a variant through the public API)."""
+    """Switches of the ablation study (``python -m jfa.bench.ablation forward``); the defaults are what
+    ships. ``JFA_TLX_VARIANT="schedule=dynamic,pingpong=0"`` (``knobs.tlx_variant``) overrides them for
+    measurements through the public API."""
 
     schedule: str = "zigzag"  # one of SCHEDULES
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
     pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
-    pingpong_pv: bool = False  # True: a consumer's turn covers QK^T(j) and PV(j - 1), not QK^T alone
     peel: bool = True  # False: every key block goes through the masked softmax
-    # a consumer whose query rows all lie past the sequence (the upper half of a last tile of at most
-    # BLOCK_M rows) runs no MMA: it keeps the barriers' phases and passes the pingpong turn back, so
-    # the other consumer gets the tensor cores to itself. False: it computes rows nobody stores. On the
-    # H200 not resolved above the forward's +-6% spread (NOTES.md, session 10).
-    skip_rowless: bool = True
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Variant.schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.pingpong_pv and not self.pingpong:
-            raise ValueError("Variant.pingpong_pv: needs pingpong")
 
     @classmethod
-    def parse(cls, text: str) -> "Variant":
-        """``"schedule=dynamic,pingpong=0"`` -> Variant; unknown keys and bad values raise ValueError."""
-        return parse_switches(cls, text, "JFA_TLX_VARIANT")
+    def parse(cls, switches) -> "Variant":
+        """``"schedule=dynamic,pingpong=0"`` (or its mapping) -> Variant; unknown keys, bad values raise."""
+        if isinstance(switches, str):
+            switches = knobs.parse_switches(switches, knobs.KNOBS["tlx_variant"].env)
+        return make_variant(cls, switches, knobs.KNOBS["tlx_variant"].env)
 
     def name(self) -> str:
-        off = [f for f in ("persistent", "longest_first", "pingpong", "peel", "skip_rowless") if not getattr(self, f)]
-        return self.schedule + "".join(f" -{f}" for f in off) + (" +pingpong_pv" if self.pingpong_pv else "")
+        off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
+        return self.schedule + "".join(f" -{f}" for f in off)
 
 
 SHIPPED = Variant()
 
 
-def variant_from_env() -> Variant:
-    text = os.environ.get("JFA_TLX_VARIANT", "")
-    return Variant.parse(text) if text else SHIPPED
+def variant_from_knobs() -> Variant:
+    """What ships, or the switches ``knobs.tlx_variant`` names."""
+    switches = knobs.tlx_variant
+    return Variant.parse(switches) if switches else SHIPPED
 
 
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
@@ -752,8 +579,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs,
-                SCHEDULE=SCHEDULES.index(variant.schedule), PINGPONG=variant.pingpong,
-                PINGPONG_PV=variant.pingpong_pv, PEEL=variant.peel, SKIP_ROWLESS=variant.skip_rowless,
+                DYNAMIC=variant.schedule == "dynamic", PINGPONG=variant.pingpong, PEEL=variant.peel,
                 PROFILE=profile)
 
 
@@ -763,23 +589,11 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)
 
 
-def offline_signature(kernel, constants: dict, types: dict) -> tuple[dict, dict]:
-    """(signature, attrs) of ``kernel`` for an offline ``triton.compile``, shared by the TLX kernels:
-    constexprs from ``constants``, every other argument typed by ``types`` (name -> Triton type string)
-    or "i32"; pointers and strides declared 16-divisible, as Triton specialises them at launch."""
-    signature, attrs = {}, {}
-    for index, name in enumerate(kernel.arg_names):
-        signature[name] = "constexpr" if name in constants else types.get(name, "i32")
-        if signature[name].startswith("*") or "stride" in name:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, attrs
-
-
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, variant: Variant = SHIPPED,
                  profile: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
-    config (used by jfa.kernels.compile_check). Descriptors are typed from the config's block shapes
-    (as the launcher's binder spells them)."""
+    config (the compile gate). Descriptors are typed from the config's block shapes (as the launcher's
+    binder spells them)."""
     cfg = config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
                             variant=variant, profile=profile)
@@ -791,15 +605,6 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     return jagged_fwd_tlx_kernel, signature, constants, attrs, _launch_options()
 
 
-def _descriptor(t: torch.Tensor, block_rows: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    view = _view_2d(t)
-    desc = TensorDescriptor(t, shape=[view.rows, view.width], strides=[view.row_stride, 1],
-                            block_shape=[block_rows, t.shape[2]])
-    return desc, view.col_stride
-
-
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
                      variant: Variant = SHIPPED, profile: bool = False) -> tuple[tuple, dict, int]:
@@ -808,9 +613,9 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     very signature ``compile_spec`` compiles."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     cfg = config_for(head_dim)
-    desc_q, col_q = _descriptor(q, cfg.block_m)
-    desc_k, col_k = _descriptor(k, cfg.block_n)
-    desc_v, col_v = _descriptor(v, cfg.block_n)
+    desc_q, col_q = descriptor(q, cfg.block_m)
+    desc_k, col_k = descriptor(k, cfg.block_n)
+    desc_v, col_v = descriptor(v, cfg.block_n)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
     args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, counter, timeline, out.stride(0),
@@ -825,10 +630,16 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
 _COUNTERS: dict = {}
 
 
-def _work_counter(device: torch.device) -> torch.Tensor:
+def _stream_key(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        return (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
+    return (device.type, device.index, 0)
+
+
+def work_counter(device: torch.device) -> torch.Tensor:
     """Two int32 words (next item, CTAs done) for the dynamic schedule, one pair per (device, stream):
     zero before a launch and zeroed again by the launch's last CTA, so no memset is launched per call."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    key = _stream_key(device)
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return _COUNTERS[key]
@@ -840,10 +651,9 @@ _UNUSED_TIMELINES: dict = {}
 def _unused_timeline(device: torch.device) -> torch.Tensor:
     """The TIMELINE argument of a launch that records nothing (never written): one per device, so the
     hot path allocates nothing for it."""
-    key = device.index
-    if key not in _UNUSED_TIMELINES:
-        _UNUSED_TIMELINES[key] = torch.empty((1, 4), dtype=torch.int64, device=device)
-    return _UNUSED_TIMELINES[key]
+    if device not in _UNUSED_TIMELINES:
+        _UNUSED_TIMELINES[device] = torch.empty((1, 4), dtype=torch.int64, device=device)
+    return _UNUSED_TIMELINES[device]
 
 
 @dataclass
@@ -862,18 +672,16 @@ class Timeline:
 
 
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
-                       num_seqs: int, len_q_bcast: int = 0, variant: Variant | None = None,
+                       num_seqs: int, len_q_bcast: int = 0, variant: Optional[Variant] = None,
                        profile: bool = False):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
 
-    ``variant``: ablation switches (default: ``JFA_TLX_VARIANT`` or what ships). ``profile=True``
+    ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
     kernel ran)."""
-    from jfa.kernels.triton.forward import output_offsets
-
-    variant = variant_from_env() if variant is None else variant
+    variant = variant_from_knobs() if variant is None else variant
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
     if not ok:
@@ -890,7 +698,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
         return (out, lse, None) if profile else (out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
-    counter = _work_counter(q.device)
+    counter = work_counter(q.device)
     num_items = tiles.num_slots * num_heads
     timeline = (torch.full((num_items, 4), -1, dtype=torch.int64, device=q.device) if profile
                 else _unused_timeline(q.device))
@@ -898,11 +706,11 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
                                                causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs,
                                                len_q_bcast=len_q_bcast, variant=variant, profile=profile)
-    grid = min(_sm_count(q.device), num_items) if variant.persistent else num_items
-    jagged_fwd_tlx_kernel[(grid,)](*args, **kwargs)
+    grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
+    target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
     if not profile:
         return out, lse
     seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()
     kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
-    expand = lambda t: t.repeat_interleave(num_heads)  # items are (slot, head), head fastest
+    expand = lambda t: t.repeat_interleave(num_heads)  # noqa: E731 - items are (slot, head), head fastest
     return out, lse, Timeline(timeline, expand(seq), expand(tile), expand(kv), num_heads, grid, variant)

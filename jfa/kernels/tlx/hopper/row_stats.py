@@ -61,9 +61,8 @@ def row_stats_kernel(LSE, DELTA, OUT, DOUT, DLSE, OUT_CU, STATS_CU, STATS, DQ_ZE
 
 
 # Sequences start on columns that are multiples of this in the row statistics, whose token axis is
-# TMA's innermost: TMA needs 4 (16 bytes of fp32, or the copy is an illegal instruction). 32 was set
-# for a transposed dQ accumulator of 32-token blocks (gone since session 8) and is what the GPU has
-# validated; 4 would save padding columns for short sequences (untested).
+# TMA's innermost: TMA needs a multiple of 4 (16 bytes of fp32, or the copy is an illegal instruction).
+# 32 is what the GPU has validated; 4 would save padding columns for short sequences.
 COLUMN_ALIGN = 32
 
 
@@ -113,7 +112,7 @@ def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, 
         dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
         tensors = dict(DELTA=lse, OUT=out, DOUT=dout, DLSE=lse if dlse is None else dlse)
         strides = (out.stride(0), out.stride(1), dout.stride(0), dout.stride(1))
-        # 64 rows a program (was 32 until session 9): half the programs, each with one binary search
+        # 64 rows a program: half the programs of 32, each with one binary search
         head_dim, block_t = out.shape[2], block_rows or 64
     else:
         tensors = dict(DELTA=delta, OUT=lse, DOUT=lse, DLSE=lse)  # OUT, DOUT, DLSE unread

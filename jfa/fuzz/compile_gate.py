@@ -4,7 +4,7 @@ local memory, shared memory fits the SM.
 
 Triton compiles to PTX and ptxas (shipped in the triton wheel) assembles the cubin; cuobjdump (also
 shipped) reads registers, stack and local memory off the cubin. Needs a process in which triton is
-NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.kernels.compile_check``.
+NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.fuzz.compile_gate``.
 Each target is one kernel with one shipped config and one set of compile-time flags; the runtime
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
 
@@ -44,11 +44,10 @@ class Target:
     broadcast_q: bool
     arch: int = 90
     backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
-    variant: str = ""  # tlx: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped
+    # tlx forward: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped; dK/dV:
+    # "fused-dq" for the fused dQ's build, "" for the deterministic backward's
+    variant: str = ""
     profile: bool = False  # tlx: the timeline (profiling) build
-    # tlx: JFA_TLX_OWN_WAITS for the compile (jfa.kernels.tlx.pipeline): None = what ships (the dK/dV
-    # kernel without the generic pipeliner, the forward with it), True = every kernel, False = none
-    own_waits: bool = None
 
 
 @dataclass
@@ -78,7 +77,8 @@ def shipped_targets() -> list:
 
 
 def tlx_targets() -> list:
-    """The TLX Hopper forward: every shipped config (bf16, fp16 x D 64, 128) x causal x broadcast-Q."""
+    """The TLX Hopper forward: every shipped config (bf16, fp16 x D 64, 128) x causal x broadcast-Q, the
+    builds of its reported ablations and its timeline build; then the dK/dV kernel's."""
     targets = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
@@ -87,33 +87,27 @@ def tlx_targets() -> list:
                     flags = ("-causal" if causal else "") + ("-bcastq" if broadcast_q else "")
                     name = f"tlx-forward-{dtype}-D{head_dim}{flags}"
                     targets.append(Target(name, "forward", dtype, head_dim, causal, broadcast_q, backend="tlx"))
-    # the ablation variants and the timeline build must compile too (they are measured, never shipped)
-    for variant in ("schedule=dynamic", "schedule=round-robin", "pingpong=0", "pingpong_pv=1", "peel=0"):
+    # the ablation builds and the timeline build must compile too (they are measured, never shipped); the
+    # other ablations (persistence, LPT order) change the launch, not the build
+    for variant in ("schedule=dynamic", "pingpong=0", "peel=0"):
         targets.append(Target(f"tlx-forward-bf16-D128-causal[{variant}]", "forward", "bf16", 128, True, False,
                               backend="tlx", variant=variant))
     targets.append(Target("tlx-forward-bf16-D128[profile]", "forward", "bf16", 128, False, False, backend="tlx",
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
                           backend="tlx", variant="schedule=dynamic", profile=True))
-    targets += [Target(f"tlx-forward-bf16-D{d}{'-causal' if c else ''}[own-waits]", "forward", "bf16", d, c, False,
-                       backend="tlx", own_waits=True) for d in (64, 128) for c in (False, True)]
-    # the pingpong turn over both MMAs is meant for the own-waits build (QK(j) + PV(j-1) in flight together)
-    targets += [Target(f"tlx-forward-bf16-D{d}[pingpong_pv=1,own-waits]", "forward", "bf16", d, False, False,
-                       backend="tlx", variant="pingpong_pv=1", own_waits=True) for d in (64, 128)]
     return targets + tlx_backward_targets()
 
 
 def tlx_backward_targets() -> list:
-    """The TLX Hopper dK/dV kernel: every shipped config x causal; broadcast-Q; the fused dQ build
-    (variant "fused-dq", head dims in FUSED_DQ_HEAD_DIMS); the ablation's builds (variant
-    "fused-dq,<BackwardVariant switches>") and the fused build under the generic pipeliner."""
-    from jfa.kernels.tlx.hopper.backward import FUSED_DQ_HEAD_DIMS, SUPPORTED_HEAD_DIMS
+    """The TLX Hopper dK/dV kernel: every shipped build (dtype x head dim, with the fused dQ (variant
+    "fused-dq") and without it, the deterministic backward's) x causal x broadcast-Q."""
+    from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
 
     targets = []
     for dtype in ("bf16", "fp16"):
         for head_dim in SUPPORTED_HEAD_DIMS:
-            variants = ("", "fused-dq") if head_dim in FUSED_DQ_HEAD_DIMS else ("",)
-            for variant in variants:
+            for variant in ("", "fused-dq"):
                 suffix = f"[{variant}]" if variant else ""
                 for causal in (False, True):
                     name = f"tlx-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}{suffix}"
@@ -121,42 +115,6 @@ def tlx_backward_targets() -> list:
                                           variant=variant))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
-    # the dK/dV kernel ships with its own waits; the generic pipeliner's build is an ablation column
-    # (at D 128 the 32-row build's: the 64-row steps under the generic pipeliner keep an 8 B stack)
-    for head_dim in FUSED_DQ_HEAD_DIMS:
-        variant = "fused-dq" if head_dim != 128 else "fused-dq,steps64=0"
-        targets.append(Target(f"tlx-dkdv-bf16-D{head_dim}[{variant},generic-pipeliner]", "dkdv", "bf16", head_dim,
-                              False, False, backend="tlx", variant=variant, own_waits=False))
-    # the ablation's builds that run on the GPU, with the shipped waits: {variant: {head dim: causal values}}.
-    # Left out, because they keep a stack frame this gate refuses and a baseline need not meet: the atomic
-    # reduction causal (8 B) and at D 128 (240 B); dQ before dK, causal, at D 128 (8 B); the zig-zag
-    # schedule with the producer's dQ at D 128 (two item-level scalars). All D 128 entries but the 64-row
-    # steps' own are the 32-row build's (steps64=0). Each is compiled as its launcher compiles it (the
-    # 64-row steps' LLVM IR left to ptxas: HopperDkDvConfig.llvm_o0).
-    # (the consumers' dQ ships for causal D 128: that build is above)
-    ablation_builds = {"fused-dq,dq_first=1": {64: (False,)},  # the producer's dQ before the loads
-                       "fused-dq,dq_send_late=0": {64: (False,)},
-                       "fused-dq,skip_keyless=0": {64: (False,), 128: (False, True)},
-                       "fused-dq,dq_in_producer=0": {64: (False, True)},
-                       "fused-dq,dq_in_producer=0,dq_first=1": {64: (False, True)},
-                       "fused-dq,dq_in_producer=0,dq_reduce=atomic": {64: (False,)},
-                       "fused-dq,dq_in_producer=0,dq_reduce=stage-only": {64: (False, True)},
-                       # D 128: the 64-row steps' dQ halves sent in their own step; the 32-row build
-                       # (shipped until session 11: the producer's dQ, the consumers' for causal) and
-                       # the switches of its dQ
-                       "fused-dq,halves_send_late=0": {128: (False, True)},
-                       "fused-dq,steps64=0": {128: (False, True)},
-                       "fused-dq,steps64=0,dq_first=1": {128: (False,)},
-                       "fused-dq,steps64=0,dq_send_late=0": {128: (False,)},
-                       "fused-dq,steps64=0,skip_keyless=0": {128: (False, True)},
-                       "fused-dq,steps64=0,dq_in_producer=0": {128: (False,)},
-                       "fused-dq,steps64=0,dq_in_producer=0,dq_first=1": {128: (False,)},
-                       "fused-dq,steps64=0,dq_in_producer=0,dq_reduce=stage-only": {128: (False, True)}}
-    for variant, by_head_dim in ablation_builds.items():
-        for head_dim in FUSED_DQ_HEAD_DIMS:
-            targets += [Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if c else ''}[{variant}]", "dkdv", "bf16",
-                               head_dim, c, False, backend="tlx", variant=variant)
-                        for c in by_head_dim.get(head_dim, ())]
     return targets
 
 
@@ -347,7 +305,7 @@ def _launch_inputs(target: Target):
     dense broadcast Q), offsets with an empty sequence. Returns (q, k, v, out_cu, cu_k, len_q)."""
     import torch
 
-    from jfa.kernels.triton.forward import virtual_cu_seqlens
+    from jfa.kernels.schedule import virtual_cu_seqlens
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
     heads, lengths = 4, [300, 0, 700]
@@ -390,16 +348,30 @@ def tlx_launch_binding(target: Target) -> dict:
     return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
 
 
+@contextlib.contextmanager
+def _offline_target():
+    """CPU tensors launch through Triton's JIT as if on an sm_90 GPU (132 SMs) inside the block: the
+    launchers' own target lookup answers, and ``_offline_launches`` stops each launch before compiling."""
+    from jfa.kernels.tlx.common.target import LaunchTarget, register_target
+
+    def bind(kernel, grid, args, kwargs):
+        kernel[grid](*args, **kwargs)
+
+    previous = register_target("cpu", LaunchTarget("offline-binding", (9, 0), 132, bind))
+    try:
+        yield
+    finally:
+        register_target("cpu", previous)
+
+
 def dkdv_launch_binding(target: Target) -> dict:
     """What a launch of the dK/dV kernel by its launcher (``jagged_dkdv_tlx``, the fused dQ with its
     accumulator for a "fused-dq" target) would compile, bound on CPU tensors like
-    ``tlx_launch_binding``; the statistics' pass before it stops at its compile too. Only the two GPU
-    queries (``supports``: a CUDA device; the SM count) are answered for it."""
-    from unittest import mock
-
+    ``tlx_launch_binding``; the statistics' pass before it stops at its compile too. The launch target
+    (capability and SM count) is answered for it (``_offline_target``)."""
     import torch
 
-    from jfa.kernels.tlx import pipeline
+    from jfa import knobs
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
@@ -407,18 +379,13 @@ def dkdv_launch_binding(target: Target) -> dict:
     rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
     out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
     lse = torch.zeros(rows, q.shape[1])
-    build, _, switches = target.variant.partition(",")
-    fused = build == "fused-dq"
-    variant = tlx_backward.BackwardVariant.parse(switches)
-    dq_accum = tlx_backward.DqAccumulator(q, tlx_backward.config_for(target.head_dim, variant, fused_dq=True),
-                                          zeroed=False) if fused else None
-    with mock.patch.object(tlx_backward, "supports", lambda *args, **kwargs: (True, "")), \
-            mock.patch.object(tlx_backward, "_sm_count", lambda device: 132), \
-            pipeline.own_waits(target.own_waits), pipeline.llvm_unoptimised(None), _offline_launches() as seen:
+    fused = target.variant == "fused-dq"
+    dq_accum = tlx_backward.DqAccumulator(q, zeroed=False) if fused else None
+    with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
         tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None if fused else torch.zeros_like(lse),
                                      torch.empty_like(k), torch.empty_like(v), out_cu, cu_k, causal=target.causal,
                                      softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
-                                     num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum, variant=variant,
+                                     num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
                                      outputs=(out, dout, None) if fused else None)
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
@@ -435,13 +402,14 @@ def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False
     serialisation. ``llvm_o0``: the build's config leaves its LLVM IR to ptxas, as its launcher does
     (``pipeline.build_llvm_o0``). Returns (compiled, result, expected) with the checks still to be
     applied."""
+    from jfa import knobs
     from jfa.kernels.tlx import pipeline
 
     fn, sig, constants, attrs, options = spec
     pipeline.install()
-    # (JFA_TLX_LLVM_O0 unset, as the own-waits switch is pinned: the gate judges each build as it ships)
-    with pipeline.own_waits(target.own_waits), pipeline.llvm_unoptimised(None), \
-            pipeline.build_llvm_o0(fn.fn.__name__, llvm_o0):
+    # both compile switches at their defaults, whatever the environment says: the gate judges each build
+    # as it ships
+    with knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), pipeline.build_llvm_o0(fn.fn.__name__, llvm_o0):
         compiled, result = _compile(target, fn, sig, constants, attrs, options)
         own_waits = pipeline.enabled(fn.fn.__name__)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
@@ -458,9 +426,9 @@ def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False
         "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
         "no ptxas wgmma serialisation (C7513-C7515)": not set(structure["ptxas_warnings"]) & WGMMA_SERIALISED,
     }
-    # what ships for the dK/dV kernel is its own waits (pipeline.DEFAULT): required here whatever DEFAULT
-    # says, so that the gate fails if the shipped build loses them
-    if own_waits or (target.kernel == "dkdv" and target.own_waits is None):
+    # what ships for the dK/dV kernel is its own waits (knobs.tlx_own_waits' default): required here
+    # whatever the default says, so that the gate fails if the shipped build loses them
+    if own_waits or target.kernel == "dkdv":
         expected["MMAs in flight together (the source's waits, not a wait-all per commit)"] = \
             structure["wgmma_overlaps"] > 0
     return compiled, result, expected
@@ -486,17 +454,12 @@ def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
-        # variant: "" (shipped), "fused-dq", or "fused-dq,<BackwardVariant switches>"
-        build, _, switches = target.variant.partition(",")
-        fused = build == "fused-dq"
-        variant = tlx_backward.BackwardVariant.parse(switches)
+        fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                         broadcast_q=target.broadcast_q, fused_dq=fused, variant=variant)
-        cfg = tlx_backward.config_for(target.head_dim, variant, fused_dq=fused)
+                                         broadcast_q=target.broadcast_q, fused_dq=fused)
+        cfg = tlx_backward.config_for(target.head_dim, fused)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
-        staged = fused and variant.dq_reduce == "tma"
-        expected["TMA reduce-adds of dQ exactly in the staged fused build"] = \
-            (result.details["tma_reduce_adds"] > 0) == staged
+        expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
         launch = dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
         # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
@@ -529,7 +492,7 @@ def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = N
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     names = [t.name for t in _targets(backend)]
     jobs = max(1, min(jobs or len(os.sched_getaffinity(0)), len(names)))
-    children = [subprocess.Popen([sys.executable, "-m", "jfa.kernels.compile_check", "--json", "--backend", backend,
+    children = [subprocess.Popen([sys.executable, "-m", "jfa.fuzz.compile_gate", "--json", "--backend", backend,
                                   "--shard", f"{i}/{jobs}"], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for i in range(jobs)]
     deadline = time.monotonic() + timeout
@@ -552,7 +515,7 @@ def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = N
     results = {row["target"]["name"]: row for row in rows}
     missing = [n for n in names if n not in results]
     if missing or errors:
-        raise RuntimeError(f"compile_check: no result for {len(missing)} target(s) {missing[:5]}:\n"
+        raise RuntimeError(f"compile_gate: no result for {len(missing)} target(s) {missing[:5]}:\n"
                            + "\n".join(errors))
     return results
 
@@ -574,6 +537,9 @@ def main(argv=None) -> int:
         return 2
     wanted = [s for s in args.only.split(",") if s]
     pool = [t for t in _targets(args.backend) if not wanted or any(w in t.name for w in wanted)]
+    if not pool:
+        print(f"jfa compile-check: no target matches --only {args.only!r} (backend {args.backend})", file=sys.stderr)
+        return 2
     results = []
     for target in pool[int(shard)::int(shards)]:
         try:

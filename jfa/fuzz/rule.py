@@ -1,8 +1,7 @@
-"""Test helpers shared by the test suite, the gate, the fuzzers and the benchmarks.
+"""The oracle rule (docs/design.md, "What right means") and the case runner every harness shares.
 
-A :class:`Case` describes one problem (lengths, shapes, dtype, flags, value recipe). :func:`run_case`
-builds its inputs, runs a backend with NaN-poisoned outputs, and judges outputs and gradients by the
-rule of DESIGN.md section 4 against the float64 oracle:
+:func:`run_case` builds a :class:`jfa.fuzz.cases.Case`'s inputs, runs a backend with NaN-poisoned outputs,
+and judges outputs and gradients against the float64 oracle:
 
     max|kernel - oracle| <= factor * max|ref_t - oracle| + floor
 
@@ -24,135 +23,19 @@ lse must be -inf exactly where the oracle's is, and nothing may be NaN.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from jfa import oracle
+from jfa.api import recording_dispatch
+from jfa.fuzz.cases import DTYPES, Case, make_inputs
 from jfa.kernels.alloc import poisoned_outputs
 from jfa.reference import attention_reference
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 EPS = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One jagged attention problem. With ``broadcast_q`` the Q length is ``lengths_q[0]``."""
-
-    lengths_q: tuple
-    lengths_k: tuple
-    heads: int = 2
-    head_dim: int = 32
-    dtype: str = "bf16"
-    causal: bool = False
-    broadcast_q: bool = False
-    softmax_scale: Optional[float] = None
-    q_scale: float = 1.0  # multiplies Q: large values push the softmax to saturation
-    values: str = "normal"  # a recipe of VALUE_RECIPES: how q, k, v are drawn
-    strided: bool = False  # q/k/v are slices of one fused [T, 3, H, D] tensor
-    offsets_dtype: str = "int32"
-    seed: int = 0
-    name: str = ""
-
-    @property
-    def id(self) -> str:
-        return self.name or describe(self)
-
-
-def describe(case: Case) -> str:
-    def lens(xs):
-        return ",".join(map(str, xs)) if len(xs) <= 6 else f"{len(xs)}seqs"
-
-    bits = [f"q[{lens(case.lengths_q)}]", f"k[{lens(case.lengths_k)}]", f"H{case.heads}", f"D{case.head_dim}",
-            case.dtype]
-    bits += [flag for flag, on in (("causal", case.causal), ("bcastq", case.broadcast_q),
-                                   ("strided", case.strided)) if on]
-    if case.q_scale != 1.0:
-        bits.append(f"qx{case.q_scale:g}")
-    if case.values != "normal":
-        bits.append(case.values)
-    if case.softmax_scale is not None:
-        bits.append(f"scale{case.softmax_scale:g}")
-    return "-".join(bits)
-
-
-@dataclass
-class Inputs:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cu_q: Optional[torch.Tensor]
-    cu_k: torch.Tensor
-    dout: torch.Tensor
-    dlse: torch.Tensor  # float32 gradient for the lse output: the backward is checked through both
-
-
-def offsets(lengths: Sequence[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
-    return torch.tensor([0] + list(np.cumsum(lengths, dtype=np.int64)), dtype=dtype, device=device)
-
-
-VALUE_RECIPES = ("normal", "near-ties", "constant-keys", "dominant-key", "denormal")
-
-
-def _values(recipe: str, randn, rows: int, H: int, D: int, dtype: torch.dtype):
-    """float32 q, k, v of ``rows`` tokens drawn by ``recipe`` (callers cut and cast them):
-
-    - normal: independent N(0, 1);
-    - near-ties: every key within 1e-3 of one per-head base key, so scores nearly tie;
-    - constant-keys: every key equal, so each softmax row is exactly uniform;
-    - dominant-key: every 7th key points along a direction all queries share, so it takes almost
-      all the probability mass;
-    - denormal: everything scaled into t's subnormal range.
-    """
-    q, k, v = randn(rows, H, D), randn(rows, H, D), randn(rows, H, D)
-    if recipe == "near-ties":
-        k = randn(1, H, D) + 1e-3 * k
-    elif recipe == "constant-keys":
-        k = randn(1, H, D).expand(rows, H, D).clone()
-    elif recipe == "dominant-key":
-        q = 0.5 * q + 2.0
-        k[::7] = 4.0
-    elif recipe == "denormal":
-        tiny = torch.finfo(dtype).tiny
-        q, k, v = q * tiny / 4, k * tiny / 4, v * tiny / 4
-    elif recipe != "normal":
-        raise ValueError(f"values: unknown recipe {recipe!r}, expected one of {VALUE_RECIPES}")
-    return q, k, v
-
-
-def make_inputs(case: Case, device="cpu") -> Inputs:
-    """Fresh random inputs (never zeros) for ``case``; deterministic in ``case.seed``."""
-    g = torch.Generator().manual_seed(case.seed)
-    dtype = DTYPES[case.dtype]
-    total_k = int(sum(case.lengths_k))
-    num_seqs = len(case.lengths_k)
-    total_q = case.lengths_q[0] if case.broadcast_q else int(sum(case.lengths_q))
-    rows = num_seqs * case.lengths_q[0] if case.broadcast_q else total_q
-    H, D = case.heads, case.head_dim
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float32)
-
-    width = max(total_q, total_k)
-    q, k, v = _values(case.values, randn, width, H, D, dtype)
-    q[:total_q] *= case.q_scale
-    if case.strided:
-        # q, k, v as views into one fused projection [T, 3, H, D] (token stride 3*H*D)
-        fused = torch.stack([q, k, v], dim=1).to(dtype).to(device)
-        q, k, v = fused[:total_q, 0], fused[:total_k, 1], fused[:total_k, 2]
-    else:
-        q, k, v = (t[:n].to(dtype).to(device) for t, n in ((q, total_q), (k, total_k), (v, total_k)))
-    off_dtype = torch.int64 if case.offsets_dtype == "int64" else torch.int32
-    cu_q = None if case.broadcast_q else offsets(case.lengths_q, off_dtype, device)
-    cu_k = offsets(case.lengths_k, off_dtype, device)
-    dout = randn(rows, H, D).to(dtype).to(device)
-    dlse = randn(rows, H).to(device)
-    return Inputs(q, k, v, cu_q, cu_k, dout, dlse)
 
 
 @dataclass
@@ -212,8 +95,16 @@ class Report:
     case: Case
     backend: str
     verdicts: list = field(default_factory=list)
-    kernel: str = ""  # the forward kernel that ran (jfa.which_kernels), e.g. "tlx-hopper" or "triton"
+    kernel: str = ""  # the forward kernel that ran (jfa.api.recording_dispatch), e.g. "tlx-hopper" or "triton"
     backward_kernel: str = ""  # the backward kernel that ran (gradient cases only)
+    ran: list = field(default_factory=list)  # every (pass, kernel, where) the call recorded
+    dispatched: object = None  # what jfa.which_kernels said the call would run (a KernelChoice)
+
+    def ran_as_dispatched(self) -> bool:
+        """Whether the kernels that ran are the ones dispatch chose (no silent fallback)."""
+        choice = self.dispatched
+        return (self.kernel == choice.forward and
+                (not self.backward_kernel or self.backward_kernel == choice.backward))
 
     def worst_per_kernel(self) -> dict:
         """{"fwd <kernel>": worst ratio of out/lse, "bwd <kernel>": worst ratio of the gradients}."""
@@ -255,6 +146,59 @@ def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float
     return peak
 
 
+class _Floor:
+    """The case-derived part of the floor (see the module docstring), ``floor(name, exact, shift)`` for
+    tensor ``name`` with the oracle's ``exact`` values; ``terms`` holds each tensor's summed-term
+    magnitude (the backward raises the gradients' to the oracle's magnitudes once it has them)."""
+
+    def __init__(self, q, k, v, dout, cu_q_np, cu_k_np, softmax_scale, broadcast_q: bool):
+        mag = {name: float(t.detach().abs().max()) if t.numel() else 0.0
+               for name, t in (("q", q), ("k", k), ("v", v), ("do", dout))}
+        head_dim = q.shape[-1]
+        scale = abs(softmax_scale) if softmax_scale is not None else head_dim ** -0.5
+        self.root_d = math.sqrt(head_dim)
+        self.terms = {"out": mag["v"], "dv": mag["do"], "dq": scale * mag["do"] * mag["v"] * mag["k"] * self.root_d,
+                      "dk": scale * mag["do"] * mag["v"] * mag["q"] * self.root_d}
+        self.logit_terms = _max_logit_terms(_np(q), _np(k), cu_q_np, cu_k_np, scale, broadcast_q)
+
+    def __call__(self, name: str, exact: np.ndarray, shift: float = 0.0) -> float:
+        peak = float(np.abs(exact[np.isfinite(exact)]).max()) if np.isfinite(exact).any() else 0.0
+        return EPS[torch.float32] * (self.terms.get(name, 0.0) + self.root_d * self.logit_terms * peak) + shift
+
+
+class OutputJudge:
+    """The rule for forward outputs of one set of inputs (any device, any implementation): the oracle and
+    the PyTorch reference in q's dtype run once, at construction; each call judges one output. The
+    benchmarks judge every implementation with it before timing."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q, cu_k, *, causal: bool,
+                 softmax_scale=None, broadcast_q: bool = False):
+        kwargs = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
+        cu_q_np = None if broadcast_q else _np(cu_q).astype(np.int64)
+        cu_k_np = _np(cu_k).astype(np.int64)
+        self.exact, _ = oracle.attention_forward(_np(q), _np(k), _np(v), cu_q_np, cu_k_np, **kwargs)
+        with torch.no_grad():
+            self.ref, _ = attention_reference(q, k, v, cu_q, cu_k, **kwargs)
+        self.dtype = q.dtype
+        self.noise = _Floor(q, k, v, q[:0], cu_q_np, cu_k_np, softmax_scale, broadcast_q)("out", self.exact)
+
+    def __call__(self, out: torch.Tensor) -> Verdict:
+        return judge("out", out, self.ref, self.exact, self.dtype, noise=self.noise)
+
+
+def judge_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q, cu_k, *,
+                 causal: bool, softmax_scale=None, broadcast_q: bool = False) -> Verdict:
+    """The rule applied to one forward output ``out`` of inputs q, k, v (``OutputJudge`` once)."""
+    return OutputJudge(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                       broadcast_q=broadcast_q)(out)
+
+
+def _ran(ran: list, pass_: str) -> str:
+    """The kernel that ran ``pass_`` ("" when none was recorded; "+"-joined where a pass ran several)."""
+    kernels = sorted({kernel for p, kernel, _where in ran if p == pass_})
+    return "+".join(kernels)
+
+
 def cannot_run(case: Case, backend: str, device="cpu") -> str:
     """Why ``backend`` cannot run ``case`` at all ("" if it can): only an explicit backend="tlx" refuses
     calls (dtype, head dim, strides, GPU); "auto" falls back instead. Tests skip such cases."""
@@ -279,7 +223,7 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     dtype = DTYPES[case.dtype]
     kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q)
     q, k, v = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))  # keeps strides
-    with poisoned_outputs():
+    with poisoned_outputs(), recording_dispatch() as ran:
         out, lse = jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, causal=case.causal,
                                         softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q,
                                         backend=backend, return_lse=True)
@@ -291,20 +235,12 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     o_exact, lse_exact = oracle.attention_forward(_np(inp.q), _np(inp.k), _np(inp.v), cu_q_np, cu_k_np, **kwargs)
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
-    choice = jfa.which_kernels(q, k, v, backend=backend)
-    report = Report(case, backend, kernel=choice.forward, backward_kernel=choice.backward if backward else "")
-    mag = {name: float(t.detach().abs().max()) if t.numel() else 0.0
-           for name, t in (("q", inp.q), ("k", inp.k), ("v", inp.v), ("do", inp.dout))}
-    scale = abs(case.softmax_scale) if case.softmax_scale is not None else case.head_dim ** -0.5
-    root_d = math.sqrt(case.head_dim)
-    terms = {"out": mag["v"], "dv": mag["do"], "dq": scale * mag["do"] * mag["v"] * mag["k"] * root_d,
-             "dk": scale * mag["do"] * mag["v"] * mag["q"] * root_d}
-    logit_terms = _max_logit_terms(_np(inp.q), _np(inp.k), cu_q_np, cu_k_np, scale, case.broadcast_q)
-
-    def noise(name, exact, shift=0.0):
-        peak = float(np.abs(exact[np.isfinite(exact)]).max()) if np.isfinite(exact).any() else 0.0
-        return EPS[torch.float32] * (terms.get(name, 0.0) + root_d * logit_terms * peak) + shift
-
+    report = Report(case, backend, kernel=_ran(ran, "forward"), ran=list(ran),
+                    dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend))
+    if backward:  # (the reference's backward is autograd's own: no kernel dispatch to record)
+        report.backward_kernel = "torch" if report.kernel == "torch" else _ran(ran, "backward")
+    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, cu_q_np, cu_k_np, case.softmax_scale, case.broadcast_q)
+    terms = noise.terms
     report.verdicts.append(judge("out", out, o_ref, o_exact, dtype, noise=noise("out", o_exact)))
     # lse is fp32 whatever t is: its floor is fp32 rounding, the ref_t term carries t's error
     report.verdicts.append(judge("lse", lse, lse_ref, lse_exact, torch.float32, noise=noise("lse", lse_exact)))
@@ -335,5 +271,3 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     return report
 
 
-def replace(case: Case, **changes) -> Case:
-    return dataclasses.replace(case, **changes)

@@ -1,0 +1,135 @@
+"""Problems the harness runs: :class:`Case` (lengths, shapes, dtype, flags, value recipe) and the inputs it
+makes (:func:`make_inputs`: fresh random tensors, never zeros, deterministic in the case's seed).
+
+Shared by the test suite, the gate, the fuzzers, the catalogue and the benchmarks; judged by the rule
+of :mod:`jfa.fuzz.rule`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One jagged attention problem. With ``broadcast_q`` the Q length is ``lengths_q[0]``."""
+
+    lengths_q: tuple
+    lengths_k: tuple
+    heads: int = 2
+    head_dim: int = 32
+    dtype: str = "bf16"
+    causal: bool = False
+    broadcast_q: bool = False
+    softmax_scale: Optional[float] = None
+    q_scale: float = 1.0  # multiplies Q: large values push the softmax to saturation
+    values: str = "normal"  # a recipe of VALUE_RECIPES: how q, k, v are drawn
+    strided: bool = False  # q/k/v are slices of one fused [T, 3, H, D] tensor
+    offsets_dtype: str = "int32"
+    seed: int = 0
+    name: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.name or describe(self)
+
+
+def describe(case: Case) -> str:
+    def lens(xs):
+        return ",".join(map(str, xs)) if len(xs) <= 6 else f"{len(xs)}seqs"
+
+    bits = [f"q[{lens(case.lengths_q)}]", f"k[{lens(case.lengths_k)}]", f"H{case.heads}", f"D{case.head_dim}",
+            case.dtype]
+    bits += [flag for flag, on in (("causal", case.causal), ("bcastq", case.broadcast_q),
+                                   ("strided", case.strided)) if on]
+    if case.q_scale != 1.0:
+        bits.append(f"qx{case.q_scale:g}")
+    if case.values != "normal":
+        bits.append(case.values)
+    if case.softmax_scale is not None:
+        bits.append(f"scale{case.softmax_scale:g}")
+    return "-".join(bits)
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_q: Optional[torch.Tensor]
+    cu_k: torch.Tensor
+    dout: torch.Tensor
+    dlse: torch.Tensor  # float32 gradient for the lse output: the backward is checked through both
+
+
+def offsets(lengths: Sequence[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
+    return torch.tensor([0] + list(np.cumsum(lengths, dtype=np.int64)), dtype=dtype, device=device)
+
+
+VALUE_RECIPES = ("normal", "near-ties", "constant-keys", "dominant-key", "denormal")
+
+
+def _values(recipe: str, randn, rows: int, H: int, D: int, dtype: torch.dtype):
+    """float32 q, k, v of ``rows`` tokens drawn by ``recipe`` (callers cut and cast them):
+
+    - normal: independent N(0, 1);
+    - near-ties: every key within 1e-3 of one per-head base key, so scores nearly tie;
+    - constant-keys: every key equal, so each softmax row is exactly uniform;
+    - dominant-key: every 7th key points along a direction all queries share, so it takes almost
+      all the probability mass;
+    - denormal: everything scaled into t's subnormal range.
+    """
+    q, k, v = randn(rows, H, D), randn(rows, H, D), randn(rows, H, D)
+    if recipe == "near-ties":
+        k = randn(1, H, D) + 1e-3 * k
+    elif recipe == "constant-keys":
+        k = randn(1, H, D).expand(rows, H, D).clone()
+    elif recipe == "dominant-key":
+        q = 0.5 * q + 2.0
+        k[::7] = 4.0
+    elif recipe == "denormal":
+        tiny = torch.finfo(dtype).tiny
+        q, k, v = q * tiny / 4, k * tiny / 4, v * tiny / 4
+    elif recipe != "normal":
+        raise ValueError(f"values: unknown recipe {recipe!r}, expected one of {VALUE_RECIPES}")
+    return q, k, v
+
+
+def make_inputs(case: Case, device="cpu") -> Inputs:
+    """Fresh random inputs (never zeros) for ``case``; deterministic in ``case.seed``."""
+    g = torch.Generator().manual_seed(case.seed)
+    dtype = DTYPES[case.dtype]
+    total_k = int(sum(case.lengths_k))
+    num_seqs = len(case.lengths_k)
+    total_q = case.lengths_q[0] if case.broadcast_q else int(sum(case.lengths_q))
+    rows = num_seqs * case.lengths_q[0] if case.broadcast_q else total_q
+    H, D = case.heads, case.head_dim
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32)
+
+    width = max(total_q, total_k)
+    q, k, v = _values(case.values, randn, width, H, D, dtype)
+    q[:total_q] *= case.q_scale
+    if case.strided:
+        # q, k, v as views into one fused projection [T, 3, H, D] (token stride 3*H*D)
+        fused = torch.stack([q, k, v], dim=1).to(dtype).to(device)
+        q, k, v = fused[:total_q, 0], fused[:total_k, 1], fused[:total_k, 2]
+    else:
+        q, k, v = (t[:n].to(dtype).to(device) for t, n in ((q, total_q), (k, total_k), (v, total_k)))
+    off_dtype = torch.int64 if case.offsets_dtype == "int64" else torch.int32
+    cu_q = None if case.broadcast_q else offsets(case.lengths_q, off_dtype, device)
+    cu_k = offsets(case.lengths_k, off_dtype, device)
+    dout = randn(rows, H, D).to(dtype).to(device)
+    dlse = randn(rows, H).to(device)
+    return Inputs(q, k, v, cu_q, cu_k, dout, dlse)
+
+
+def replace(case: Case, **changes) -> Case:
+    return dataclasses.replace(case, **changes)

@@ -1,0 +1,138 @@
+"""Host-side rules every TLX launcher shares: what TMA can read, which inputs a kernel takes, TMA
+descriptors over packed tensors, ablation variants from their switches, and offline compile specs.
+
+Nothing here touches a GPU at import; device properties are read through the launch target
+(:mod:`jfa.kernels.tlx.common.target`) when a launcher asks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+
+from jfa.knobs import parse_bool
+from jfa.kernels.tlx import pipeline
+from jfa.kernels.tlx.common.target import target_for
+
+try:  # the import itself touches no GPU (checked on a CPU-only machine); it fails on a Triton without uTLX
+    import triton.language.extra.tlx as tlx
+
+    pipeline.install()  # compile switches of the TLX builds (jfa.kernels.tlx.pipeline)
+    TLX_IMPORT_ERROR: Optional[ImportError] = None
+except ImportError as exc:  # pragma: no cover - depends on the installed Triton
+    tlx = None
+    TLX_IMPORT_ERROR = exc
+
+DTYPES = (torch.bfloat16, torch.float16)  # what the TLX kernels compute in (fp32 stays portable)
+
+
+@dataclass(frozen=True)
+class View2D:
+    """A packed ``[T, H, D]`` tensor seen by TMA as the 2-D array ``[T, width]`` with row stride
+    ``row_stride``; head h is the column block ``[h * col_stride, h * col_stride + D)``."""
+
+    rows: int
+    width: int
+    row_stride: int
+    col_stride: int
+
+
+def view_2d(t: torch.Tensor) -> View2D:
+    rows, heads, head_dim = t.shape
+    row_stride, col_stride = t.stride(0), t.stride(1)
+    if heads == 1:
+        col_stride = head_dim  # the stride of a size-1 dim is arbitrary; never used for head 0
+    width = (heads - 1) * col_stride + head_dim
+    if rows == 1:
+        per_16_bytes = 16 // t.element_size()
+        row_stride = -(-width // per_16_bytes) * per_16_bytes  # arbitrary too; rows past 0 are never read
+    return View2D(rows, width, row_stride, col_stride)
+
+
+def layout_problem(name: str, t: torch.Tensor) -> Optional[str]:
+    """Why TMA cannot read ``t`` through a 2-D view, or None. TMA needs a 16-byte aligned base and
+    16-byte multiple row strides; heads and rows must not overlap (a [T, 3, H, D] slice is fine)."""
+    if t.dim() != 3 or t.stride(-1) != 1:
+        return f"{name}: needs shape [T, H, D] with a contiguous last dim"
+    if t.shape[0] == 0:
+        return None  # never read (no descriptor is built over an empty tensor)
+    view = view_2d(t)
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return f"{name}: TMA needs a 16-byte aligned base address"
+    if (view.row_stride * es) % 16 or (view.col_stride * es) % 16:
+        return f"{name}: TMA needs token and head strides that are multiples of 16 bytes, got {tuple(t.stride())}"
+    if view.col_stride < t.shape[2] or view.row_stride < view.width:
+        return f"{name}: heads or tokens overlap in memory (strides {tuple(t.stride())})"
+    if view.rows >= 2**31:
+        return f"{name}: more than 2**31 - 1 tokens (TMA coordinates are int32)"
+    return None
+
+
+def check_inputs(tensors: Mapping[str, Optional[torch.Tensor]], *, dtype: torch.dtype, head_dim: int,
+                 head_dims: tuple, capability: tuple = (9, 0)) -> tuple[bool, str]:
+    """(True, "") when a TLX kernel built for ``capability`` and ``head_dims`` can read ``tensors``
+    (name -> tensor; None entries are skipped) on their device, else (False, why). Reads the launch
+    target's capability (at call time only)."""
+    if tlx is None:
+        return False, f"triton.language.extra.tlx is not importable ({TLX_IMPORT_ERROR}); needs triton-utlx"
+    if dtype not in DTYPES:
+        return False, f"dtype {dtype} not supported (bf16 and fp16 only; fp32 stays on the portable kernel)"
+    if head_dim not in head_dims:
+        return False, f"head_dim {head_dim} not supported (only {head_dims})"
+    first = next(t for t in tensors.values() if t is not None)
+    target = target_for(first.device)
+    if target is None:
+        return False, (f"needs a CUDA tensor, got device {first.device} (CPU tensors run TLX kernels only "
+                       "where the TLX simulator is installed: jfa.sim)")
+    if tuple(target.capability) != tuple(capability):
+        major, minor = capability
+        return False, (f"needs an sm_{major}{minor} GPU, got sm_{target.capability[0]}{target.capability[1]}"
+                       f" ({target.name})")
+    for name, t in tensors.items():
+        if t is not None:
+            problem = layout_problem(name, t)
+            if problem:
+                return False, problem
+    return True, ""
+
+
+def sm_count(device: torch.device) -> int:
+    """CTAs a persistent grid on ``device`` launches at most (its target's SM count)."""
+    return target_for(device).sm_count
+
+
+def descriptor(t: torch.Tensor, block_rows: int):
+    """(TMA descriptor over ``t`` as a 2-D view with boxes of ``block_rows`` x D, column stride of a head)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = view_2d(t)
+    desc = TensorDescriptor(t, shape=[view.rows, view.width], strides=[view.row_stride, 1],
+                            block_shape=[block_rows, t.shape[2]])
+    return desc, view.col_stride
+
+
+def make_variant(cls, switches: Mapping[str, str], source: str):
+    """``cls(**switches)`` for a dataclass of ablation switches: bool fields parse 0/1/true/false, the
+    others take the text; an unknown key is a ValueError naming ``source`` (the knob's variable)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, text in switches.items():
+        if key not in fields:
+            raise ValueError(f"{source}: unknown switch {key!r} (known: {list(fields)})")
+        values[key] = parse_bool(text, f"{source}: {key}") if fields[key].type in (bool, "bool") else text
+    return cls(**values)
+
+
+def offline_signature(kernel, constants: dict, types: dict) -> tuple[dict, dict]:
+    """(signature, attrs) of ``kernel`` for an offline ``triton.compile``: constexprs from ``constants``,
+    every other argument typed by ``types`` (name -> Triton type string) or "i32"; pointers and strides
+    declared 16-divisible, as Triton specialises them at launch."""
+    signature, attrs = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        signature[name] = "constexpr" if name in constants else types.get(name, "i32")
+        if signature[name].startswith("*") or "stride" in name:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, attrs

@@ -269,8 +269,15 @@ def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
 # the kernels with autograd: custom ops (what tracers see) and their eager twin
 # ----------------------------------------------------------------------------------------------------
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    # token and head strides are free; the kernels want the head dim itself contiguous
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """``t`` with its head dim contiguous (token and head strides are free; every kernel wants the head dim
+    itself contiguous). Gradients arrive in any layout: expanded (``out.sum().backward()`` gives stride
+    0 everywhere), transposed, sliced. An empty tensor counts as contiguous whatever its strides, so
+    ``contiguous()`` keeps a stride-0 head dim there: a fresh tensor then (it holds no value to copy)."""
+    if t.stride(-1) == 1:
+        return t
+    if t.numel() == 0:
+        return t.new_empty(t.shape)
+    return t.contiguous()
 
 
 def _launcher(module: str, name: str):

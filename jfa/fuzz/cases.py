@@ -31,6 +31,7 @@ class Case:
     q_scale: float = 1.0  # multiplies Q: large values push the softmax to saturation
     values: str = "normal"  # a recipe of VALUE_RECIPES: how q, k, v are drawn
     strided: bool = False  # q/k/v are slices of one fused [T, 3, H, D] tensor
+    dout_layout: str = "contiguous"  # one of DOUT_LAYOUTS: the memory layout the gradient of out arrives in
     offsets_dtype: str = "int32"
     seed: int = 0
     name: str = ""
@@ -52,6 +53,8 @@ def describe(case: Case) -> str:
         bits.append(f"qx{case.q_scale:g}")
     if case.values != "normal":
         bits.append(case.values)
+    if case.dout_layout != "contiguous":
+        bits.append(f"dout-{case.dout_layout}")
     if case.softmax_scale is not None:
         bits.append(f"scale{case.softmax_scale:g}")
     return "-".join(bits)
@@ -70,6 +73,32 @@ class Inputs:
 
 def offsets(lengths: Sequence[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
     return torch.tensor([0] + list(np.cumsum(lengths, dtype=np.int64)), dtype=dtype, device=device)
+
+
+# How training loops hand the gradient of out to the backward: fresh and contiguous; what out.sum().backward()
+# gives (ones expanded: stride 0 everywhere); one row broadcast over the rows (stride 0 on tokens); the head
+# dim not contiguous (a transposed view); a slice of a wider tensor (row stride past the head dim).
+DOUT_LAYOUTS = ("contiguous", "sum", "expanded", "transposed", "sliced")
+
+
+def dout_in_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
+    """A [rows, H, D] gradient with ``values``' dtype and device in ``layout`` (DOUT_LAYOUTS); "sum" and
+    "expanded" keep only what that layout can hold (all ones; the first row)."""
+    rows, heads, head_dim = values.shape
+    if layout == "contiguous":
+        return values.contiguous()
+    if layout == "sum":
+        return torch.ones((), dtype=values.dtype, device=values.device).expand(rows, heads, head_dim)
+    if layout == "expanded":
+        first = values[:1] if rows else torch.ones(1, heads, head_dim, dtype=values.dtype, device=values.device)
+        return first.expand(rows, heads, head_dim)
+    if layout == "transposed":
+        return values.transpose(1, 2).contiguous().transpose(1, 2)  # strides (D * H, 1, H): the head dim is not
+    if layout == "sliced":
+        wide = torch.zeros(rows, heads, head_dim + 3, dtype=values.dtype, device=values.device)
+        wide[..., :head_dim] = values
+        return wide[..., :head_dim]
+    raise ValueError(f"dout_layout: unknown layout {layout!r}, expected one of {DOUT_LAYOUTS}")
 
 
 VALUE_RECIPES = ("normal", "near-ties", "constant-keys", "dominant-key", "denormal")
@@ -126,7 +155,7 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
     off_dtype = torch.int64 if case.offsets_dtype == "int64" else torch.int32
     cu_q = None if case.broadcast_q else offsets(case.lengths_q, off_dtype, device)
     cu_k = offsets(case.lengths_k, off_dtype, device)
-    dout = randn(rows, H, D).to(dtype).to(device)
+    dout = dout_in_layout(randn(rows, H, D).to(dtype).to(device), case.dout_layout)
     dlse = randn(rows, H).to(device)
     return Inputs(q, k, v, cu_q, cu_k, dout, dlse)
 

@@ -11,7 +11,7 @@ no key or no row; ``sanitize_cases`` are the small shapes compute-sanitizer runs
 """
 from __future__ import annotations
 
-from jfa.fuzz.cases import DTYPES, Case, replace
+from jfa.fuzz.cases import DOUT_LAYOUTS, DTYPES, Case, replace
 from jfa.kernels.triton.configs import tile_sizes
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -50,7 +50,15 @@ def structural_cases(dtype: str = "bf16", head_dim: int = 32) -> list:
         replace(base, lengths_q=(50, 0, 70), lengths_k=(60, 9, 70), offsets_dtype="int64", name="int64-offsets"),
         replace(base, lengths_q=(40, 80), lengths_k=(80, 40), softmax_scale=0.3, causal=True, name="scale-0.3"),
         replace(base, lengths_q=(40, 80), lengths_k=(80, 40), softmax_scale=-1.7, name="scale-neg1.7"),
+        # the gradient layouts training loops produce, on empty and non-empty sides
+        replace(base, lengths_q=(0, 0), lengths_k=(5, 9), dout_layout="sum", name="empty-queries-sum-grad"),
+        replace(base, lengths_q=(0,), lengths_k=(0, 7), broadcast_q=True, dout_layout="sum",
+                name="bcastq-lq0-sum-grad"),
+        replace(base, lengths_q=(0, 0, 0), lengths_k=(0, 0, 0), dout_layout="expanded", name="all-empty-expanded-grad"),
     ]
+    for layout in DOUT_LAYOUTS[1:]:
+        cases.append(replace(base, lengths_q=(33, 0, 70), lengths_k=(70, 5, 33), causal=True, dout_layout=layout,
+                             name=f"dout-{layout}"))
     for block in tile_sizes(head_dim, DTYPES[dtype]):
         lens = tail_lengths(block)
         cases.append(replace(base, lengths_q=lens, lengths_k=lens, name=f"tails-{block}"))

@@ -5,7 +5,8 @@ tail, one giant among many tiny, all equal, powers of two, lengths at k*BLOCK-1 
 for every tile size the kernels use (read from their configs), empty sequences anywhere (runs, all
 empty, B = 0), length 1. On top: cross attention (Lq != Lk both ways), causal with Lq > Lk (fully
 masked rows), broadcast-Q, value recipes (normal, saturated Q, near ties, equal keys, one dominant
-key, subnormal), strided views, head dims, dtypes, explicit softmax scales, int32/int64 offsets.
+key, subnormal), strided views, the gradient layouts training loops produce (expanded, transposed,
+sliced, from ``.sum()``), head dims, dtypes, explicit softmax scales, int32/int64 offsets.
 
 Every draw shrinks towards the simplest problem (few short sequences, bf16, D=32, normal values), so a
 failure ends as a small, readable case. ``max_tokens`` bounds the size per side: small for the CPU
@@ -18,7 +19,7 @@ import math
 from hypothesis import strategies as st
 
 from jfa.kernels.triton.configs import tile_sizes
-from jfa.fuzz.cases import DTYPES, VALUE_RECIPES, Case
+from jfa.fuzz.cases import DOUT_LAYOUTS, DTYPES, VALUE_RECIPES, Case
 
 CPU_MAX_TOKENS = 640
 GPU_MAX_TOKENS = 24_000
@@ -108,6 +109,7 @@ def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 
         q_scale=draw(st.sampled_from([1.0, 1.0, 1.0, 20.0])),
         values=draw(st.sampled_from(VALUE_RECIPES)),
         strided=draw(st.booleans()),
+        dout_layout=draw(st.sampled_from(DOUT_LAYOUTS)),
         offsets_dtype=draw(st.sampled_from(["int32", "int64"])),
         seed=draw(st.integers(0, 2 ** 16)),
     )

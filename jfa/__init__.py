@@ -1,9 +1,12 @@
 """jfa: Jagged FlashAttention over packed variable-length batches, and the harness that proves it right.
 
-``jfa.jagged_attention`` is the op (DESIGN.md section 3); ``jfa.oracle`` the float64 NumPy oracle;
-``jfa.reference`` the PyTorch reference. Importing jfa touches no GPU.
+``jfa.jagged_attention`` is the op (its docstring is the contract); ``jfa.which_kernels`` says which
+kernels a call runs; ``jfa.knobs`` holds every setting. The harness (``jfa.oracle``, ``jfa.reference``,
+``jfa.fuzz``, ``jfa.bench``) is imported on its own. Importing jfa touches no GPU and does not import
+Triton.
 """
-from jfa.api import KernelChoice, jagged_attention, which_kernels
+from jfa import knobs
+from jfa.api import KernelChoice, jagged_attention, recording_dispatch, which_kernels
 
 __version__ = "0.1.0"
-__all__ = ["jagged_attention", "which_kernels", "KernelChoice", "__version__"]
+__all__ = ["jagged_attention", "which_kernels", "KernelChoice", "recording_dispatch", "knobs", "__version__"]

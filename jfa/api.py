@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -112,12 +112,21 @@ def _read_offsets(name: str, cu: torch.Tensor, total: int) -> int:
     return int(lengths.max()) if lengths.numel() else 0
 
 
+_GRAPH_BREAK_REASON = ("jfa.jagged_attention checks the offset values with a device read (a graph break); for "
+                       "fullgraph=True pass both max_seqlen_q and max_seqlen_k (max_seqlen_k with broadcast_q) and "
+                       "set JFA_TRUST_OFFSETS=1 (jfa.knobs.trust_offsets), which skips that read")
+
+
 def _untraced(fn):
-    """``fn``, run eagerly when torch.compile traces the caller (a graph break): host logic around a device
-    read, whose errors must stay the ones written (traced, Dynamo turned the offsets' ValueError into a
-    TypeError from formatting its message). Plain ``fn`` otherwise: ``torch.compiler.disable`` imports
-    Dynamo, which imports triton, and importing jfa must not (Triton's CPU interpreter is chosen then)."""
-    return torch.compiler.disable(fn) if torch.compiler.is_compiling() else fn
+    """``fn``, run eagerly when torch.compile traces the caller (a graph break, whose reason says how to
+    avoid it): host logic around a device read, whose errors must stay the ones written (traced, Dynamo
+    turns the offsets' ValueError into a TypeError from formatting its message). Plain ``fn`` otherwise:
+    ``torch.compiler.disable`` imports Dynamo, which imports triton, and importing jfa must not (Triton's
+    CPU interpreter is chosen then)."""
+    if not torch.compiler.is_compiling():
+        return fn
+    torch._dynamo.graph_break(msg=_GRAPH_BREAK_REASON)  # with fullgraph=True, the error names the fix
+    return torch.compiler.disable(fn)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -142,6 +151,9 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
             return "tlx"
         if device.type == "cpu" and interpreter_active():
             return "triton"
+        _log_fallback_once("jfa: running the PyTorch reference (%s)", f"no CUDA device and no Triton interpreter for "
+                           f"{device} tensors; set TRITON_INTERPRET=1 before triton is imported to run the portable "
+                           "kernel on CPU")
         return "torch"
     return backend
 
@@ -212,6 +224,8 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     _check_hint("max_seqlen_q", max_seqlen_q)
     _check_hint("max_seqlen_k", max_seqlen_k)
 
+    if cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_k: required (the [B+1] key offsets), unless q, k, v are jagged NestedTensors")
     _check_offsets_meta("cu_seqlens_k", cu_seqlens_k, q.device)
     num_seqs = cu_seqlens_k.numel() - 1
     if broadcast_q:
@@ -242,10 +256,23 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved, q, k, v)
 
 
-def which_kernels(q, k, v, *, backend: str = "auto") -> KernelChoice:
+def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str = "auto") -> KernelChoice:
     """Which kernels ``jagged_attention(q, k, v, ..., backend=backend)`` runs, and why (dispatch made
     visible: a call the TLX kernel cannot take runs the portable kernel). Checks only the tensors and
-    the backend; raises as the op would for an explicit backend that cannot run."""
+    the backend; runs nothing.
+
+    Args:
+        q, k, v: the tensors a call would get (packed; jagged NestedTensors give their values).
+        backend: as for ``jagged_attention``.
+
+    Returns:
+        A :class:`KernelChoice`: the forward and backward kernels and the reason either is not TLX.
+
+    Raises:
+        TypeError, ValueError: as the op would for these tensors, or for an explicit backend that cannot
+            run here.
+    """
+    q, k, v = (t.values() if getattr(t, "is_nested", False) else t for t in (q, k, v))
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     resolved = _resolve_backend(backend, q.device)
@@ -488,25 +515,108 @@ def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) 
 # ----------------------------------------------------------------------------------------------------
 # the public entry point
 # ----------------------------------------------------------------------------------------------------
-def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
-                     causal=False, softmax_scale=None, broadcast_q=False, deterministic=False,
-                     precision="auto", backend="auto", return_lse=False):
-    """Attention over packed variable-length sequences (see DESIGN.md section 3 for every rule).
+def _ragged_dims(t) -> list:
+    """The dims of a jagged NestedTensor whose size varies per sequence."""
+    return [i for i, size in enumerate(t.shape) if not isinstance(size, int)]
 
-    ``q``: [total_q, H, D] (or [Lq, H, D] with ``broadcast_q``); ``k``, ``v``: [total_k, H, D];
-    ``cu_seqlens_*``: [B+1] int32/int64 offsets. Returns ``out`` ([total_q or B*Lq, H, D], q's dtype),
-    or ``(out, lse)`` with ``return_lse`` (lse float32, natural log, -inf for rows that see no key).
-    Differentiable in q, k, v. The portable backward is bitwise reproducible (no atomics); the TLX
-    backward is too unless its fused dQ reduction runs (TMA reduce-adds, order varies: the default), which
-    ``deterministic=True`` switches off (dQ then comes from the portable dQ pass).
 
-    ``backend="auto"`` runs the TLX Hopper forward on sm_90 for bf16/fp16 with head dim 64 or 128 (and
-    TMA-compatible strides), the portable Triton kernel otherwise; ``jfa.which_kernels`` says which and
-    why, and the logger "jfa" reports each distinct fallback once (INFO). After the TLX forward the
-    backward runs the TLX dK/dV kernel (head dims 64 and 128) after one pre-pass for the row statistics,
-    with dQ reduced inside it (head dim 64: by its producer warpgroup; 128: by its consumers, one
-    head-dim half each) unless ``deterministic``, which takes the portable dQ pass.
+def _unpack_nested(q, k, v, cu_seqlens_q, cu_seqlens_k, broadcast_q: bool):
+    """(q, k, v, cu_q, cu_k, wrap) for jagged NestedTensor inputs: their packed values and offsets, and
+    ``wrap(out)`` turning the packed output back into a NestedTensor with q's offsets (k's for a
+    broadcast Q, whose q stays dense). Plain tensors pass through with ``wrap`` the identity."""
+    nested = {name: t for name, t in (("q", q), ("k", k), ("v", v)) if getattr(t, "is_nested", False)}
+    if not nested:
+        return q, k, v, cu_seqlens_q, cu_seqlens_k, None
+    expected = {"k", "v"} if broadcast_q else {"q", "k", "v"}
+    if set(nested) != expected:
+        raise TypeError(f"{', '.join(sorted(expected))}: pass all of them as jagged NestedTensors or none "
+                        f"(got NestedTensors for {', '.join(sorted(nested))}"
+                        f"{'; with broadcast_q, q is one dense [Lq, H, D] tensor' if broadcast_q else ''})")
+    for name, t in nested.items():
+        if t.layout != torch.jagged:
+            raise TypeError(f"{name}: a NestedTensor must have layout=torch.jagged (got {t.layout}); build it with "
+                            "torch.nested.nested_tensor(..., layout=torch.jagged)")
+        if t.dim() != 4 or _ragged_dims(t) != [1]:
+            raise ValueError(f"{name}: a jagged NestedTensor must be [B, seq, H, D] with the sequence dim ragged, "
+                             f"got shape {tuple(t.shape)} (an SDPA-style [B, H, seq, D] one: .transpose(1, 2))")
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: must be None with NestedTensor inputs (their offsets are used)")
+    if nested["k"].offsets() is not nested["v"].offsets() and not torch.equal(nested["k"].offsets(),
+                                                                             nested["v"].offsets()):
+        raise ValueError("k, v: jagged NestedTensors with different offsets (every key needs its value)")
+    cu_k = nested["k"].offsets()
+    cu_q = None if broadcast_q else nested["q"].offsets()
+    qv = q if broadcast_q else q.values()
+    # output rows: q's offsets, or b * Lq for a broadcast Q
+    out_offsets = torch.arange(cu_k.numel(), device=cu_k.device, dtype=cu_k.dtype) * q.shape[0] if broadcast_q else cu_q
+
+    def wrap(out):
+        return torch.nested.nested_tensor_from_jagged(out, out_offsets)
+
+    return qv, k.values(), v.values(), cu_q, cu_k, wrap
+
+
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    broadcast_q: bool = False,
+    deterministic: bool = False,
+    precision: str = "auto",
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Attention over packed variable-length sequences, differentiable in q, k and v.
+
+    Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``; lengths may be 0. Causal masks are bottom-right aligned:
+    query i of a sequence with lengths (Lq, Lk) sees keys j <= i + Lk - Lq (FlashAttention >= 2.1). A
+    row that sees no key gives out = 0, lse = -inf and zero gradients.
+
+    Args:
+        q: ``[total_q, H, D]`` (with ``broadcast_q``: ``[Lq, H, D]``, shared by every sequence), fp16,
+            bf16 or fp32; strided views (e.g. slices of a fused ``[T, 3, H, D]`` projection) are fine. Or a
+            jagged NestedTensor ``[B, seq, H, D]`` (``layout=torch.jagged``), with k and v too: the offsets
+            are taken from them and the output is a NestedTensor.
+        k, v: ``[total_k, H, D]``, q's dtype and device.
+        cu_seqlens_q: ``[B + 1]`` int32/int64 offsets of q (first 0, non-decreasing, last = total_q);
+            None with ``broadcast_q`` or NestedTensor inputs.
+        cu_seqlens_k: ``[B + 1]`` offsets of k and v; None with NestedTensor inputs.
+        max_seqlen_q, max_seqlen_k: optional hints of the longest sequence (an error if smaller than it);
+            with both (``max_seqlen_k`` alone for a broadcast Q) and ``JFA_TRUST_OFFSETS=1``
+            (``jfa.knobs.trust_offsets``) the offsets are not read back to the host: CUDA-graph capture
+            and ``torch.compile(fullgraph=True)``.
+        causal: bottom-right aligned causal mask.
+        softmax_scale: the scale of q.k (default ``1 / sqrt(D)``).
+        broadcast_q: q is one dense sequence shared by all B sequences of k/v; out is ``[B * Lq, H, D]``
+            (row ``b * Lq + i``) and dq sums over b.
+        deterministic: bitwise reproducible gradients (the TLX backward then takes dQ from the portable
+            pass instead of its fused reduce-adds).
+        precision: "auto" (compute in the input dtype, fp32 accumulation).
+        backend: "auto" (the TLX Hopper kernels where they apply on an sm_90 GPU, the portable Triton
+            kernel elsewhere, Triton's interpreter for CPU tensors), "tlx", "triton" or "torch" (the
+            reference). ``jfa.which_kernels`` says which kernel a call gets and why.
+        return_lse: also return the log-sum-exp of each row's scores.
+
+    Returns:
+        ``out`` ``[total_q, H, D]`` (``[B * Lq, H, D]`` with ``broadcast_q``) in q's dtype, or
+        ``(out, lse)`` with ``return_lse``: lse ``[total_q, H]`` float32, natural log (FA2/FA3's varlen
+        ``softmax_lse`` is ``[H, total_q]``: ``lse.t()``), -inf for rows that see no key.
+
+    Raises:
+        TypeError: an argument of the wrong kind (not a tensor, a dtype outside fp16/bf16/fp32, offsets
+            that are not int32/int64, a non-bool flag).
+        ValueError: a broken rule (shapes, devices, offset values, a hint below the longest sequence, a
+            backend that cannot run here); nothing is computed then.
     """
+    q, k, v, cu_seqlens_q, cu_seqlens_k, wrap = _unpack_nested(q, k, v, cu_seqlens_q, cu_seqlens_k, broadcast_q)
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
                        precision=precision, backend=backend, return_lse=return_lse)
@@ -520,4 +630,6 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     else:
         out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
                               problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)
+    if wrap is not None:
+        out = wrap(out)
     return (out, lse) if return_lse else out

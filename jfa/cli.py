@@ -1,5 +1,8 @@
-"""``jfa`` command line: ``gate`` (pre-merge correctness gate), ``fuzz`` (time-budgeted fuzzing),
-``repro`` (replay a case file), ``compile-check`` (offline sm_90a build gate), ``bench``, ``info``."""
+"""The jfa command line: gate (the pre-merge correctness gate), fuzz (time-budgeted fuzzing), repro
+(replay a case file), compile-check (the offline sm_90a build gate), bench, info.
+
+Exit codes, every command: 0 when the work ran and passed, 1 when a check failed, 2 for a usage error
+or when nothing ran (one line on stderr)."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +46,9 @@ def _run_suite(device: str, out_dir: Path, workers: str) -> tuple[int, Path, flo
     start = time.time()
     rc = subprocess.call(cmd, env=env, cwd=_repo_tests().parent)
     return rc, junit, time.time() - start
+
+
+PYTEST_NO_TESTS = 5  # pytest's exit code when it collected nothing
 
 
 def _mutation_rows(device: str, junit: Path) -> list:
@@ -128,10 +134,14 @@ def cmd_gate(args) -> int:
         killed = sum(1 for r in mutant_rows if "SURVIVED" not in r[2:] and "skipped" not in r[2:])
         print(f"\nmutation check: {killed}/{len(mutant_rows)} mutants killed by both the catalogue and the ci fuzzer")
         text3 = _print_table(["device", "mutant", "catalogue kill", "ci fuzzer kill"], mutant_rows)
-    verdict = "FAILED" if failed else "PASSED"
+    nothing_ran = all(r["exit_code"] == PYTEST_NO_TESTS for r in results)
+    verdict = "NOTHING RAN" if nothing_ran else ("FAILED" if failed else "PASSED")
     print(f"\ngate {verdict}")
     (out_dir / "summary.md").write_text(f"# jfa gate: {verdict}\n\n```\n{text}\n\n{text2}\n\n{text3}\n```\n")
     (out_dir / "summary.json").write_text(json.dumps(results, indent=2))
+    if nothing_ran:
+        print("jfa gate: pytest collected no test", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 
@@ -160,10 +170,12 @@ def cmd_bench(args, rest) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="jfa", description=__doc__)
+    parser = argparse.ArgumentParser(prog="jfa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    gate = sub.add_parser("gate", help="pre-merge correctness gate: the suite on the interpreter, and the GPU if visible")
-    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    gate = sub.add_parser("gate", help="pre-merge correctness gate: the suite on the interpreter, and the GPU if visible",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                      help="auto: the CPU suite, then the GPU suite when a GPU is visible")
     gate.add_argument("--out", default="gate-out", help="directory for JUnit XML and summaries")
     gate.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' = in process)")
     sub.add_parser("info", help="versions, devices, interpreter state")
@@ -172,6 +184,10 @@ def main(argv=None) -> int:
     sub.add_parser("repro", help="replay a case file (see jfa repro --help)", add_help=False)
     sub.add_parser("compile-check", help="offline sm_90a compile gate of the shipped kernels", add_help=False)
     args, rest = parser.parse_known_args(argv)
+    if args.command in ("gate", "info") and rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    if args.command == "gate" and args.workers not in ("auto",) and not args.workers.isdigit():
+        parser.error(f"--workers: expected 'auto' or a number, got {args.workers!r}")
     if args.command == "gate":
         return cmd_gate(args)
     if args.command == "info":

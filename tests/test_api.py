@@ -254,3 +254,76 @@ def test_the_ablation_switches_reach_the_launchers_through_the_knobs():
         assert forward.variant_from_knobs() == forward.Variant(schedule="dynamic", pingpong=False)
         assert backward.variant_from_knobs() == backward.BackwardVariant(persistent=False)
     assert forward.variant_from_knobs() == forward.SHIPPED and backward.variant_from_knobs() == backward.SHIPPED
+
+
+def _nested(lengths, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randn(n, 2, 16, generator=g) for n in lengths]
+    return torch.nested.nested_tensor(seqs, layout=torch.jagged, requires_grad=requires_grad)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_jagged_nested_tensors_in_give_a_nested_tensor_out_with_gradients(device):
+    q, k, v = (_nested((3, 0, 5), seed=s).to(device) for s in (1, 2, 3))
+    out = jfa.jagged_attention(q, k, v, causal=True)
+    assert out.is_nested and out.layout == torch.jagged and torch.equal(out.offsets().cpu(), q.offsets().cpu())
+    out.values().sum().backward()
+    packed = [t.values().detach().requires_grad_() for t in (q, k, v)]
+    ref = jfa.jagged_attention(*packed, q.offsets(), k.offsets(), causal=True)
+    ref.sum().backward()
+    assert torch.equal(out.values(), ref)
+    for nt, flat in zip((q, k, v), packed):
+        assert torch.equal(nt.grad.values(), flat.grad)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nested_tensor_mistakes_say_what_to_do():
+    q, k, v = _nested((3, 4)), _nested((3, 4)), _nested((3, 4))
+    with pytest.raises(ValueError, match=r"\.transpose\(1, 2\)"):
+        jfa.jagged_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    with pytest.raises(TypeError, match="all of them as jagged NestedTensors or none"):
+        jfa.jagged_attention(q, k.values(), v.values(), q.offsets(), q.offsets())
+    with pytest.raises(ValueError, match="must be None with NestedTensor inputs"):
+        jfa.jagged_attention(q, k, v, q.offsets(), q.offsets())
+    strided = torch.nested.nested_tensor([torch.randn(3, 2, 16), torch.randn(4, 2, 16)])
+    with pytest.raises(TypeError, match="layout=torch.jagged"):
+        jfa.jagged_attention(strided, strided, strided)
+
+
+def test_without_the_interpreter_a_cpu_call_says_it_runs_the_reference(monkeypatch, caplog):
+    import logging
+
+    from jfa import api
+
+    monkeypatch.setattr("jfa.kernels.triton.interpreter_active", lambda: False)
+    api._fallbacks_logged.clear()
+    with caplog.at_level(logging.INFO, logger="jfa"):
+        assert api._resolve_backend("auto", torch.device("cpu")) == "torch"
+        assert api._resolve_backend("auto", torch.device("cpu")) == "torch"
+    messages = [r.getMessage() for r in caplog.records if "PyTorch reference" in r.getMessage()]
+    assert len(messages) == 1 and "TRITON_INTERPRET=1" in messages[0]
+
+
+def test_fullgraph_without_trusted_offsets_names_the_fix(device):
+    inp = _inputs(device, "fp32")
+    torch._dynamo.reset()
+    call = torch.compile(lambda q, k, v: jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, backend="triton"),
+                         backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="JFA_TRUST_OFFSETS=1") as caught:
+        call(inp.q, inp.k, inp.v)
+    assert "max_seqlen_q and max_seqlen_k" in str(caught.value)
+
+
+def test_the_public_api_is_typed_and_documented():
+    import inspect
+    from pathlib import Path
+
+    assert (Path(jfa.__file__).parent / "py.typed").exists()
+    for fn in (jfa.jagged_attention, jfa.which_kernels):
+        sig = inspect.signature(fn)
+        assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), fn.__name__
+        assert sig.return_annotation is not inspect.Signature.empty
+        assert all(section in fn.__doc__ for section in ("Args:", "Returns:", "Raises:")), fn.__name__
+    documented = jfa.jagged_attention.__doc__
+    missing = [name for name in inspect.signature(jfa.jagged_attention).parameters if name not in documented]
+    assert not missing, missing

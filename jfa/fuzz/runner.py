@@ -44,12 +44,13 @@ def case_record(case, report=None, *, backend="auto", device="cpu", note="") -> 
 
 
 def load_case(path):
-    """The :class:`jfa.fuzz.cases.Case` stored in a case file."""
+    """The :class:`jfa.fuzz.cases.Case` stored in a case file, and the whole record. Raises
+    FileNotFoundError, json.JSONDecodeError, or ValueError/KeyError/TypeError for what is no case file."""
     from jfa.fuzz.cases import Case
 
     record = json.loads(Path(path).read_text())
-    if record.get("format") != CASE_FORMAT:
-        raise ValueError(f"{path}: unknown case format {record.get('format')!r}")
+    if not isinstance(record, dict) or record.get("format") != CASE_FORMAT:
+        raise ValueError(f"{path}: unknown case format {record.get('format') if isinstance(record, dict) else record!r}")
     fields = dict(record["case"])
     for key in ("lengths_q", "lengths_k"):
         fields[key] = tuple(fields[key])
@@ -61,18 +62,67 @@ def case_filename(case) -> str:
     return f"case-{digest}.json"
 
 
+class UsageError(Exception):
+    """A command line that cannot run (exit 2, one line on stderr): a usage error, or nothing to run."""
+
+
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (nothing would run), got {text}")
+    return value
+
+
+def _device(requested: str) -> str:
+    """``requested`` ("auto", "cpu", "cuda") as the device this machine runs; UsageError for a missing GPU."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+BACKENDS = ("auto", "tlx", "triton", "torch")
+
+
 def cmd_repro(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="jfa repro", description="replay a case file against the oracle")
-    parser.add_argument("case_file")
-    parser.add_argument("--backend", default=None, help="default: the backend recorded in the file")
-    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if visible, else cpu")
+    """Replay one case file. Exit 0: it passes; 1: it fails the rule; 2: the file or the command line is
+    wrong (one line on stderr)."""
+    parser = _parser("jfa repro", "Replay one case file (written by jfa fuzz, or in tests/corpus/) against the oracle.")
+    parser.add_argument("case_file", help="a case file: DIR/failures/case-*.json or tests/corpus/*.json")
+    parser.add_argument("--backend", default=None, choices=BACKENDS, help="default: the backend the file records")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto: cuda if visible, else cpu")
     args = parser.parse_args(argv)
-    device = args.device or _default_device()
+    try:
+        device = _device(args.device)
+        try:
+            case, record = load_case(args.case_file)
+        except FileNotFoundError:
+            raise UsageError(f"no such case file: {args.case_file}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{args.case_file}: not a JSON case file ({exc})") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{args.case_file}: not a case file jfa can read ({exc})") from None
+        backend = args.backend or record.get("backend", "auto")
+        if backend not in BACKENDS:
+            raise UsageError(f"{args.case_file}: records backend {backend!r}, expected one of {BACKENDS}")
+    except UsageError as exc:
+        print(f"jfa repro: {exc}", file=sys.stderr)
+        return 2
     _prepare_process(device)
     from jfa.fuzz.rule import run_case
 
-    case, record = load_case(args.case_file)
-    backend = args.backend or record.get("backend", "auto")
     print(f"replaying {args.case_file} on {backend}/{device}: {case.id}")
     if record.get("verdicts"):
         worst = max(record["verdicts"], key=lambda v: v["error"] / v["allowed"] if v["allowed"] else float("inf"))
@@ -86,12 +136,6 @@ def cmd_repro(argv=None) -> int:
 # ----------------------------------------------------------------------------------------------------
 # one worker
 # ----------------------------------------------------------------------------------------------------
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _prepare_process(device: str) -> None:
     """The interpreter switch is process-wide and must precede triton's import."""
     if device == "cpu":
@@ -250,21 +294,30 @@ def _write_reports(out_dir: Path, stats: dict, meta: dict) -> None:
 
 
 def cmd_fuzz(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="jfa fuzz", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="auto", choices=("auto", "tlx", "triton", "torch"),
+    """Time-budgeted fuzzing. Exit 0: examples ran and none failed; 1: a failure was found (or a worker
+    crashed); 2: a usage error, or no example ran (one line on stderr)."""
+    parser = _parser("jfa fuzz", "Fuzz the kernels against the oracle for a time budget; shrunk failures become "
+                     "case files for jfa repro.")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto: the TLX forward where it applies on a Hopper GPU, the portable kernel elsewhere")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--out", default="fuzz-out")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto: cuda if visible, else the CPU interpreter")
+    parser.add_argument("--minutes", type=_positive_minutes, default=10.0, help="wall-clock budget (> 0)")
+    parser.add_argument("--out", default="fuzz-out", help="directory for logs, failures and reports")
     parser.add_argument("--workers", default="auto", help="'auto': one per GPU, or one per 2 CPU cores")
-    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per side (default by device)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per side (default: by device)")
     parser.add_argument("--round-examples", type=int, default=25, help="examples per hypothesis round")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed (default: random)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    device = _default_device() if args.device == "auto" else args.device
+    try:
+        device = _device(args.device)
+        if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
+            raise UsageError(f"--workers: expected 'auto' or a positive number, got {args.workers!r}")
+    except UsageError as exc:
+        print(f"jfa fuzz: {exc}", file=sys.stderr)
+        return 2
     from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 
     max_tokens = args.max_tokens or (CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS)
@@ -320,4 +373,9 @@ def cmd_fuzz(argv=None) -> int:
     _write_reports(out_dir, stats, meta)
     print((out_dir / "summary.md").read_text())
     crashed = any(c.returncode != 0 for i, c in enumerate(children) if i not in stopped)
-    return 1 if stats["failures"] or crashed else 0
+    if stats["failures"] or crashed:
+        return 1
+    if stats["examples"] == 0:
+        print(f"jfa fuzz: no example ran in {seconds:.0f} s ({workers} worker(s)): nothing was checked", file=sys.stderr)
+        return 2
+    return 0

@@ -39,6 +39,7 @@ class Problem:
     num_seqs: int
     len_q_bcast: int  # Lq of a broadcast Q, else 0
     softmax_scale: float
+    window: tuple  # (left, right) as the call gave it, -1 unbounded (causal: right 0)
     backend: str  # resolved: "tlx", "triton" or "torch"
     q: torch.Tensor  # q, k, v as the kernels take them: head dim contiguous (copied only if it was not)
     k: torch.Tensor
@@ -175,12 +176,12 @@ def _log_fallback_once(message: str, reason: str) -> None:
         log.info(message, reason)
 
 
-def _tlx_or_portable(backend: str, q, k, v) -> tuple[str, str]:
+def _tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
     """("tlx" or "triton", why not TLX). An explicit backend='tlx' the kernel cannot run raises; 'auto'
     falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
     from jfa.kernels.tlx.hopper.forward import supports
 
-    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
+    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v, window=window)
     if ok:
         return "tlx", ""
     if backend == "tlx":
@@ -190,8 +191,22 @@ def _tlx_or_portable(backend: str, q, k, v) -> tuple[str, str]:
     return "triton", reason
 
 
+def _check_window(window_size, causal: bool) -> tuple:
+    """The window as (left, right) ints >= -1 (causal: right 0); TypeError/ValueError naming the rule."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(x, bool) or not isinstance(x, int) for x in window_size):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: each side must be >= 0, or -1 for unbounded, got {tuple(window_size)}")
+    if causal and right not in (-1, 0):
+        raise ValueError(f"window_size: with causal=True the right side is 0 (no key past the diagonal); got "
+                         f"right={right}: pass (left, 0) or (left, -1), or causal=False for a two-sided window")
+    return left, 0 if causal else right
+
+
 def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale,
-             broadcast_q, deterministic, precision, backend, return_lse) -> Problem:
+             broadcast_q, deterministic, precision, backend, return_lse, window_size=(-1, -1)) -> Problem:
     """Check every argument against the contract; returns what the launchers need. Runs no kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
@@ -205,8 +220,9 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         raise ValueError(f"q, k, v: must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"k, v: shapes must match, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(f"q, k: head counts must match, got {q.shape[1]} and {k.shape[1]}")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q, k: q's heads must be a multiple of k's (grouped-query attention: H_q % H_kv == 0), "
+                         f"got {q.shape[1]} and {k.shape[1]}")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q, k: head dims must match, got {q.shape[2]} and {k.shape[2]}")
     if q.shape[1] < 1:
@@ -221,6 +237,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
             raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
+    window = _check_window(window_size, causal)
     _check_hint("max_seqlen_q", max_seqlen_q)
     _check_hint("max_seqlen_k", max_seqlen_k)
 
@@ -251,19 +268,20 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     if resolved != "torch":  # every check passed: the one copy a kernel may need, made once
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     if resolved == "tlx":
-        resolved, _ = _tlx_or_portable(backend, q, k, v)
+        resolved, _ = _tlx_or_portable(backend, q, k, v, window)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, resolved, q, k, v)
+    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, window, resolved, q, k, v)
 
 
-def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str = "auto") -> KernelChoice:
+def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str = "auto",
+                  window_size: tuple[int, int] = (-1, -1)) -> KernelChoice:
     """Which kernels ``jagged_attention(q, k, v, ..., backend=backend)`` runs, and why (dispatch made
     visible: a call the TLX kernel cannot take runs the portable kernel). Checks only the tensors and
     the backend; runs nothing.
 
     Args:
         q, k, v: the tensors a call would get (packed; jagged NestedTensors give their values).
-        backend: as for ``jagged_attention``.
+        backend, window_size: as for ``jagged_attention``.
 
     Returns:
         A :class:`KernelChoice`: the forward and backward kernels and the reason either is not TLX.
@@ -282,7 +300,7 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
               "no CUDA device and no Triton interpreter: the PyTorch reference path"}.get(resolved, "")
     if resolved == "tlx":
         resolved, reason = _tlx_or_portable(backend, _last_dim_contiguous(q), _last_dim_contiguous(k),
-                                            _last_dim_contiguous(v))
+                                            _last_dim_contiguous(v), _check_window(window_size, False))
     forward = {"tlx": "tlx-hopper"}.get(resolved, resolved)
     backward = "torch" if resolved == "torch" else "triton"
     if resolved == "tlx":
@@ -353,12 +371,13 @@ def _record(pass_: str, backend: str, device: torch.device) -> None:
         log.append((pass_, KERNEL_NAMES[backend], where))
 
 
-def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast):
+def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+                 window_left, window_right):
     """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
     backward can follow any forward."""
     launch = _launcher(*_FORWARD_LAUNCHERS[backend])
     result = launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                    num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+                    num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=(window_left, window_right))
     _record("forward", backend, q.device)
     return result
 
@@ -378,7 +397,7 @@ def _tlx_backward_launcher(q, k, v, dout):
 
 
 def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
-                  num_seqs, len_q_bcast, deterministic):
+                  num_seqs, len_q_bcast, window_left, window_right, deterministic):
     """(dq, dk, dv) after ``backend``'s forward. The kernel is chosen here, on the real tensors: under
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
     formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
@@ -386,25 +405,27 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     chosen, launch = choose(q, k, v, dout)
     grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
-                   deterministic=deterministic)
+                   deterministic=deterministic, window=(window_left, window_right))
     _record("backward", chosen, q.device)
     return grads
 
 
-def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
+def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left,
+                  window_right, deterministic):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic = inputs
+    (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left, window_right,
+     deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
+    ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left, window_right, deterministic)
 
 
-_NO_GRADS = (None,) * 8  # for the forward's non-tensor inputs, cu_q .. deterministic
+_NO_GRADS = (None,) * 10  # for the forward's non-tensor inputs, cu_q .. deterministic
 
 
 def _grad_inputs(ctx, dout):
@@ -422,13 +443,14 @@ def _backward_op(backend: str):
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
            dout: torch.Tensor, dlse: Optional[torch.Tensor], cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
            causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
+           window_left: int, window_right: int,
            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale,
-                             broadcast_q, num_seqs, len_q_bcast, deterministic)
+                             broadcast_q, num_seqs, len_q_bcast, window_left, window_right, deterministic)
 
     @op.register_fake
     def _(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-          deterministic):
+          window_left, window_right, deterministic):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     return op
@@ -441,9 +463,10 @@ def _forward_op(backend: str, backward_op):
     @torch.library.custom_op(f"jfa::{backend}_forward", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
            causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+           window_left: int, window_right: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         # (deterministic: for the backward)
-        return _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast)
+        return _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+                            window_left, window_right)
 
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
@@ -471,11 +494,11 @@ class _EagerAttention(torch.autograd.Function):
     # Function.apply, and torch.func transforms cannot run the Triton kernels anyway)
     @staticmethod
     def forward(ctx, backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                deterministic):
+                window_left, window_right, deterministic):
         out, lse = _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs,
-                                len_q_bcast)
+                                len_q_bcast, window_left, window_right)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                             deterministic), (out, lse))
+                             window_left, window_right, deterministic), (out, lse))
         ctx.backend = backend
         # an unused output's grad stays None (no zeros made): delta - dlse is then delta itself
         ctx.set_materialize_grads(False)
@@ -495,9 +518,10 @@ def _traced(*tensors) -> bool:
 
 
 def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-               deterministic):
+               window_left, window_right, deterministic):
     """(out, lse) of ``backend``'s kernels ("triton" or "tlx"), differentiable in q, k, v."""
-    args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
+    args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left,
+            window_right, deterministic)
     if _traced(q, k, v):
         return _FORWARD_OPS[backend](*args)
     return _EagerAttention.apply(backend, *args)
@@ -566,6 +590,7 @@ def jagged_attention(
     max_seqlen_k: Optional[int] = None,
     *,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
     softmax_scale: Optional[float] = None,
     broadcast_q: bool = False,
     deterministic: bool = False,
@@ -585,7 +610,9 @@ def jagged_attention(
             bf16 or fp32; strided views (e.g. slices of a fused ``[T, 3, H, D]`` projection) are fine. Or a
             jagged NestedTensor ``[B, seq, H, D]`` (``layout=torch.jagged``), with k and v too: the offsets
             are taken from them and the output is a NestedTensor.
-        k, v: ``[total_k, H, D]``, q's dtype and device.
+        k, v: ``[total_k, H_kv, D]``, q's dtype and device; ``H_kv`` divides q's heads H (grouped-query
+            attention: query head h reads key/value head ``h // (H / H_kv)``; ``H_kv = 1`` is MQA), and dk, dv
+            sum over each key/value head's query heads.
         cu_seqlens_q: ``[B + 1]`` int32/int64 offsets of q (first 0, non-decreasing, last = total_q);
             None with ``broadcast_q`` or NestedTensor inputs.
         cu_seqlens_k: ``[B + 1]`` offsets of k and v; None with NestedTensor inputs.
@@ -594,6 +621,8 @@ def jagged_attention(
             (``jfa.knobs.trust_offsets``) the offsets are not read back to the host: CUDA-graph capture
             and ``torch.compile(fullgraph=True)``.
         causal: bottom-right aligned causal mask.
+        window_size: ``(left, right)`` sliding window (FlashAttention's convention; -1: unbounded): query i
+            sees keys ``i + Lk - Lq - left <= j <= i + Lk - Lq + right``; with ``causal`` right must be 0 or -1.
         softmax_scale: the scale of q.k (default ``1 / sqrt(D)``).
         broadcast_q: q is one dense sequence shared by all B sequences of k/v; out is ``[B * Lq, H, D]``
             (row ``b * Lq + i``) and dq sums over b.
@@ -619,17 +648,19 @@ def jagged_attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, wrap = _unpack_nested(q, k, v, cu_seqlens_q, cu_seqlens_k, broadcast_q)
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
-                       precision=precision, backend=backend, return_lse=return_lse)
+                       precision=precision, backend=backend, return_lse=return_lse, window_size=window_size)
     if problem.backend == "torch":
         from jfa.reference import attention_reference
 
         out, lse = attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                                       softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q)
+                                       softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q,
+                                       window=problem.window)
         lse = lse.to(torch.float32)
         _record("forward", "torch", q.device)
     else:
         out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
-                              problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast, deterministic)
+                              problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast,
+                              *problem.window, deterministic)
     if wrap is not None:
         out = wrap(out)
     return (out, lse) if return_lse else out

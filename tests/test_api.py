@@ -68,7 +68,7 @@ def test_custom_op_registration_passes_opcheck(device):
     from jfa.api import _triton_forward
 
     inp = _inputs(device, "fp32")
-    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0, False)
+    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0, 8, -1, False)
     torch.library.opcheck(_triton_forward, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
 
@@ -81,7 +81,7 @@ def test_backward_op_registration_passes_opcheck(device):
     out, lse = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, backend="triton", return_lse=True)
     for dlse in (None, torch.randn_like(lse)):
         args = (inp.q, inp.k, inp.v, out, lse, inp.dout.to(out.dtype), dlse, inp.cu_q, inp.cu_k, False, 0.2, False,
-                3, 0, True)
+                3, 0, 8, -1, True)
         torch.library.opcheck(_triton_backward, args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -171,7 +171,7 @@ def test_the_tlx_ops_autograd_traces_under_torch_compile(monkeypatch, device):
     inp = make_inputs(Case((5, 0, 70), (9, 3, 64), heads=2, head_dim=64, dtype="fp32"), device)
 
     def step(q, k, v):  # compiled: the custom ops; eager: their autograd.Function twin (both: the stand-ins)
-        return api._attention("tlx", q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, False)[0]
+        return api._attention("tlx", q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, -1, -1, False)[0]
 
     compiled, eager = _compiled_and_eager(inp, step, fullgraph=True)
     for a, b in zip(compiled, eager):

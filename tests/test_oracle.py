@@ -22,6 +22,8 @@ class Case:
     bcast_lq: Optional[int] = None     # broadcast_q: shared Lq
     H: int = 2
     D: int = 3
+    Hk: Optional[int] = None           # key/value heads (None: H); H % Hk == 0 is grouped-query attention
+    window: tuple = (-1, -1)           # (left, right), -1 unbounded
 
 
 FWD_CASES = {
@@ -40,6 +42,13 @@ FWD_CASES = {
     "explicit-scale": Case([3, 2], [4, 2], causal=True, scale=0.37),
     "broadcast-q": Case(None, [2, 0, 4, 3], bcast_lq=3),
     "broadcast-q-causal": Case(None, [2, 0, 4, 3], causal=True, bcast_lq=3),
+    "gqa": Case([3, 5, 2], [4, 5, 2], H=4, Hk=2),
+    "mqa-causal": Case([3, 5], [4, 6], H=3, Hk=1, causal=True),
+    "window-left": Case([6, 4], [6, 7], window=(2, -1)),
+    "window-both": Case([6, 4], [5, 7], window=(1, 2)),
+    "window-causal-left": Case([6, 7], [6, 5], causal=True, window=(2, -1)),
+    "window-right-only-masked-rows": Case([6, 4], [2, 3], window=(-1, 0)),
+    "gqa-window-broadcast-q": Case(None, [3, 0, 6], H=4, Hk=2, window=(1, 1), bcast_lq=4),
 }
 
 
@@ -56,16 +65,19 @@ def make_inputs(c: Case, seed: int = 0):
     else:
         cu_q = _offsets(c.lens_q)
         tq = int(cu_q[-1])
+    hk = c.Hk or c.H
     q = rng.standard_normal((tq, c.H, c.D))
-    k = rng.standard_normal((int(cu_k[-1]), c.H, c.D))
-    v = rng.standard_normal((int(cu_k[-1]), c.H, c.D))
-    kw = dict(causal=c.causal, softmax_scale=c.scale, broadcast_q=c.bcast_lq is not None)
+    k = rng.standard_normal((int(cu_k[-1]), hk, c.D))
+    v = rng.standard_normal((int(cu_k[-1]), hk, c.D))
+    kw = dict(causal=c.causal, softmax_scale=c.scale, broadcast_q=c.bcast_lq is not None, window=c.window)
     return q, k, v, cu_q, cu_k, kw
 
 
-def direct_attention(q, k, v, cu_q, cu_k, causal, scale, bcast_lq):
+def direct_attention(q, k, v, cu_q, cu_k, causal, scale, bcast_lq, window=(-1, -1)):
     """Independent scalar implementation: explicit loops over sequences, rows, heads, keys."""
     H, D = q.shape[1], q.shape[2]
+    group = H // k.shape[1]
+    left, right = window[0], 0 if causal else window[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     B = len(cu_k) - 1
     rows_out = B * bcast_lq if bcast_lq is not None else int(cu_q[-1])
@@ -79,16 +91,17 @@ def direct_attention(q, k, v, cu_q, cu_k, causal, scale, bcast_lq):
             o_start = q_start
         k_start, lk = int(cu_k[b]), int(cu_k[b + 1] - cu_k[b])
         for i in range(lq):
-            keys = [j for j in range(lk) if not causal or j <= i + lk - lq]
+            keys = [j for j in range(lk) if (right < 0 or j <= i + lk - lq + right) and
+                    (left < 0 or j >= i + lk - lq - left)]
             for h in range(H):
                 if not keys:
                     continue
-                s = [scale * sum(q[q_start + i, h, d] * k[k_start + j, h, d] for d in range(D)) for j in keys]
+                s = [scale * sum(q[q_start + i, h, d] * k[k_start + j, h // group, d] for d in range(D)) for j in keys]
                 m = max(s)
                 w = [math.exp(x - m) for x in s]
                 z = sum(w)
                 for d in range(D):
-                    out[o_start + i, h, d] = sum(wj * v[k_start + j, h, d] for wj, j in zip(w, keys)) / z
+                    out[o_start + i, h, d] = sum(wj * v[k_start + j, h // group, d] for wj, j in zip(w, keys)) / z
                 lse[o_start + i, h] = m + math.log(z)
     return out, lse
 
@@ -98,7 +111,7 @@ def test_forward_matches_direct_softmax(name):
     c = FWD_CASES[name]
     q, k, v, cu_q, cu_k, kw = make_inputs(c)
     out, lse = attention_forward(q, k, v, cu_q, cu_k, **kw)
-    ref_out, ref_lse = direct_attention(q, k, v, cu_q, cu_k, c.causal, c.scale, c.bcast_lq)
+    ref_out, ref_lse = direct_attention(q, k, v, cu_q, cu_k, c.causal, c.scale, c.bcast_lq, c.window)
     assert out.dtype == np.float64 and lse.dtype == np.float64
     assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
     np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
@@ -175,6 +188,9 @@ BWD_CASES = {
     "with-empty-sequence": Case([2, 0, 3, 2], [3, 2, 0, 2], causal=True),
     "broadcast-q": Case(None, [2, 0, 3], bcast_lq=3),
     "broadcast-q-causal": Case(None, [2, 0, 4], causal=True, bcast_lq=3),
+    "gqa-causal": Case([3, 2], [2, 4], H=4, Hk=2, causal=True),
+    "mqa-window": Case([4, 3], [5, 3], H=2, Hk=1, window=(1, 1)),
+    "window-causal-left-broadcast-q": Case(None, [3, 0, 4], causal=True, window=(1, -1), bcast_lq=3),
 }
 
 
@@ -254,3 +270,30 @@ def test_backward_magnitudes_bound_every_gradient():
     for grad, mag in zip(grads, mags):
         assert (mag >= np.abs(grad) - 1e-12).all() and (mag >= 0).all()
     assert (mags[2] > np.abs(grads[2]) + 1e-9).any()  # strictly larger where signs cancel
+
+
+def test_grouped_heads_equal_repeated_key_value_heads():
+    """GQA is MHA with each key/value head repeated for its query heads: forward equal, and dk/dv the
+    sum of the repeated heads' gradients."""
+    c = Case([3, 0, 4], [5, 2, 4], causal=True, H=6, Hk=2, window=(2, -1))
+    q, k, v, cu_q, cu_k, kw = make_inputs(c, seed=21)
+    out, lse = attention_forward(q, k, v, cu_q, cu_k, **kw)
+    rk, rv = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
+    out_r, lse_r = attention_forward(q, rk, rv, cu_q, cu_k, **kw)
+    np.testing.assert_allclose(out, out_r, rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(lse, lse_r)
+    dout = np.random.default_rng(2).standard_normal(out.shape)
+    dq, dk, dv = attention_backward(q, k, v, out, lse, dout, cu_q, cu_k, **kw)
+    dq_r, dk_r, dv_r = attention_backward(q, rk, rv, out, lse, dout, cu_q, cu_k, **kw)
+    np.testing.assert_allclose(dq, dq_r, rtol=0, atol=1e-13)
+    for got, repeated in ((dk, dk_r), (dv, dv_r)):
+        np.testing.assert_allclose(got, repeated.reshape(got.shape[0], 2, 3, -1).sum(2), rtol=0, atol=1e-13)
+
+
+def test_a_window_spanning_everything_is_full_attention():
+    c = Case([3, 5], [6, 4])
+    q, k, v, cu_q, cu_k, kw = make_inputs(c, seed=22)
+    full = attention_forward(q, k, v, cu_q, cu_k, **kw)
+    wide = attention_forward(q, k, v, cu_q, cu_k, **dict(kw, window=(8, 8)))
+    for a, b in zip(full, wide):
+        np.testing.assert_array_equal(a, b)

@@ -25,6 +25,8 @@ class Case:
     bcast_lq: Optional[int] = None
     H: int = 2
     D: int = 8
+    Hk: Optional[int] = None  # key/value heads (grouped-query attention); None: H
+    window: tuple = (-1, -1)
 
 
 CASES = {
@@ -45,6 +47,11 @@ CASES = {
     "broadcast-q": Case(None, [2, 0, 4, 3], bcast_lq=3),
     "broadcast-q-causal": Case(None, [2, 0, 4, 3], causal=True, bcast_lq=3),
     "broadcast-q-batch-zero": Case(None, [], bcast_lq=3),
+    "gqa-causal": Case([3, 5, 2], [4, 5, 2], causal=True, H=4, Hk=2),
+    "mqa": Case([3, 5], [4, 6], H=3, Hk=1),
+    "window-both": Case([6, 4], [5, 7], window=(1, 2)),
+    "window-causal-left-masked-rows": Case([6, 7], [2, 5], causal=True, window=(1, -1)),
+    "gqa-window-broadcast-q": Case(None, [3, 0, 6], H=4, Hk=2, window=(2, 0), bcast_lq=4),
 }
 
 
@@ -63,17 +70,18 @@ def make_inputs(c: Case, dtype=torch.float64, seed: int = 0, strided: bool = Fal
         cu_q = _offsets(list(c.lens_q))
         tq = int(cu_q[-1])
     tk = int(cu_k[-1])
+    hk = c.Hk or c.H
     if strided:
         fq = torch.randn(tq, 3, c.H, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
-        fkv = torch.randn(tk, 3, c.H, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+        fkv = torch.randn(tk, 3, hk, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
         q, k, v = fq[:, 0], fkv[:, 1], fkv[:, 2]
         leaves = (fq, fkv)
     else:
         q = torch.randn(tq, c.H, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
-        k = torch.randn(tk, c.H, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
-        v = torch.randn(tk, c.H, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+        k = torch.randn(tk, hk, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+        v = torch.randn(tk, hk, c.D, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
         leaves = (q, k, v)
-    kw = dict(causal=c.causal, softmax_scale=c.scale, broadcast_q=c.bcast_lq is not None)
+    kw = dict(causal=c.causal, softmax_scale=c.scale, broadcast_q=c.bcast_lq is not None, window=c.window)
     return q, k, v, cu_q, cu_k, kw, leaves
 
 

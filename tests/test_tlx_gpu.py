@@ -264,7 +264,7 @@ def test_a_training_step_under_torch_compile_runs_the_tlx_kernels(head_dim):
     assert jfa.which_kernels(q, k, v).backward == "tlx-hopper"
 
     def ops(q, k, v):
-        return api._attention("tlx", q, k, v, cu, cu, True, head_dim ** -0.5, False, num_seqs, 0, True)[0]
+        return api._attention("tlx", q, k, v, cu, cu, True, head_dim ** -0.5, False, num_seqs, 0, -1, -1, True)[0]
 
     def public(q, k, v):
         return jfa.jagged_attention(q, k, v, cu, cu, causal=True, deterministic=True)

@@ -23,11 +23,13 @@ class Case:
     lengths_q: tuple
     lengths_k: tuple
     heads: int = 2
+    kv_heads: Optional[int] = None  # key/value heads (a divisor of heads: grouped-query attention); None: heads
     head_dim: int = 32
     dtype: str = "bf16"
     causal: bool = False
     broadcast_q: bool = False
     softmax_scale: Optional[float] = None
+    window: tuple = (-1, -1)  # window_size=(left, right) of the call, -1 unbounded
     q_scale: float = 1.0  # multiplies Q: large values push the softmax to saturation
     values: str = "normal"  # a recipe of VALUE_RECIPES: how q, k, v are drawn
     strided: bool = False  # q/k/v are slices of one fused [T, 3, H, D] tensor
@@ -45,8 +47,8 @@ def describe(case: Case) -> str:
     def lens(xs):
         return ",".join(map(str, xs)) if len(xs) <= 6 else f"{len(xs)}seqs"
 
-    bits = [f"q[{lens(case.lengths_q)}]", f"k[{lens(case.lengths_k)}]", f"H{case.heads}", f"D{case.head_dim}",
-            case.dtype]
+    heads = f"H{case.heads}" + (f"kv{case.kv_heads}" if case.kv_heads not in (None, case.heads) else "")
+    bits = [f"q[{lens(case.lengths_q)}]", f"k[{lens(case.lengths_k)}]", heads, f"D{case.head_dim}", case.dtype]
     bits += [flag for flag, on in (("causal", case.causal), ("bcastq", case.broadcast_q),
                                    ("strided", case.strided)) if on]
     if case.q_scale != 1.0:
@@ -57,6 +59,8 @@ def describe(case: Case) -> str:
         bits.append(f"dout-{case.dout_layout}")
     if case.softmax_scale is not None:
         bits.append(f"scale{case.softmax_scale:g}")
+    if tuple(case.window) != (-1, -1):
+        bits.append(f"win{case.window[0]}_{case.window[1]}")
     return "-".join(bits)
 
 
@@ -139,6 +143,7 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
     total_q = case.lengths_q[0] if case.broadcast_q else int(sum(case.lengths_q))
     rows = num_seqs * case.lengths_q[0] if case.broadcast_q else total_q
     H, D = case.heads, case.head_dim
+    Hk = case.kv_heads or H
 
     def randn(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float32)
@@ -146,10 +151,11 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
     width = max(total_q, total_k)
     q, k, v = _values(case.values, randn, width, H, D, dtype)
     q[:total_q] *= case.q_scale
+    k, v = k[:, :Hk], v[:, :Hk]
     if case.strided:
-        # q, k, v as views into one fused projection [T, 3, H, D] (token stride 3*H*D)
-        fused = torch.stack([q, k, v], dim=1).to(dtype).to(device)
-        q, k, v = fused[:total_q, 0], fused[:total_k, 1], fused[:total_k, 2]
+        # q, k, v as views into one fused projection [T, H + 2 * Hk, D] (token stride (H + 2 Hk) * D)
+        fused = torch.cat([q, k, v], dim=1).to(dtype).to(device)
+        q, k, v = fused[:total_q, :H], fused[:total_k, H:H + Hk], fused[:total_k, H + Hk:]
     else:
         q, k, v = (t[:n].to(dtype).to(device) for t, n in ((q, total_q), (k, total_k), (v, total_k)))
     off_dtype = torch.int64 if case.offsets_dtype == "int64" else torch.int32

@@ -56,6 +56,18 @@ def structural_cases(dtype: str = "bf16", head_dim: int = 32) -> list:
                 name="bcastq-lq0-sum-grad"),
         replace(base, lengths_q=(0, 0, 0), lengths_k=(0, 0, 0), dout_layout="expanded", name="all-empty-expanded-grad"),
     ]
+    cases += [
+        replace(base, lengths_q=(33, 0, 70), lengths_k=(70, 5, 33), heads=4, kv_heads=2, causal=True, name="gqa-causal"),
+        replace(base, lengths_q=(33, 70), lengths_k=(129, 33), heads=3, kv_heads=1, name="mqa"),
+        replace(base, lengths_q=(70,), lengths_k=(3, 0, 130, 64), heads=4, kv_heads=2, broadcast_q=True,
+                name="gqa-bcastq"),
+        replace(base, lengths_q=(200, 64), lengths_k=(200, 100), window=(16, 16), name="window-both"),
+        replace(base, lengths_q=(200, 64), lengths_k=(200, 100), causal=True, window=(33, 0), name="window-causal"),
+        replace(base, lengths_q=(150, 90), lengths_k=(20, 200), window=(0, -1), name="window-left-only-masked-rows"),
+        replace(base, lengths_q=(150, 90), lengths_k=(200, 20), window=(-1, 5), name="window-right-only"),
+        replace(base, lengths_q=(130,), lengths_k=(1, 200, 0), heads=4, kv_heads=1, causal=True, window=(64, -1),
+                broadcast_q=True, name="mqa-window-bcastq-causal"),
+    ]
     for layout in DOUT_LAYOUTS[1:]:
         cases.append(replace(base, lengths_q=(33, 0, 70), lengths_k=(70, 5, 33), causal=True, dout_layout=layout,
                              name=f"dout-{layout}"))

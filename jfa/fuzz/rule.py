@@ -137,6 +137,8 @@ def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float
     one logit (an upper bound of |logit|; taken over all pairs, also under causal)."""
     peak = 0.0
     q, k = np.abs(q), np.abs(k)
+    if k.shape[1] != q.shape[1]:  # grouped heads: each key head serves its query heads
+        k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     for b in range(len(cu_k) - 1):
         ks = k[cu_k[b]:cu_k[b + 1]]
         qs = q if broadcast_q else q[cu_q[b]:cu_q[b + 1]]
@@ -172,8 +174,8 @@ class OutputJudge:
     benchmarks judge every implementation with it before timing."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q, cu_k, *, causal: bool,
-                 softmax_scale=None, broadcast_q: bool = False):
-        kwargs = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
+                 softmax_scale=None, broadcast_q: bool = False, window=(-1, -1)):
+        kwargs = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, window=window)
         cu_q_np = None if broadcast_q else _np(cu_q).astype(np.int64)
         cu_k_np = _np(cu_k).astype(np.int64)
         self.exact, _ = oracle.attention_forward(_np(q), _np(k), _np(v), cu_q_np, cu_k_np, **kwargs)
@@ -208,7 +210,8 @@ def cannot_run(case: Case, backend: str, device="cpu") -> str:
         return ""
     inp = make_inputs(case, device)
     try:
-        jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend)
+        jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend,
+                          window_size=(case.window[0], 0 if case.causal else case.window[1]))
     except ValueError as exc:
         return str(exc)
     return ""
@@ -221,12 +224,13 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
 
     inp = make_inputs(case, device)
     dtype = DTYPES[case.dtype]
-    kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q)
+    window = (case.window[0], 0 if case.causal else case.window[1])
+    kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q, window=window)
     q, k, v = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))  # keeps strides
     with poisoned_outputs(), recording_dispatch() as ran:
         out, lse = jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, causal=case.causal,
                                         softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q,
-                                        backend=backend, return_lse=True)
+                                        window_size=tuple(case.window), backend=backend, return_lse=True)
         if backward:
             torch.autograd.backward([out, lse], [inp.dout, inp.dlse])
 
@@ -236,7 +240,7 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
     report = Report(case, backend, kernel=_ran(ran, "forward"), ran=list(ran),
-                    dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend))
+                    dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend, window_size=window))
     if backward:  # (the reference's backward is autograd's own: no kernel dispatch to record)
         report.backward_kernel = "torch" if report.kernel == "torch" else _ran(ran, "backward")
     noise = _Floor(inp.q, inp.k, inp.v, inp.dout, cu_q_np, cu_k_np, case.softmax_scale, case.broadcast_q)

@@ -52,8 +52,9 @@ def load_case(path):
     if not isinstance(record, dict) or record.get("format") != CASE_FORMAT:
         raise ValueError(f"{path}: unknown case format {record.get('format') if isinstance(record, dict) else record!r}")
     fields = dict(record["case"])
-    for key in ("lengths_q", "lengths_k"):
-        fields[key] = tuple(fields[key])
+    for key in ("lengths_q", "lengths_k", "window"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
     return Case(**fields), record
 
 

@@ -5,7 +5,8 @@ tail, one giant among many tiny, all equal, powers of two, lengths at k*BLOCK-1 
 for every tile size the kernels use (read from their configs), empty sequences anywhere (runs, all
 empty, B = 0), length 1. On top: cross attention (Lq != Lk both ways), causal with Lq > Lk (fully
 masked rows), broadcast-Q, value recipes (normal, saturated Q, near ties, equal keys, one dominant
-key, subnormal), strided views, the gradient layouts training loops produce (expanded, transposed,
+key, subnormal), grouped key/value heads (GQA, MQA), sliding windows (one side, both), strided views,
+the gradient layouts training loops produce (expanded, transposed,
 sliced, from ``.sum()``), head dims, dtypes, explicit softmax scales, int32/int64 offsets.
 
 Every draw shrinks towards the simplest problem (few short sequences, bf16, D=32, normal values), so a
@@ -97,13 +98,22 @@ def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 
     else:
         lengths_q = _relate(draw, lengths_k, blocks, budget)
     scale = draw(st.one_of(st.none(), st.floats(-2.0, 2.0, allow_nan=False).filter(lambda x: abs(x) > 1e-3)))
+    causal = draw(st.booleans())
+    heads = draw(st.sampled_from([1, 2, 3, 4]))
+    kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0][::-1]))
+    # a sliding window around the tile sizes: one side, both, or none (shrinks to none)
+    side = st.one_of(st.just(-1), st.sampled_from(sorted({0, 1} | set(blocks) | {b - 1 for b in blocks})),
+                     st.integers(0, max(1, budget)))
+    window = draw(st.one_of(st.just((-1, -1)), st.tuples(side, st.just(-1) if causal else side)))
     return Case(
         lengths_q=lengths_q,
         lengths_k=lengths_k,
-        heads=draw(st.integers(1, 3)),
+        heads=heads,
+        kv_heads=kv_heads,
+        window=window,
         head_dim=head_dim,
         dtype=dtype,
-        causal=draw(st.booleans()),
+        causal=causal,
         broadcast_q=broadcast_q,
         softmax_scale=scale,
         q_scale=draw(st.sampled_from([1.0, 1.0, 1.0, 20.0])),

@@ -6,11 +6,14 @@ a numerically stable forward (row max subtracted) and an analytic backward. It n
 
 Semantics (DESIGN.md section 3):
 
-- ``q`` is ``[total_q, H, D]``, ``k``/``v`` are ``[total_k, H, D]``; sequence ``b`` owns query rows
-  ``cu_q[b]:cu_q[b+1]`` and key rows ``cu_k[b]:cu_k[b+1]``. Lengths may be 0, ``B`` may be 0.
+- ``q`` is ``[total_q, H, D]``, ``k``/``v`` are ``[total_k, H_kv, D]`` with ``H % H_kv == 0`` (grouped
+  query attention: query head ``h`` reads key/value head ``h // (H / H_kv)``; ``H_kv = 1`` is MQA);
+  sequence ``b`` owns query rows ``cu_q[b]:cu_q[b+1]`` and key rows ``cu_k[b]:cu_k[b+1]``. Lengths may
+  be 0, ``B`` may be 0.
 - ``softmax_scale`` defaults to ``1/sqrt(D)``.
 - ``causal`` is bottom-right aligned: query ``i`` of a sequence with lengths ``(Lq, Lk)`` sees keys
-  ``j <= i + Lk - Lq``.
+  ``j <= i + Lk - Lq``. ``window=(left, right)`` (FlashAttention's ``window_size``; -1: unbounded) keeps
+  keys ``i + Lk - Lq - left <= j <= i + Lk - Lq + right``; with ``causal`` right is 0.
 - A row that sees no key (fully masked, or ``Lk == 0``) has ``out = 0``, ``lse = -inf`` and
   contributes nothing to any gradient.
 - ``broadcast_q=True``: ``q`` is ``[Lq, H, D]`` and shared by all ``B`` sequences; ``cu_seqlens_q``
@@ -58,8 +61,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
     v = _as_f64(v, "v", 3)
     if k.shape != v.shape:
         raise ValueError(f"k, v: shapes must match, got {k.shape} and {v.shape}")
-    if q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q, k: head count and head dim must match, got {q.shape} and {k.shape}")
+    if q.shape[2] != k.shape[2] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q, k: head dims must match and q's heads be a multiple of k's, got {q.shape} and {k.shape}")
     cu_k = _as_offsets(cu_seqlens_k, "cu_seqlens_k")
     if cu_k[-1] != k.shape[0]:
         raise ValueError(f"cu_seqlens_k: last offset {int(cu_k[-1])} != total_k {k.shape[0]}")
@@ -86,13 +89,30 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
     return q, k, v, cu_q, cu_k, lq_bcast, scale
 
 
-def _visible(lq: int, lk: int, causal: bool) -> np.ndarray:
-    """Boolean ``[lq, lk]`` mask of the keys each query row sees (bottom-right causal)."""
-    if not causal:
-        return np.ones((lq, lk), dtype=bool)
+def _visible(lq: int, lk: int, causal: bool, window=(-1, -1)) -> np.ndarray:
+    """Boolean ``[lq, lk]`` mask of the keys each query row sees (bottom-right causal and windows)."""
+    left, right = window
+    if causal:
+        right = 0
     i = np.arange(lq)[:, None]
     j = np.arange(lk)[None, :]
-    return j <= i + (lk - lq)
+    shift = lk - lq
+    visible = np.ones((lq, lk), dtype=bool)
+    if right >= 0:
+        visible &= j <= i + shift + right
+    if left >= 0:
+        visible &= j >= i + shift - left
+    return visible
+
+
+def _group(x, group: int):
+    """[rows, H_kv, D] -> [rows, H_kv * group, D]: each key/value head repeated for its query heads."""
+    return np.repeat(x, group, axis=1) if group > 1 else x
+
+
+def _ungroup(x, group: int):
+    """[rows, H, D] -> [rows, H / group, D]: a gradient summed over each key/value head's query heads."""
+    return x.reshape(x.shape[0], x.shape[1] // group, group, x.shape[2]).sum(2) if group > 1 else x
 
 
 def _seq_rows(b, cu_q, cu_k, lq_bcast):
@@ -114,7 +134,7 @@ def _rows(x):
 
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
-                      broadcast_q=False):
+                      broadcast_q=False, window=(-1, -1)):
     """Exact float64 jagged attention forward.
 
     Returns ``(out, lse)``: ``out`` ``[total_q, H, D]`` float64 (``[B*Lq, H, D]`` with
@@ -125,16 +145,17 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                     softmax_scale, broadcast_q)
     H, D = q.shape[1], q.shape[2]
+    group = H // k.shape[1]
     total_out = int(cu_q[-1])
     out = np.zeros((total_out, H, D), dtype=np.float64)
     lse = np.full((total_out, H), -np.inf, dtype=np.float64)
     for b in range(cu_k.shape[0] - 1):
         qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
-        qb, kb, vb = q[qs], k[ks], v[ks]
+        qb, kb, vb = q[qs], _group(k[ks], group), _group(v[ks], group)
         lq, lk = qb.shape[0], kb.shape[0]
         if lq == 0 or lk == 0:
             continue  # nothing to compute; rows (if any) stay out = 0, lse = -inf
-        vis = _visible(lq, lk, causal)                                  # [lq, lk]
+        vis = _visible(lq, lk, causal, window)                          # [lq, lk]
         s = _heads(qb) @ _heads(kb).transpose(0, 2, 1) * scale         # [H, lq, lk]
         s = np.where(vis[None], s, -np.inf)
         m = s.max(axis=-1, keepdims=True)                               # [H, lq, 1]
@@ -149,7 +170,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
 
 
 def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                       softmax_scale=None, broadcast_q=False, dlse=None, magnitudes=False):
+                       softmax_scale=None, broadcast_q=False, dlse=None, magnitudes=False, window=(-1, -1)):
     """Analytic float64 jagged attention backward.
 
     Uses the ``out`` and ``lse`` passed in (as a kernel's backward would): ``P = exp(scale*S - lse)``
@@ -176,24 +197,25 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
                            ("lse", lse, (total_out, H)), ("dlse", dlse, (total_out, H))):
         if a.shape != shape:
             raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    group = H // k.shape[1]
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv = np.zeros_like(v)
     for b in range(cu_k.shape[0] - 1):
         qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
-        qb, kb, vb = q[qs], k[ks], v[ks]
+        qb, kb, vb = q[qs], _group(k[ks], group), _group(v[ks], group)
         lq, lk = qb.shape[0], kb.shape[0]
         if lq == 0 or lk == 0:
             continue
         ob, dob = out[oq], dout[oq]
         lse_b = lse[oq].T[..., None]                                    # [H, lq, 1]
-        vis = _visible(lq, lk, causal)[None] & np.isfinite(lse_b)       # [H, lq, lk]
+        vis = _visible(lq, lk, causal, window)[None] & np.isfinite(lse_b)  # [H, lq, lk]
         qh, kh, vh, doh = _heads(qb), _heads(kb), _heads(vb), _heads(dob)  # [H, rows, D]
         s = qh @ kh.transpose(0, 2, 1) * scale
         lse_safe = np.where(np.isfinite(lse_b), lse_b, 0.0)
         p = np.where(vis, np.exp(np.where(vis, s - lse_safe, 0.0)), 0.0)
         pt = p.transpose(0, 2, 1)                                       # [H, lk, lq]
-        dv[ks] += _rows(pt @ (np.abs(doh) if magnitudes else doh))
+        dv[ks] += _ungroup(_rows(pt @ (np.abs(doh) if magnitudes else doh)), group)
         dp = doh @ vh.transpose(0, 2, 1)
         delta = (dob * ob).sum(-1).T[..., None] - dlse[oq].T[..., None]  # [H, lq, 1]
         ds = p * (dp - delta)
@@ -202,5 +224,5 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         else:
             factor = scale
         dq[qs] += factor * _rows(ds @ kh)
-        dk[ks] += factor * _rows(ds.transpose(0, 2, 1) @ qh)
+        dk[ks] += factor * _ungroup(_rows(ds.transpose(0, 2, 1) @ qh), group)
     return dq, dk, dv

@@ -70,11 +70,14 @@ def attention_reference(
     softmax_scale: Optional[float] = None,
     broadcast_q: bool = False,
     compute_dtype: Optional[torch.dtype] = None,
+    window: tuple = (-1, -1),
 ):
     """Jagged attention by per-sequence PyTorch ops. Returns ``(out, lse)``.
 
-    ``q`` ``[total_q, H, D]`` (``[Lq, H, D]`` with ``broadcast_q``), ``k``/``v`` ``[total_k, H, D]``;
-    strided views are fine. ``out`` is ``[total_q, H, D]`` (``[B*Lq, H, D]`` with ``broadcast_q``) in
+    ``q`` ``[total_q, H, D]`` (``[Lq, H, D]`` with ``broadcast_q``), ``k``/``v`` ``[total_k, H_kv, D]``
+    with ``H % H_kv == 0`` (query head h reads key/value head h // (H / H_kv)); strided views are fine.
+    ``window=(left, right)``: FlashAttention's ``window_size`` (-1: unbounded; with ``causal`` right is 0).
+    ``out`` is ``[total_q, H, D]`` (``[B*Lq, H, D]`` with ``broadcast_q``) in
     ``q.dtype``; ``lse`` is ``[total_q, H]`` float32 (float64 when ``compute_dtype`` is float64).
     ``compute_dtype`` (default ``q.dtype``) is the dtype of the two matmuls. Both outputs are always
     connected to ``q``, ``k`` and ``v`` in the autograd graph (also for ``B = 0`` or all-empty
@@ -85,8 +88,9 @@ def attention_reference(
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"k, v: shapes must match, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q, k: head count and head dim must match, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[2] != k.shape[2] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q, k: head dims must match and q's heads be a multiple of k's, got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
     cu_k = _offsets_list(cu_seqlens_k, "cu_seqlens_k")
     if cu_k[-1] != k.shape[0]:
         raise ValueError(f"cu_seqlens_k: last offset {cu_k[-1]} != total_k {k.shape[0]}")
@@ -108,6 +112,10 @@ def attention_reference(
         q_rows = [(cu_q[b], cu_q[b + 1]) for b in range(B)]
 
     H, D = q.shape[1], q.shape[2]
+    group = H // k.shape[1]
+    left, right = window
+    if causal:
+        right = 0
     cdt = q.dtype if compute_dtype is None else compute_dtype
     sdt = torch.float64 if cdt == torch.float64 else torch.float32
     scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
@@ -125,13 +133,18 @@ def attention_reference(
             lses.append(torch.full((lq, H), float("-inf"), dtype=sdt, device=dev))
             continue
         qh = q[q0:q1].to(cdt).transpose(0, 1)                           # [H, lq, D]
-        kh = k[k0:k1].to(cdt).transpose(0, 1)                           # [H, lk, D]
-        vh = v[k0:k1].to(cdt).transpose(0, 1)                           # [H, lk, D]
+        kh = k[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
+        vh = v[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
         s = torch.matmul(qh, kh.transpose(-1, -2)).to(sdt) * scale      # [H, lq, lk]
-        if causal:
+        if right >= 0 or left >= 0:
             i = torch.arange(lq, device=dev)[:, None]
             j = torch.arange(lk, device=dev)[None, :]
-            s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+            hidden = torch.zeros((lq, lk), dtype=torch.bool, device=dev)
+            if right >= 0:
+                hidden |= j > i + (lk - lq) + right
+            if left >= 0:
+                hidden |= j < i + (lk - lq) - left
+            s = s.masked_fill(hidden, float("-inf"))
         p, lse = _softmax_rows(s)
         o = torch.matmul(p.to(cdt), vh)                                 # [H, lq, D]
         outs.append(o.transpose(0, 1).to(q.dtype))

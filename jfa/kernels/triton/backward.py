@@ -7,7 +7,9 @@ Three launches, none with atomics, so gradients are bitwise reproducible by cons
 3. dQ: one program per (query tile, head) streams the keys it sees (the forward's loop shape) and
    writes dQ once. For a broadcast Q each (sequence, tile) writes an fp32 partial and the partials
    are summed over the batch afterwards in a fixed order.
-Both main loops are peeled like the forward: branch-free bulk, masked diagonal and tail.
+Both main loops are peeled like the forward: branch-free bulk, masked diagonal and tail; a sliding
+window (``WINDOW``) visits only the band's tiles, each masked. Grouped-query attention: a dK/dV program
+owns one key/value head and sums over its group's query heads.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
+    band_offsets,
+    window_band,
 )
 
 install_bf16_dot_fix()
@@ -48,8 +52,8 @@ def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, HEAD_DIM: tl.constexpr,
 
 @triton.jit
 def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, offs_n, offs_d, d_mask,
-                 stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale, band_lo, band_hi,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr):
     """Accumulate one query tile's contribution to this program's dK, dV (transposed formulation:
     rows are keys, columns are queries)."""
@@ -73,7 +77,10 @@ def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, off
     p_t = tl.math.exp2(s_t - lse2[None, :])
     if MASKED:
         visible = (offs_m < len_q)[None, :]
-        if CAUSAL:
+        if WINDOW:
+            offset = offs_n[:, None] - offs_m[None, :]
+            visible = visible & (offset >= band_lo) & (offset <= band_hi)
+        elif CAUSAL:
             visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
         p_t = tl.where(visible, p_t, 0.0)
     dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
@@ -88,17 +95,19 @@ def jagged_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
-    CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    num_seqs, num_heads, group, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale, band_lo, band_hi,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """dK, dV of one (key tile, key/value head): the sum over the head's group of query heads."""
+    num_kv_heads = num_heads // group
     pid = tl.program_id(0)
-    slot = pid // num_heads
-    head = pid % num_heads
+    slot = pid // num_kv_heads
+    kv_head = pid % num_kv_heads
     seq = tl.load(TILES + slot)
     if seq >= num_seqs:  # a spare slot of the tile list
         return
-    tile = tl.load(TILES + tl.num_programs(0) // num_heads + slot)
+    tile = tl.load(TILES + tl.num_programs(0) // num_kv_heads + slot)
     q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q)
 
     n_start = tile * BLOCK_N
@@ -108,17 +117,22 @@ def jagged_dkdv_kernel(
     n_mask = offs_n < len_k
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k_rows = (k_row0 + offs_n).to(tl.int64)
-    hk = head.to(tl.int64)
+    hk = kv_head.to(tl.int64)
     k = tl.load(K + hk * stride_kh + k_rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + hk * stride_vh + k_rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-    Q += hk * stride_qh
-    DO += hk * stride_doh
 
     qk_scale = sm_scale * 1.4426950408889634
     causal_shift = len_k - len_q
     num_q_tiles = (len_q + BLOCK_M - 1) // BLOCK_M
     full_q_tiles = len_q // BLOCK_M
-    if CAUSAL:
+    lo, hi = 0, 0
+    if WINDOW:
+        # the query rows that see a key of this tile: i in [n_start - hi, last key - lo]; every tile masked
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
+        last_key = tl.minimum(n_start + BLOCK_N, len_k) - 1
+        diag_end = tl.maximum(first, (tl.minimum(tl.maximum(last_key - lo + 1, 0), len_q) + BLOCK_M - 1) // BLOCK_M)
+    elif CAUSAL:
         # query i sees key j iff j <= i + shift: the first tile with any visible row, and the first
         # whose every row sees every key of this KV tile
         first = tl.maximum(n_start - causal_shift, 0) // BLOCK_M
@@ -126,23 +140,40 @@ def jagged_dkdv_kernel(
     else:
         first = 0
         first_full = 0
-    diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
-    bulk_end = tl.maximum(diag_end, full_q_tiles)
+    if WINDOW:
+        bulk_end = diag_end  # the band's tiles all go through the masked loop
+        tail_end = diag_end
+    else:
+        diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
+        bulk_end = tl.maximum(diag_end, full_q_tiles)
+        tail_end = num_q_tiles
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     # the causal diagonal tiles and the last partial tile share one masked loop: a third loop (one
     # more inlined copy of the step) pushes D=128 causal past 255 registers and spills
     num_diag = diag_end - first
-    for j in range(0, num_diag + num_q_tiles - bulk_end):
-        i = tl.where(j < num_diag, first + j, bulk_end + j - num_diag)
-        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
-                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
-                              MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
-    for i in range(diag_end, bulk_end):
-        dk, dv = _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask,
-                              stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale,
-                              MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
+    # every query head of the key/value head's group, the group as the outer index of each loop (one loop
+    # level: an outer loop over the group makes ptxas keep a stack frame)
+    n_masked = num_diag + tail_end - bulk_end
+    for j in range(0, group * n_masked):
+        g = j // n_masked
+        s = j - g * n_masked
+        i = tl.where(s < num_diag, first + s, bulk_end + s - num_diag)
+        head = kv_head * group + g
+        dk, dv = _dkdv_q_step(dk, dv, k, v, Q + head.to(tl.int64) * stride_qh, DO + head.to(tl.int64) * stride_doh,
+                              LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask, stride_qt, stride_dot,
+                              num_heads, head, len_q, causal_shift, qk_scale, lo, hi, MASKED=True, CAUSAL=CAUSAL,
+                              WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
+    n_bulk = bulk_end - diag_end
+    for j in range(0, group * n_bulk):
+        g = j // n_bulk
+        i = diag_end + j - g * n_bulk
+        head = kv_head * group + g
+        dk, dv = _dkdv_q_step(dk, dv, k, v, Q + head.to(tl.int64) * stride_qh, DO + head.to(tl.int64) * stride_doh,
+                              LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask, stride_qt, stride_dot,
+                              num_heads, head, len_q, causal_shift, qk_scale, lo, hi, MASKED=False, CAUSAL=CAUSAL,
+                              WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
     dk = dk * sm_scale
     tl.store(DK + hk * stride_dkh + k_rows[:, None] * stride_dkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + hk * stride_dvh + k_rows[:, None] * stride_dvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -150,8 +181,8 @@ def jagged_dkdv_kernel(
 
 @triton.jit
 def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                stride_kt, stride_vt, len_k, causal_shift, qk_scale, band_lo, band_hi,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_kn = n_start + offs_n
     rows = (k_row0 + offs_kn).to(tl.int64)
     if MASKED:
@@ -164,7 +195,10 @@ def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, o
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
         visible = (offs_kn < len_k)[None, :]
-        if CAUSAL:
+        if WINDOW:
+            offset = offs_kn[None, :] - offs_m[:, None]
+            visible = visible & (offset >= band_lo) & (offset <= band_hi)
+        elif CAUSAL:
             visible = visible & (offs_kn[None, :] <= offs_m[:, None] + causal_shift)
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -178,8 +212,8 @@ def jagged_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
-    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
-    CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    num_seqs, num_heads, group, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale, band_lo, band_hi,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dQ of one (query tile, head); rows of DQ are output rows (per-sequence partials for a broadcast Q)."""
@@ -207,28 +241,36 @@ def jagged_dq_kernel(
     lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=float("-inf"))
     delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    K += hk * stride_kh
-    V += hk * stride_vh
+    hkv = (head // group).to(tl.int64)
+    K += hkv * stride_kh
+    V += hkv * stride_vh
 
     qk_scale = sm_scale * 1.4426950408889634
     causal_shift = len_k - len_q
-    if CAUSAL:
+    lo, hi = 0, 0
+    if WINDOW:  # as the forward: the band's keys only, every chunk masked
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        kv_begin = (tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N) * BLOCK_N
+        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + BLOCK_M, len_q) + hi, 0), len_k)
+        bulk_end = kv_begin
+    elif CAUSAL:
+        kv_begin = 0
         kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
-        bulk_end = tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0))
+        bulk_end = (tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0)) // BLOCK_N) * BLOCK_N
     else:
+        kv_begin = 0
         kv_end = len_k
-        bulk_end = len_k
-    bulk_end = (bulk_end // BLOCK_N) * BLOCK_N
+        bulk_end = (len_k // BLOCK_N) * BLOCK_N
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n_start in range(0, bulk_end, BLOCK_N):
+    for n_start in range(kv_begin, bulk_end, BLOCK_N):
         dq = _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                         stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                         MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+                         stride_kt, stride_vt, len_k, causal_shift, qk_scale, lo, hi,
+                         MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION)
     for n_start in range(bulk_end, kv_end, BLOCK_N):
         dq = _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                         stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                         MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+                         stride_kt, stride_vt, len_k, causal_shift, qk_scale, lo, hi,
+                         MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + hk * stride_dqh + o_rows[:, None] * stride_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask)
 
@@ -250,7 +292,7 @@ def row_delta(out: torch.Tensor, dout: torch.Tensor, dlse=None) -> torch.Tensor:
 
 def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, dkdv=None,
-                    deterministic: bool = True):
+                    deterministic: bool = True, window=(-1, -1)):
     """Gradients (dq, dk, dv) in the inputs' dtypes; dq is [Lq, H, D] summed over the batch for a broadcast Q.
     Always bitwise reproducible (no atomics): ``deterministic`` is accepted for a common signature.
 
@@ -271,22 +313,25 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         dq_rows = alloc.empty(q.shape, q.dtype, q.device)
     if num_heads == 0:
         return (dq_rows.sum(0) if broadcast_q else dq_rows), dk, dv
-    common = dict(CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision, BLOCK_D=block_d)
+    band, band_lo, band_hi = window_band(causal, window)
+    group = num_heads // k.shape[1]
+    common = dict(CAUSAL=causal and not band, WINDOW=band, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision,
+                  BLOCK_D=block_d)
 
     delta = row_delta(out, dout, dlse)
 
     total_k = k.shape[0]
     if dkdv is not None:
         dkdv(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
-             broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+             broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window)
     kv_tiles = build_tile_list(cu_k, total_k, cfgs.dkdv.block_n,
                                work_offsets=None if broadcast_q else cu_q)
     if dkdv is None and kv_tiles.num_slots > 0:
-        jagged_dkdv_kernel[(kv_tiles.num_slots * num_heads,)](
+        jagged_dkdv_kernel[(kv_tiles.num_slots * k.shape[1],)](
             q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, kv_tiles.tiles,
             *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),
             *_head_strides(dk), *_head_strides(dv),
-            num_seqs, num_heads, head_dim, len_q_bcast, softmax_scale,
+            num_seqs, num_heads, group, head_dim, len_q_bcast, softmax_scale, band_lo, band_hi,
             BLOCK_M=cfgs.dkdv.block_m, BLOCK_N=cfgs.dkdv.block_n,
             num_warps=cfgs.dkdv.num_warps, num_stages=cfgs.dkdv.num_stages, **common)
 
@@ -295,7 +340,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         jagged_dq_kernel[(q_tiles.num_slots * num_heads,)](
             q, k, v, dout, lse, delta, dq_rows, out_cu, cu_k, q_tiles.tiles,
             *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout), *_head_strides(dq_rows),
-            num_seqs, num_heads, head_dim, len_q_bcast, softmax_scale,
+            num_seqs, num_heads, group, head_dim, len_q_bcast, softmax_scale, band_lo, band_hi,
             BLOCK_M=cfgs.dq.block_m, BLOCK_N=cfgs.dq.block_n,
             num_warps=cfgs.dq.num_warps, num_stages=cfgs.dq.num_stages, **common)
     if broadcast_q:

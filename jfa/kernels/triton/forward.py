@@ -4,8 +4,10 @@ interpreter.
 One program owns one (query tile, head) pair taken from a host-built tile list and streams that
 sequence's keys in ``BLOCK_N`` chunks with the online softmax. The KV loop is peeled: a branch-free
 bulk over chunks every row of the tile fully sees, then a masked tail (causal diagonal and the
-sequence's last partial chunk). Index arithmetic on token rows is int64, so tensors past 2**31
-elements are addressed correctly.
+sequence's last partial chunk). A sliding window (``WINDOW``) visits only the chunks inside the tile's
+band, each through the masked step. Grouped-query attention: query head h reads key/value head
+h // group. Index arithmetic on token rows is int64, so tensors past 2**31 elements are addressed
+correctly.
 """
 from __future__ import annotations
 
@@ -48,12 +50,37 @@ def _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q: tl.constexpr):
     return q_row0, out_row0, len_q, k_row0, len_k
 
 
+UNBOUNDED = 1 << 30  # a window side that is not there (kernels clamp it to the sequence)
+
+
+def window_band(causal: bool, window) -> tuple[bool, int, int]:
+    """(WINDOW, band_lo, band_hi) of a call: whether it needs the general band (a left window, or a right
+    one without causal), and the band's offsets: row i of a sequence with lengths (Lq, Lk) sees key j
+    iff band_lo <= j - i - (Lk - Lq) <= band_hi (causal: band_hi 0; unbounded sides: +-UNBOUNDED)."""
+    left, right = window
+    if causal:
+        right = 0
+    band = left >= 0 or (right >= 0 and not causal)
+    return band, -left if left >= 0 else -UNBOUNDED, right if right >= 0 else UNBOUNDED
+
+
+@triton.jit
+def band_offsets(len_q, len_k, band_lo, band_hi):
+    """(lo, hi): row i sees key j iff lo <= j - i <= hi, for a sequence with lengths (len_q, len_k) and the
+    window band of ``window_band`` (bottom-right aligned), clamped to [-len_q - 1, len_k] so that sums
+    with row and key indices stay within int32."""
+    shift = (len_k - len_q).to(tl.int64)
+    lo = tl.minimum(tl.maximum(shift + band_lo, -len_q.to(tl.int64) - 1), len_k.to(tl.int64)).to(tl.int32)
+    hi = tl.minimum(tl.maximum(shift + band_hi, -len_q.to(tl.int64) - 1), len_k.to(tl.int64)).to(tl.int32)
+    return lo, hi
+
+
 @triton.jit
 def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                 stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One KV chunk of the online softmax (base-2 logits). MASKED handles the causal diagonal and the
-    sequence tail; the bulk instantiation carries no mask at all."""
+                 stride_kt, stride_vt, len_k, causal_shift, qk_scale, band_lo, band_hi,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One KV chunk of the online softmax (base-2 logits). MASKED handles the causal diagonal, the
+    window's band and the sequence tail; the bulk instantiation carries no mask at all."""
     offs_kn = n_start + offs_n
     rows = (k_row0 + offs_kn).to(tl.int64)
     if MASKED:
@@ -66,7 +93,10 @@ def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         visible = (offs_kn < len_k)[None, :]
-        if CAUSAL:
+        if WINDOW:
+            offset = offs_kn[None, :] - offs_m[:, None]
+            visible = visible & (offset >= band_lo) & (offset <= band_hi)
+        elif CAUSAL:
             visible = visible & (offs_kn[None, :] <= offs_m[:, None] + causal_shift)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -86,13 +116,14 @@ def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d
 def jagged_fwd_kernel(
     Q, K, V, OUT, LSE, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    num_seqs, num_heads, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale,
-    CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    num_seqs, num_heads, group, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale, band_lo, band_hi,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     slot = pid // num_heads
     head = pid % num_heads
+    kv_head = head // group
     seq = tl.load(TILES + slot)
     if seq >= num_seqs:  # a spare slot of the tile list (see jfa.kernels.schedule)
         return
@@ -107,32 +138,39 @@ def jagged_fwd_kernel(
     m_mask = offs_m < len_q
 
     Q += head.to(tl.int64) * stride_qh
-    K += head.to(tl.int64) * stride_kh
-    V += head.to(tl.int64) * stride_vh
+    K += kv_head.to(tl.int64) * stride_kh
+    V += kv_head.to(tl.int64) * stride_vh
     q_rows = (q_row0 + offs_m).to(tl.int64)
     q = tl.load(Q + q_rows[:, None] * stride_qt + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
-    if CAUSAL:
+    lo, hi = 0, 0
+    if WINDOW:  # the band's keys only, every chunk masked: from the first row's first key to the last row's last
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        kv_begin = (tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N) * BLOCK_N
+        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + BLOCK_M, len_q) + hi, 0), len_k)
+        bulk_end = kv_begin
+    elif CAUSAL:
+        kv_begin = 0
         kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
-        bulk_end = tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0))
+        bulk_end = (tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0)) // BLOCK_N) * BLOCK_N
     else:
+        kv_begin = 0
         kv_end = len_k
-        bulk_end = len_k
-    bulk_end = (bulk_end // BLOCK_N) * BLOCK_N
+        bulk_end = (len_k // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n_start in range(0, bulk_end, BLOCK_N):
+    for n_start in range(kv_begin, bulk_end, BLOCK_N):
         acc, m_i, l_i = _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                                     stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                                     MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+                                     stride_kt, stride_vt, len_k, causal_shift, qk_scale, lo, hi,
+                                     MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION)
     for n_start in range(bulk_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
-                                     stride_kt, stride_vt, len_k, causal_shift, qk_scale,
-                                     MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION)
+                                     stride_kt, stride_vt, len_k, causal_shift, qk_scale, lo, hi,
+                                     MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION)
 
     # rows that saw no key: out = 0, lse = -inf (the contract); l_i == 0 exactly there
     seen = l_i > 0.0
@@ -155,9 +193,11 @@ def _head_strides(t: torch.Tensor) -> tuple[int, int]:
 
 
 def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
-                   num_seqs: int, len_q_bcast: int = 0):
+                   num_seqs: int, len_q_bcast: int = 0, window=(-1, -1)):
     """Launch the forward. Returns (out [rows, H, D] in q's dtype, lse [rows, H] float32), where rows is
-    ``total_q``, or ``B * Lq`` for a broadcast Q. ``cu_q`` is ignored for a broadcast Q."""
+    ``total_q``, or ``B * Lq`` for a broadcast Q. ``cu_q`` is ignored for a broadcast Q. k and v may
+    have fewer heads than q (a divisor: grouped-query attention); ``window=(left, right)`` as the API's
+    ``window_size``."""
     head_dim = q.shape[-1]
     num_heads = q.shape[1]
     cfg = configs_for(head_dim, q.dtype).forward
@@ -170,11 +210,12 @@ def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     tiles = build_tile_list(out_cu, rows, cfg.block_m, work_offsets=cu_k)
     if tiles.num_slots == 0:
         return out, lse
+    band, band_lo, band_hi = window_band(causal, window)
     jagged_fwd_kernel[(tiles.num_slots * num_heads,)](
         q, k, v, out, lse, out_cu, cu_k, tiles.tiles,
         *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(out),
-        num_seqs, num_heads, head_dim, len_q_bcast, softmax_scale,
-        CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=_dot_precision(q.dtype),
+        num_seqs, num_heads, num_heads // k.shape[1], head_dim, len_q_bcast, softmax_scale, band_lo, band_hi,
+        CAUSAL=causal and not band, WINDOW=band, BROADCAST_Q=broadcast_q, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=padded_head_dim(head_dim),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

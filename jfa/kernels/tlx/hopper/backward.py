@@ -705,7 +705,7 @@ class DqAccumulator:
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum: Optional[DqAccumulator] = None,
-                    variant: BackwardVariant = SHIPPED, outputs=None) -> None:
+                    variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1)) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``), or None with
     ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With
@@ -714,8 +714,11 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     when the TLX kernel cannot take these inputs (``supports``, dout included)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
+    if ok and (k.shape[1] != num_heads or window[0] != -1 or window[1] > 0):
+        ok, reason = False, "grouped key/value heads and sliding windows run portable"
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
+    causal = causal or tuple(window) == (-1, 0)  # a window of no key past the diagonal is causal
     fused = dq_accum is not None
     cfg = config_for(head_dim, fused)
     if fused and dq_accum.q.shape != q.shape:
@@ -766,7 +769,7 @@ def variant_from_knobs() -> BackwardVariant:
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                         broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
-                        variant: Optional[BackwardVariant] = None):
+                        variant: Optional[BackwardVariant] = None, window=(-1, -1)):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (the
     default, ``knobs.tlx_fused_dq``) or, with ``deterministic`` (or the knob off), by the portable dQ
@@ -777,7 +780,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if deterministic or not knobs.tlx_fused_dq:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
-                                        len_q_bcast=len_q_bcast, dlse=dlse,
+                                        len_q_bcast=len_q_bcast, dlse=dlse, window=window,
                                         dkdv=functools.partial(jagged_dkdv_tlx, variant=variant))
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     dk = alloc.empty(k.shape, k.dtype, k.device)
@@ -786,5 +789,5 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
-                    variant=variant, outputs=(out, dout, dlse))
+                    variant=variant, outputs=(out, dout, dlse), window=window)
     return dq_accum.read(), dk, dv

@@ -530,9 +530,13 @@ def jagged_fwd_tlx_kernel(
 # Host side
 # ----------------------------------------------------------------------------------------------------
 def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[torch.Tensor] = None,
-             v: Optional[torch.Tensor] = None) -> tuple[bool, str]:
+             v: Optional[torch.Tensor] = None, window=(-1, -1)) -> tuple[bool, str]:
     """Whether this kernel can run these inputs, and why not. Reads the launch target's capability (at
     call time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``."""
+    if k is not None and k.shape[1] != q.shape[1]:
+        return False, f"grouped key/value heads ({q.shape[1]} query heads, {k.shape[1]} key heads) run portable"
+    if window[0] != -1 or window[1] > 0:
+        return False, f"sliding windows (window_size {tuple(window)}) run portable"
     return check_inputs({"q": q, "k": k, "v": v}, dtype=dtype, head_dim=head_dim, head_dims=SUPPORTED_HEAD_DIMS)
 
 
@@ -673,19 +677,21 @@ class Timeline:
 
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
                        num_seqs: int, len_q_bcast: int = 0, variant: Optional[Variant] = None,
-                       profile: bool = False):
+                       profile: bool = False, window=(-1, -1)):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
 
+    ``window``: as the API's ``window_size``; the TLX kernels take (-1, -1) and (-1, 0) (causal).
     ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
     kernel ran)."""
     variant = variant_from_knobs() if variant is None else variant
     head_dim, num_heads = q.shape[-1], q.shape[1]
-    ok, reason = supports(q, head_dim, q.dtype, k=k, v=v)
+    ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
     if not ok:
         raise ValueError(f"jagged_forward_tlx: {reason}")
+    causal = causal or tuple(window) == (-1, 0)  # a window of no key past the diagonal is causal
     cfg = config_for(head_dim)
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]

@@ -1,0 +1,78 @@
+"""Where a TLX kernel runs: the execution targets of the TLX launchers.
+
+A TLX launcher never calls ``kernel[grid](...)`` itself: it asks :func:`target_for` for the target of its
+tensors' device and launches through it. CUDA tensors run on the GPU (the native target, built lazily
+from torch's device queries, never at import). Any other device type runs only where a target has been
+registered for it: the TLX simulator (``jfa.sim``) registers one for CPU tensors, so the same launchers,
+tile lists and dispatch run unchanged on a machine without a GPU. The product never imports the
+simulator; the harness registers it (dependency inversion, so ``jfa.kernels`` stays free of ``jfa.sim``).
+
+A target answers three questions: the compute capability its kernels are built for (the dispatch's
+``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, and how to launch.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, kwargs)
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """An execution target for TLX kernels on one device type."""
+
+    name: str  # shown in dispatch reports: "cuda", "tlx-sim"
+    capability: tuple  # (major, minor) of the architecture the kernels are dispatched for
+    sm_count: int  # CTAs a persistent grid launches at most
+    launch: LaunchFn  # runs ``kernel[grid](*args, **kwargs)``
+
+
+_registered: dict = {}  # device type -> LaunchTarget (the non-CUDA targets)
+_cuda_sm_counts: dict = {}
+_lock = threading.Lock()
+
+
+def register_target(device_type: str, target: Optional[LaunchTarget]) -> Optional[LaunchTarget]:
+    """Make ``target`` the target of tensors on ``device_type`` (None removes it); returns the previous
+    one, so a scope can put it back. CUDA's target is the GPU itself and cannot be replaced."""
+    if device_type == "cuda":
+        raise ValueError("register_target: 'cuda' tensors always run on the GPU")
+    with _lock:
+        previous = _registered.get(device_type)
+        if target is None:
+            _registered.pop(device_type, None)
+        else:
+            _registered[device_type] = target
+    return previous
+
+
+def _cuda_launch(kernel, grid, args, kwargs) -> None:
+    kernel[grid](*args, **kwargs)
+
+
+def _cuda_target(device: torch.device) -> LaunchTarget:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _cuda_sm_counts:
+        _cuda_sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return LaunchTarget("cuda", tuple(torch.cuda.get_device_capability(index)), _cuda_sm_counts[index],
+                        _cuda_launch)
+
+
+def target_for(device: torch.device) -> Optional[LaunchTarget]:
+    """The target that runs TLX kernels on ``device``'s tensors, or None (no GPU, no simulator)."""
+    if device.type == "cuda":
+        return _cuda_target(device)
+    return _registered.get(device.type)
+
+
+def launch(kernel, grid: tuple, device: torch.device, *args, **kwargs) -> None:
+    """Run ``kernel[grid](*args, **kwargs)`` on the target of ``device``; ValueError where there is none."""
+    target = target_for(device)
+    if target is None:
+        raise ValueError(f"no TLX execution target for {device.type} tensors (CUDA runs on the GPU; "
+                         "the TLX simulator registers one for CPU tensors: jfa.sim)")
+    target.launch(kernel, grid, args, kwargs)

@@ -153,6 +153,38 @@ class Cta:
                 hint="every TMA load's barrier phase must be waited for before the CTA ends")
 
     # ---- reports --------------------------------------------------------------------------------------
+    def diagnose(self) -> list:
+        """What the blocked tasks' barriers say about why nobody can go on."""
+        out, seen = [], set()
+        inflight_bars = {id(op.barrier) for op in self.sched.inflight if hasattr(op, "barrier")}
+        for t in self.sched.tasks:
+            if t.state != BLOCKED or t.wait is None or t.wait.on is None:
+                continue
+            on = t.wait.on
+            if on[0] == "named":
+                nb = self.named.bars.get(on[1])
+                if nb is not None and ("named", on[1]) not in seen:
+                    seen.add(("named", on[1]))
+                    out.append(f"named barrier {on[1]}: {nb.arrived} of {nb.count} threads arrived; the other "
+                               f"{nb.count - nb.arrived} never come (a handshake step missing, or a wrong thread count)")
+                continue
+            b, parity = on
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            arrived = b.arrive_count - b.pending
+            if b.tx > 0 and b.pending == 0 and id(b) not in inflight_bars:
+                out.append(f"{b.name} waits for {b.tx} more tx bytes but no copy in flight lands on it: "
+                           "barrier_expect_bytes counts more bytes than the copies deliver (count each whole box)")
+            elif 0 < arrived < b.arrive_count:
+                out.append(f"{b.name} has {arrived} of its {b.arrive_count} arrivals in this phase: an arrive is "
+                           "missing, or its arrive_count is higher than the protocol's arrivals")
+            elif arrived == 0 and (b.completed & 1) == parity:
+                out.append(f"nobody has arrived on {b.name} in phase {b.completed}, which {t.name} waits for "
+                           f"(parity {parity}): either its arrivers are blocked too, or the wait expects the wrong "
+                           "parity (a producer's first wait on an empty barrier expects phase ^ 1)")
+        return out
+
     def describe_state(self) -> list:
         sections = []
         lines = []
@@ -170,6 +202,9 @@ class Cta:
             if t.stores:
                 lines.append(f"    {len(t.stores)} TMA store(s) not waited for")
         sections.append(("tasks", lines))
+        diagnosis = self.diagnose()
+        if diagnosis:
+            sections.insert(0, ("diagnosis", diagnosis))
         if self.barriers:
             blines = []
             for arr in self.barriers:

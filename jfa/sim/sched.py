@@ -140,10 +140,10 @@ class AsyncOp:
 class Wait:
     """What a blocked task waits for: ``pred()`` says whether it may pass, ``describe()`` why not."""
 
-    __slots__ = ("pred", "describe", "site", "since")
+    __slots__ = ("pred", "describe", "site", "on")
 
-    def __init__(self, pred, describe, site, since=0):
-        self.pred, self.describe, self.site, self.since = pred, describe, site, since
+    def __init__(self, pred, describe, site, on=None):
+        self.pred, self.describe, self.site, self.on = pred, describe, site, on  # on: what it waits on
 
 
 class Task:
@@ -271,13 +271,13 @@ class Scheduler:
             self._reschedule(cur)
             cur.state = RUNNING
 
-    def block(self, pred, describe, site=None) -> None:
-        """Block the running task until ``pred()`` holds."""
+    def block(self, pred, describe, site=None, on=None) -> None:
+        """Block the running task until ``pred()`` holds (``on``: the barrier it waits on, for reports)."""
         if pred():
             return
         cur = self.current
         cur.state = BLOCKED
-        cur.wait = Wait(pred, describe, site if site is not None else source.capture(3), self.completions)
+        cur.wait = Wait(pred, describe, site if site is not None else source.capture(3), on)
         self._reschedule(cur)
         cur.state = RUNNING
         cur.wait = None
@@ -342,7 +342,10 @@ class Scheduler:
     def _deadlock(self):
         live = [t for t in self.tasks if t.state != DONE]
         err = DeadlockError(f"no task can run and no copy is in flight: {len(live)} of {len(self.tasks)} tasks "
-                            "are blocked for ever", site=None)
+                            "are blocked for ever", site=None,
+                            hint="each blocked task waits for a barrier phase nobody will complete: check the phase "
+                                 "(parity) each wait expects, the arrive counts, the expect-tx bytes against the "
+                                 "copies, and that every handshake's partner arrives")
         self._add_state(err)
         raise err
 

@@ -49,17 +49,22 @@ def _box_str(box) -> str:
 class Access:
     """One access record: who (agent, clock, label) did what, where, and whether it is still in flight."""
 
-    __slots__ = ("box", "agent", "clock", "label", "what", "site", "inflight", "generic", "fenced")
+    __slots__ = ("box", "agent", "clock", "label", "what", "site", "inflight", "generic", "fenced", "retired")
 
     def __init__(self, box, agent, clock, label, what, site, inflight=None, generic=False):
         self.box, self.agent, self.clock, self.label, self.what, self.site = box, agent, clock, label, what, site
         self.inflight = inflight  # the async op (wgmma group, TMA store) still reading, or None
         self.generic = generic  # a generic-proxy write (local_store) ...
         self.fenced = not generic  # ... not yet ordered for the async proxy by fence_async_shared
+        self.retired = None  # (what, site) of the wait that ended an async read
 
     def describe(self) -> str:
         where = self.site.format(indent="    ") if self.site else "?"
-        return f"{self.label} at {where}"
+        s = f"{self.label} at {where}"
+        if self.retired is not None:
+            what, site = self.retired
+            s += f"\n    (an async read: it ended at the {what} at {site.short() if site else '?'})"
+        return s
 
 
 class SlotShadow:
@@ -304,10 +309,11 @@ class SharedMemory:
                 keep.append(rec)
         self.unfenced = keep
 
-    def retire(self, rec: Access, task) -> None:
+    def retire(self, rec: Access, task, what: str, site) -> None:
         """An in-flight async read completed (its wait passed): it now counts as a read at this point."""
         rec.inflight = None
         rec.clock = task.vc[task.agent]
+        rec.retired = (what, site)
 
 
 def _fmt(site) -> str:

@@ -247,7 +247,7 @@ class NamedBarriers:
         if nb.generation <= gen:
             self.cta.sched.block(lambda: nb.generation > gen,
                                  lambda: f"named_barrier_wait({bar_id}, {count}): {nb.arrived} of {count} threads "
-                                         f"arrived", site)
+                                         f"arrived", site, on=("named", bar_id))
         task.acquire(nb.done_vc[gen])
 
     def describe(self) -> list:

@@ -9,7 +9,7 @@ import numpy as np
 import triton.language as tl
 
 from .. import source
-from ..errors import ProtocolError, RaceError, UnsupportedError
+from ..errors import ProtocolError, RaceError, SimError, UnsupportedError
 from ..gmem import Descriptor
 from ..sched import AsyncOp
 from ..smem import SharedAlloc, View
@@ -205,7 +205,7 @@ def barrier_wait(cta, bar, phase, pred=None):
                       "for passed unseen (parity aliasing: more arrivals than the protocol expects?)")
             return s
 
-        cta.sched.block(lambda: b.passed(parity), describe, site)
+        cta.sched.block(lambda: b.passed(parity), describe, site, on=(b, parity))
     task.acquire(b.vc_done)
     cta.trace(task, "barrier_wait", f"{b.name} parity {parity}: passes (phase {b.completed})", site)
 
@@ -243,6 +243,14 @@ class TmaLoad(AsyncOp):
                 f"{self.site.format(indent='    ')}")
 
     def land(self) -> None:
+        try:
+            self._land()
+        except SimError as err:  # found while landing: the copy's issuer is the task to name
+            if err.task is None:
+                err.task = f"{self.task.name} (its TMA load #{self.seq}, landing)"
+            raise
+
+    def _land(self) -> None:
         cta = self.cta
         sh = self.view.alloc.shadows[self.view.index]
         sh.loads.remove(self)
@@ -273,6 +281,14 @@ class TmaStore(AsyncOp):
         return "wait for the store first: tlx.async_descriptor_store_wait(n) with n small enough to cover it"
 
     def land(self) -> None:
+        try:
+            self._land()
+        except SimError as err:
+            if err.task is None:
+                err.task = f"{self.task.name} (its TMA store #{self.seq}, landing)"
+            raise
+
+    def _land(self) -> None:
         self.landed = True
         self.desc.store_box(self.offsets, np.array(self.view.read()), self.reduce, self.site)
         self.cta.trace(None, "TMA store lands", self.describe(), self.site)
@@ -344,11 +360,12 @@ def async_descriptor_store_wait(cta, pendings, read_only=True):
     task = cta.task
     keep = as_int(pendings, "pendings")
     n = 0
+    site = source.capture(2) if len(task.stores) > keep else None
     while len(task.stores) > keep:
         st = task.stores.pop(0)
         if not st.landed:
             cta.sched.land(st)
-        cta.smem.retire(st.rec, task)
+        cta.smem.retire(st.rec, task, "async_descriptor_store_wait", site)
         n += 1
     if cta.tracer is not None:
         cta.trace(task, "async_descriptor_store_wait", f"({keep}): {n} store(s) retired, {len(task.stores)} pending",

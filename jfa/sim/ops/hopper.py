@@ -69,9 +69,9 @@ class WgmmaGroup:
     def wait_hint(self) -> str:
         return "retire the wgmma first (tlx.async_dot_wait) and only then hand its operand buffers back"
 
-    def retire(self, cta, task) -> None:
+    def retire(self, cta, task, site) -> None:
         for rec in self.reads:
-            cta.smem.retire(rec, task)
+            cta.smem.retire(rec, task, "async_dot_wait", site)
         h = self.handle
         if h is not None and isinstance(h.data, _Pending):
             h.data = h.data.view(np.ndarray)
@@ -149,9 +149,11 @@ def async_dot_wait(cta, pendings, inp):
     task = cta.task
     keep = int(unwrap(pendings))
     n = 0
-    while len(task.dots) > keep:
-        task.dots.pop(0).retire(cta, task)
-        n += 1
+    if len(task.dots) > keep:
+        site = source.capture(2)
+        while len(task.dots) > keep:
+            task.dots.pop(0).retire(cta, task, site)
+            n += 1
     if cta.tracer is not None:
         cta.trace(task, "async_dot_wait", f"({keep}): {n} group(s) retired, {len(task.dots)} in flight",
                   source.capture(2))

@@ -135,6 +135,57 @@ def _sanitize_overflow(lhs, rhs, binary_op):
 _STOCK_SANITIZE = type(_interp.interpreter_semantic).binary_op_sanitize_overflow_impl
 
 
+def _install_fast_paths(p: _Patches) -> None:
+    """Two hot spots of the interpreter, made cheap with the same results (a launch creates ~10^4-10^5
+    tensors): uTLX's ``tl.tensor.__init__`` shim re-types IR values from their encoding, which an
+    interpreter handle has none of (it pays a raised AttributeError per tensor); and the interpreter's
+    ``_get_np_dtype`` builds its whole type table on every call."""
+    init = tl.tensor.__init__
+    inner = None
+    if getattr(tl.tensor, "_utlx_encoding_shim", False):
+        inner = inspect.getclosurevars(init).nonlocals.get("orig_init")
+    if inner is not None:
+        handle_type = _interp.TensorHandle
+
+        def __init__(self, handle, type, _inner=inner, _outer=init):
+            if handle.__class__ is handle_type:
+                _inner(self, handle, type)
+            else:
+                _outer(self, handle, type)
+        p.set_attr(tl.tensor, "__init__", __init__)
+
+    stock = _interp._get_np_dtype
+    cache: dict = {}
+
+    def _get_np_dtype(tt_dtype):
+        try:
+            return cache[tt_dtype]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable: not cached
+            return stock(tt_dtype)
+        out = cache[tt_dtype] = stock(tt_dtype)
+        return out
+    p.set_attr(_interp, "_get_np_dtype", _get_np_dtype)
+
+    # bf16 <-> fp32 casts: the interpreter's bit-field conversion equals a 16-bit shift (truncation
+    # downwards, as the interpreter rounds with no rounding mode) for every value but subnormals
+    convert = _interp._convert_float
+    u32, u16 = np.uint32, np.uint16
+
+    def _convert_float(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None:
+            bits = np.ascontiguousarray(input).view(u32)
+            if not (((bits & u32(0x7F800000)) == 0) & ((bits & u32(0x7FFFFF)) != 0)).any():
+                return (bits >> u32(16)).astype(u16).reshape(input.shape)
+        elif input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+            bits = np.ascontiguousarray(input).view(u16)
+            if not (((bits & u16(0x7F80)) == 0) & ((bits & u16(0x7F)) != 0)).any():
+                return (bits.astype(u32) << u32(16)).reshape(input.shape)
+        return convert(input, input_dtype, output_dtype, rounding_mode)
+    p.set_attr(_interp, "_convert_float", _convert_float)
+
+
 def _counting_range(original, launch):
     def range_(*args, **kwargs):
         r = original(*args, **kwargs)
@@ -382,6 +433,7 @@ class Launch:
         p.set_attr(b, "create_atomic_cas", atomic_cas)
         p.set_attr(b, "create_inline_asm", self._inline_asm)
         p.set_attr(_interp.interpreter_semantic, "binary_op_sanitize_overflow_impl", _sanitize_overflow)
+        _install_fast_paths(p)
 
     def _proxy(self, spec):
         fn, name, launch = spec.fn, spec.name, self

@@ -168,7 +168,12 @@ class Cta:
                     out.append(f"named barrier {on[1]}: {nb.arrived} of {nb.count} threads arrived; the other "
                                f"{nb.count - nb.arrived} never come (a handshake step missing, or a wrong thread count)")
                 continue
-            b, parity = on
+            b, parity, start = on
+            if b.completed - start >= 2:
+                out.append(f"{b.name} completed {b.completed - start} phases while {t.name} waited for one (parity "
+                           f"{parity}): the phase it waited for passed unseen -- more arrivals per phase than the "
+                           "protocol expects, or an arrive_count lower than its arrivals")
+                continue
             if id(b) in seen:
                 continue
             seen.add(id(b))

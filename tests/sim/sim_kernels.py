@@ -43,6 +43,7 @@ RING_BUGS = {
     "arrive_count_too_high": 9,  # empties need two arrivals, one consumer gives one
     "over_arrival": 10,  # arrives twice on a barrier of arrive count 1
     "runaway_loop": 11,
+    "double_arrive": 12,  # two arrivals per use on a barrier of arrive count 1: phases pass unseen
 }
 
 
@@ -95,6 +96,9 @@ def ring_kernel(desc_x, OUT, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, NUM_
                         acc += tlx.local_load(bufs[b])  # <ring-read>
                         if BUG == 10:
                             tlx.barrier_arrive(empties[b], 2)  # <ring-over-arrival>
+                        elif BUG == 12:
+                            tlx.barrier_arrive(empties[b], 1)
+                            tlx.barrier_arrive(empties[b], 1)  # <ring-double-arrive>
                         else:
                             tlx.barrier_arrive(empties[b], 1)  # <ring-release>
             offs = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]

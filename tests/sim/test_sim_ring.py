@@ -93,6 +93,12 @@ def test_arriving_more_often_than_the_arrive_count_is_an_over_arrival():
     assert info.value.site.line == line_of("ring-over-arrival")
 
 
+def test_arrivals_that_complete_phases_unseen_are_diagnosed_in_the_deadlock():
+    with pytest.raises(sim.DeadlockError) as info:
+        run_ring("double_arrive")
+    assert "passed unseen" in str(info.value) and names_line(info.value, "ring-wait-empty")
+
+
 def test_a_runaway_loop_ends_at_the_step_limit_naming_the_loop():
     with pytest.raises(sim.StepLimitError, match="step limit of 5000") as info:
         run_ring("runaway_loop", max_steps=5000)

@@ -205,7 +205,7 @@ def barrier_wait(cta, bar, phase, pred=None):
                       "for passed unseen (parity aliasing: more arrivals than the protocol expects?)")
             return s
 
-        cta.sched.block(lambda: b.passed(parity), describe, site, on=(b, parity))
+        cta.sched.block(lambda: b.passed(parity), describe, site, on=(b, parity, start))
     task.acquire(b.vc_done)
     cta.trace(task, "barrier_wait", f"{b.name} parity {parity}: passes (phase {b.completed})", site)
 

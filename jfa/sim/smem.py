@@ -199,8 +199,8 @@ class SharedMemory:
         return a
 
     # ---- checks ---------------------------------------------------------------------------------------
-    def read(self, view: View, task, what: str, site, *, async_proxy=False, inflight=None) -> None:
-        """Check a read of ``view`` by ``task`` and record it."""
+    def read(self, view: View, task, what: str, site, *, async_proxy=False, inflight=None):
+        """Check a read of ``view`` by ``task`` and record it; returns ``(slot shadow, record)``."""
         view.check_index(site, what)
         sh = view.alloc.shadows[view.index]
         box = view.box
@@ -241,12 +241,13 @@ class SharedMemory:
                     hint="shared memory starts undefined: load or store the buffer before reading it (or the read "
                          "comes before the wait for the copy that fills it)")
         if inflight is None:
-            agent = task.agent
-            for r in sh.reads:
-                if r.agent == agent and r.inflight is None and r.box == box:
-                    r.clock, r.what, r.site = task.vc[agent], what, site
-                    return
-        sh.reads.append(Access(box, task.agent, task.vc[task.agent], f"{what} by {task.name}", what, site, inflight))
+            r = _same_reader(sh, task.agent, box)
+            if r is not None:  # a later read by the same task supersedes (program order)
+                r.clock, r.what, r.label, r.site, r.retired = task.vc[task.agent], what, f"{what} by {task.name}", site, None
+                return sh, r
+        rec = Access(box, task.agent, task.vc[task.agent], f"{what} by {task.name}", what, site, inflight)
+        sh.reads.append(rec)
+        return sh, rec
 
     def write(self, view: View, agent: int, vc: dict, clock: int, actor: str, what: str, site, *, generic=False,
               landing=None) -> Access:
@@ -309,11 +310,23 @@ class SharedMemory:
                 keep.append(rec)
         self.unfenced = keep
 
-    def retire(self, rec: Access, task, what: str, site) -> None:
-        """An in-flight async read completed (its wait passed): it now counts as a read at this point."""
+    def retire(self, shadow: SlotShadow, rec: Access, task, what: str, site) -> None:
+        """An in-flight async read completed (its wait passed): it now counts as a read at this point (and
+        supersedes an earlier finished read of the same box by the same task)."""
         rec.inflight = None
         rec.clock = task.vc[task.agent]
         rec.retired = (what, site)
+        if rec in shadow.reads:
+            other = _same_reader(shadow, rec.agent, rec.box, exclude=rec)
+            if other is not None:
+                shadow.reads.remove(other)
+
+
+def _same_reader(sh: SlotShadow, agent, box, exclude=None):
+    for r in sh.reads:
+        if r.agent == agent and r.inflight is None and r.box == box and r is not exclude:
+            return r
+    return None
 
 
 def _fmt(site) -> str:

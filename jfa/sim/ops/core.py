@@ -347,8 +347,7 @@ def async_descriptor_store(cta, desc, source_buf, offsets, eviction_policy="", s
     _tma_check(cta, d, view, offs, "TMA store", site)
     cta.n_copies += 1
     store = TmaStore(cta, task, d, offs, view, reduce, site, cta.n_copies)
-    cta.smem.read(view, task, "TMA store source", site, async_proxy=True, inflight=store)
-    store.rec = view.alloc.shadows[view.index].reads[-1]
+    store.rec = cta.smem.read(view, task, "TMA store source", site, async_proxy=True, inflight=store)
     d.check_box(offs, "TMA store", site)
     task.stores.append(store)
     cta.sched.inflight.append(store)
@@ -365,7 +364,7 @@ def async_descriptor_store_wait(cta, pendings, read_only=True):
         st = task.stores.pop(0)
         if not st.landed:
             cta.sched.land(st)
-        cta.smem.retire(st.rec, task, "async_descriptor_store_wait", site)
+        cta.smem.retire(*st.rec, task, "async_descriptor_store_wait", site)
         n += 1
     if cta.tracer is not None:
         cta.trace(task, "async_descriptor_store_wait", f"({keep}): {n} store(s) retired, {len(task.stores)} pending",

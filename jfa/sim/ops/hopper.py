@@ -70,8 +70,8 @@ class WgmmaGroup:
         return "retire the wgmma first (tlx.async_dot_wait) and only then hand its operand buffers back"
 
     def retire(self, cta, task, site) -> None:
-        for rec in self.reads:
-            cta.smem.retire(rec, task, "async_dot_wait", site)
+        for shadow, rec in self.reads:
+            cta.smem.retire(shadow, rec, task, "async_dot_wait", site)
         h = self.handle
         if h is not None and isinstance(h.data, _Pending):
             h.data = h.data.view(np.ndarray)
@@ -80,8 +80,8 @@ class WgmmaGroup:
 def _operand(cta, x, which, task, group, site, smem_only):
     if isinstance(x, View) or hasattr(x, "shadows"):
         view = cta.view(x, site, f"async_dot operand {which}")
-        cta.smem.read(view, task, f"async_dot operand {which}", site, async_proxy=True, inflight=group)
-        group.reads.append(view.alloc.shadows[view.index].reads[-1])
+        group.reads.append(cta.smem.read(view, task, f"async_dot operand {which}", site, async_proxy=True,
+                                         inflight=group))
         return to_f32(view.read(), view.dtype), view.dtype, view.name()
     if smem_only:
         raise ProtocolError(f"async_dot: operand {which} must be in shared memory on Hopper (wgmma reads B from "
@@ -130,10 +130,10 @@ def async_dot(cta, A, B, acc=None, use_acc=None, pred=None, mBarriers=None, two_
         out = _matmul(a, b)
         if acc_data is not None:
             out += acc_data
-    if out_dtype != tl.float32:
-        out = out.astype(np.float16) if out_dtype == tl.float16 else out
-        if out_dtype not in (tl.float16,):
-            raise ProtocolError(f"async_dot: out_dtype {out_dtype} is not simulated (float32 or float16)", site=site)
+    if out_dtype == tl.float16:
+        out = out.astype(np.float16)
+    elif out_dtype != tl.float32:
+        raise ProtocolError(f"async_dot: out_dtype {out_dtype} is not simulated (float32 or float16)", site=site)
     pending = out.view(_Pending)
     pending.__dict__["_jfa_group"] = group
     result = make_tensor(pending, out_dtype)

@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import rewrite, runtime, source
 from .cta import Cta
-from .errors import KernelError, SimError, UnsupportedError
+from .errors import KernelError, ProtocolError, SimError, UnsupportedError
 from .gmem import Descriptor, MemoryMap
 from .ops import table_for
 from .sched import Schedule
@@ -309,8 +309,8 @@ class Launch:
             try:
                 call_args[name] = _interp._implicit_cvt(value)
             except AssertionError as exc:
-                raise UnsupportedError(f"argument {name}: the interpreter refuses it ({exc or 'assertion failed'})") \
-                    from exc
+                raise ProtocolError(f"argument {name}: the interpreter refuses it ({exc or 'assertion failed'}; a TMA "
+                                    "descriptor needs a 16-byte aligned base and 16-byte multiple strides)") from exc
             if isinstance(value, TensorDescriptor):
                 self._desc_names[id(call_args[name].handle)] = name
         for name, t in tensors:

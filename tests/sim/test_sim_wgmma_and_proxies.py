@@ -2,6 +2,10 @@
 and reads of never-written shared memory."""
 import pytest
 import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
 from sim_kernels import line_of, run_mma, run_pingpong, run_reduce_add, uninitialised_read_kernel
@@ -73,3 +77,17 @@ def test_reading_shared_memory_nothing_wrote_is_reported():
     with pytest.raises(sim.UninitialisedReadError, match=r"buf\[1\]") as info:
         sim.launch(uninitialised_read_kernel, (1,), torch.zeros(16, 32), D=32)
     assert info.value.site.line == line_of("uninit-read")
+
+
+def test_a_tma_box_whose_inner_coordinate_is_not_16_byte_aligned_is_refused():
+    @triton.jit
+    def misaligned(desc):
+        buf = tlx.local_alloc((16, 16), tl.float32, 1)
+        bar = tlx.alloc_barriers(1)
+        tlx.barrier_expect_bytes(bar[0], 16 * 16 * 4)
+        tlx.async_descriptor_load(desc, buf[0], [0, 2], bar[0])
+        tlx.barrier_wait(bar[0], 0)
+
+    x = torch.zeros(16, 32)
+    with pytest.raises(sim.ProtocolError, match="innermost coordinate is not 16-byte aligned"):
+        sim.launch(misaligned, (1,), TensorDescriptor(x, list(x.shape), list(x.stride()), [16, 16]))

@@ -69,7 +69,7 @@ def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
     if num < 1 or any(d < 1 for d in shape):
         raise ProtocolError(f"local_alloc({shape}, {dtype}, {num}): sizes must be positive", site=site)
     a = cta.smem.alloc(_alloc_name(cta, site, "smem"), shape, dtype, num, site)
-    cta.trace(cta.task, "local_alloc", a.describe(), site)
+    cta.trace(cta.task, "local_alloc", f"{a.name}: {num} x {dtype}{shape}", site)
     return a
 
 
@@ -298,6 +298,9 @@ def _tma_check(cta, d: Descriptor, view: View, offsets, what, site):
     if len(offsets) != len(d.block):
         raise ProtocolError(f"{what} of {d.name}: {len(offsets)} coordinates for a {len(d.block)}-d descriptor",
                             site=site)
+    if (offsets[-1] * d.itemsize) % 16:
+        raise ProtocolError(f"{what} of {d.name} at {offsets}: the innermost coordinate is not 16-byte aligned "
+                            f"({offsets[-1]} x {d.itemsize} bytes; the interpreter's TMA rule)", site=site)
     if view.perm is not None:
         raise ProtocolError(f"{what} of {d.name} with the transposed view {view.name()}: TMA moves boxes in the "
                             "descriptor's own layout", site=site)

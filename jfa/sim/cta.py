@@ -123,7 +123,6 @@ class Cta:
                 t = self._spawn(name, label, spec.fn, r, warps * 32, self.new_agent(name))
                 t.acquire(fork)
                 spawned.append(t)
-        parent.children.extend(spawned)
         self.trace(parent, "async_tasks", ", ".join(t.name for t in spawned), source.capture(2))
         self.sched.block(lambda: all(t.state == DONE for t in spawned),
                          lambda: "waits for its async tasks to finish: "
@@ -132,7 +131,6 @@ class Cta:
             parent.acquire(t.vc)
 
     def _task_done(self, task) -> None:
-        task.end_site = None
         if task.dots:
             self.launch.warn(self, f"task {task.name} finished with {len(task.dots)} async_dot group(s) not retired "
                                    f"(the last issued at {task.dots[-1].site.short()})")

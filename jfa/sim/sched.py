@@ -158,8 +158,6 @@ class Task:
         self.vc = {agent: 1}
         self.dots: list = []  # issued wgmma groups not yet retired (oldest first)
         self.stores: list = []  # issued TMA stores not yet waited for (oldest first)
-        self.children: list = []
-        self.end_site = None
         self.go = threading.Lock()
         self.go.acquire()
         self.thread = threading.Thread(target=self._main, name=f"jfa.sim {name}", daemon=True)
@@ -176,10 +174,6 @@ class Task:
         for k, v in vc.items():
             if mine.get(k, 0) < v:
                 mine[k] = v
-
-    @property
-    def epoch(self) -> int:
-        return self.vc[self.agent]
 
     # ---- thread ---------------------------------------------------------------------------------------
     def _main(self):
@@ -200,13 +194,6 @@ class Task:
             return
         except BaseException as exc:  # noqa: BLE001
             sched.fail(exc, self)
-
-    def where(self) -> str:
-        if self.state == BLOCKED and self.wait is not None:
-            return self.wait.site.short() if self.wait.site else ""
-        if self.state == DONE:
-            return "finished"
-        return ""
 
 
 class Scheduler:
@@ -233,7 +220,6 @@ class Scheduler:
         self.describe_state = describe_state  # () -> list of sections, for deadlock/step-limit reports
         self.live = 0  # tasks not finished
         self._end_checked = False
-        self.completions = 0  # a counter of synchronisation events, for "missed a phase" diagnostics
 
     # ---- from the CTA (any task thread) --------------------------------------------------------------
     def spawn(self, name, label, fn, replica, num_threads, agent) -> Task:
@@ -242,11 +228,6 @@ class Scheduler:
         self.live += 1
         t.thread.start()  # it parks until handed the baton
         return t
-
-    def step(self) -> None:
-        self.steps += 1
-        if self.steps > self.max_steps:
-            self._step_limit()
 
     def _step_limit(self):
         err = StepLimitError(f"the CTA ran past its step limit of {self.max_steps} steps (TLX ops, pointer "

@@ -67,7 +67,6 @@ class MBarrier:
             self.vc_done = dict(self.vc_acc)
             self.arrivals = []
             self.expected = self.landed = 0
-            cta.sched.completions += 1
             if cta.tracer is not None:
                 cta.tracer.event(cta, None, "phase", f"{self.name} completes phase {self.completed - 1}", None)
 
@@ -236,7 +235,6 @@ class NamedBarriers:
             nb.who = []
             nb.count = None
             nb.generation += 1
-            self.cta.sched.completions += 1
         return nb, gen
 
     def arrive(self, task, bar_id, count, site) -> None:

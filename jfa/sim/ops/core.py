@@ -13,7 +13,7 @@ from ..errors import ProtocolError, RaceError, SimError, UnsupportedError
 from ..gmem import Descriptor
 from ..sched import AsyncOp
 from ..smem import SharedAlloc, View
-from ..sync import BadBarrier, BarrierArray, MBarrier
+from ..sync import BarrierArray
 from ..values import as_bool, as_int, make_tensor, scalar_tensor, unwrap
 from . import OpTable
 
@@ -423,7 +423,3 @@ def clock64(cta):
 def thread_id(cta, axis):
     raise UnsupportedError("tlx.thread_id: a task stands for a whole warpgroup executing uniformly; per-thread "
                            "values are not modelled", site=source.capture(2))
-
-
-def _is_barrier(x):
-    return isinstance(x, (MBarrier, BadBarrier, BarrierArray))

@@ -38,7 +38,7 @@ from .sched import Schedule
 from .trace import DEFAULT_SIZE, Tracer
 
 DEFAULT_MAX_STEPS = 2_000_000  # per CTA
-DEFAULT_TIMEOUT_S = 600.0  # per launch
+DEFAULT_TIMEOUT_S = 300.0  # per launch
 # keyword arguments of kernel[grid](...) that are launch options, not kernel parameters
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
                    "launch_pdl", "debug", "sanitize_overflow", "warp_size", "ctas_per_cga", "minRegAutoWS",

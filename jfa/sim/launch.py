@@ -460,16 +460,27 @@ class Launch:
         op.__name__ = name
         return op
 
-    def _inline_asm(self, asm, constraints, values, ty, is_pure, pack):
-        """The few inline-asm reads a profiling build uses: %globaltimer (ns) and %smid (the CTA's index)."""
-        dtype = ty.scalar if hasattr(ty, "scalar") else ty
+    def _inline_asm(self, asm, constraints, values, types, is_pure, pack):
+        """The inline-asm reads a profiling build uses, as scalars: %globaltimer (ns) and %smid (the CTA's
+        index); any other asm is refused."""
+        if values or len(types) != 1:
+            raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
         if "%globaltimer" in asm:
             v = time.monotonic_ns()
         elif "%smid" in asm:
             v = self.cta.index[0]
         else:
             raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
-        return _interp.TensorHandle(np.array([v], dtype=_interp._get_np_dtype(dtype)), dtype)
+        dtype = types[0].scalar if hasattr(types[0], "scalar") else types[0]
+        return _AsmCall([_interp.TensorHandle(np.array([v], dtype=_interp._get_np_dtype(dtype)), dtype)])
+
+
+class _AsmCall:
+    def __init__(self, results):
+        self.results = results
+
+    def get_result(self, i):
+        return self.results[i]
 
 
 def launch(kernel, grid, *args, schedule: Schedule = None, trace=False, arch=(9, 0), max_steps=DEFAULT_MAX_STEPS,

@@ -180,3 +180,17 @@ def test_tlx_backward_meets_the_oracle(case, tlx_on_target):
                                     **case.oracle_kwargs())
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert rel_err(got, want) < TOL, name
+
+
+def test_tlx_forward_profiling_build_records_every_work_item(tlx_on_target):
+    case = Case("D64-causal-profile", (300, 129, 77), 64, True)
+    q, k, v, cu_q, cu_k, _ = case.inputs()
+    with sim.simulated(sm_count=3) as session:
+        out, lse, timeline = F.jagged_forward_tlx(q, k, v, cu_q, cu_k, profile=True, **case.launcher_kwargs())
+    assert_simulated(session, "jagged_fwd_tlx_kernel", case)
+    rec = timeline.records
+    ran = rec[:, 0] >= 0
+    assert ran.any() and bool((rec[ran, 2] >= rec[ran, 1]).all())  # end after start (%globaltimer, ns)
+    assert set(rec[ran, 3].tolist()) <= {0, 1, 2} and bool((rec[ran, 0] == rec[ran, 3]).all())  # %smid = CTA
+    ref_out, _ = oracle.attention_forward(q.float(), k.float(), v.float(), cu_q, cu_k, **case.oracle_kwargs())
+    assert rel_err(out, ref_out) < TOL

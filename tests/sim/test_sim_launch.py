@@ -64,6 +64,8 @@ def test_every_interpreter_patch_is_undone_also_after_a_failure():
     tl_range, tl_zeros = tl.range, tl.zeros
     builder = vars(interpreter.interpreter_builder).copy()
     sem = vars(interpreter.interpreter_semantic).copy()
+    module_fns = (interpreter._get_np_dtype, interpreter._convert_float)
+    tensor_init, threads = tl.tensor.__init__, torch.get_num_threads()
     with pytest.raises(sim.DeadlockError):
         run_ring("producer_wrong_parity")
     run_ring("none")
@@ -72,7 +74,8 @@ def test_every_interpreter_patch_is_undone_also_after_a_failure():
     assert tl.range is tl_range and tl.zeros is tl_zeros
     assert vars(interpreter.interpreter_builder).keys() == builder.keys()
     assert vars(interpreter.interpreter_semantic).keys() == sem.keys()
-    assert torch.get_num_threads() >= 1
+    assert (interpreter._get_np_dtype, interpreter._convert_float) == module_fns
+    assert tl.tensor.__init__ is tensor_init and torch.get_num_threads() == threads
 
 
 def test_an_op_the_simulator_does_not_model_is_named():

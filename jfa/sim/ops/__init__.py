@@ -1,0 +1,57 @@
+"""The op table: which ``tlx.*`` functions the simulator implements, per architecture.
+
+An ``OpTable`` maps a TLX op name to its implementation ``fn(cta, *args, **kwargs)``. Tables inherit:
+``CORE`` holds what every NVIDIA architecture shares (shared memory, mbarriers, named barriers, TMA,
+proxy fences, the small helpers), ``HOPPER`` adds wgmma (``async_dot``/``async_dot_wait`` with register
+or shared-memory A). A Blackwell table would start from ``CORE`` and add tcgen05 MMA completing on
+mbarriers (an ``AsyncOp`` landing on a barrier, like a TMA load), TMEM allocations and views, CLC and
+cluster ops; the scheduler, the barriers and the shadow memory need no change for that.
+
+During a launch every op of the table replaces the function of that name on the ``tlx`` module; every
+other TLX builtin is replaced by a stub that raises UnsupportedError naming it, so a kernel never runs
+a compiler builtin by accident. ``sync=True`` ops are TLX synchronisation points: they count as a step
+and may switch tasks in a seeded schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    fn: Callable
+    sync: bool
+
+
+class OpTable:
+    def __init__(self, name: str, parent: "OpTable" = None):
+        self.name = name
+        self.ops: dict = dict(parent.ops) if parent is not None else {}
+
+    def op(self, name: str = None, *, sync: bool = True):
+        def register(fn):
+            key = name or fn.__name__
+            self.ops[key] = OpSpec(key, fn, sync)
+            return fn
+        return register
+
+    def alias(self, name: str, target: str) -> None:
+        spec = self.ops[target]
+        self.ops[name] = OpSpec(name, spec.fn, spec.sync)
+
+    def __contains__(self, name) -> bool:
+        return name in self.ops
+
+
+def table_for(arch: tuple) -> OpTable:
+    """The op table of compute capability ``arch`` ((9, 0): Hopper)."""
+    from ..errors import UnsupportedError
+    from . import core, hopper  # noqa: F401 - registers the ops
+
+    major = int(arch[0])
+    if major == 9:
+        return hopper.HOPPER
+    raise UnsupportedError(f"architecture sm_{arch[0]}{arch[1]} is not simulated (only Hopper, sm_90: "
+                           "Blackwell's tcgen05, TMEM, CLC and clusters are not modelled yet)")

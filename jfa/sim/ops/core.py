@@ -1,0 +1,425 @@
+"""TLX ops every NVIDIA architecture shares: shared memory, mbarriers, named barriers, TMA, proxy fences,
+and the small helpers (replica id, dtype_of, size_of)."""
+from __future__ import annotations
+
+import linecache
+import re
+
+import numpy as np
+import triton.language as tl
+
+from .. import source
+from ..errors import ProtocolError, RaceError, SimError, UnsupportedError
+from ..gmem import Descriptor
+from ..sched import AsyncOp
+from ..smem import SharedAlloc, View
+from ..sync import BarrierArray
+from ..values import as_bool, as_int, make_tensor, scalar_tensor, unwrap
+from . import OpTable
+
+CORE = OpTable("core")
+_REDUCES = ("", "add", "min", "max", "and", "or", "xor")
+_NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=\s*(?:[\w.]+\.)?(local_alloc|alloc_barriers)\b")
+
+
+def _alloc_name(cta, site, kind: str) -> str:
+    """The variable the kernel assigns the allocation to (``k_tiles = tlx.local_alloc(...)``)."""
+    name = None
+    if site:
+        m = _NAME_RE.match(linecache.getline(site.filename, site.line))
+        if m:
+            name = m.group(1)
+    if name is None:
+        name = f"{kind}#{len(cta.smem.allocs) + len(cta.barriers) + 1}"
+    base, k = name, 2
+    while name in cta.alloc_names:
+        name = f"{base}#{k}"
+        k += 1
+    cta.alloc_names.add(name)
+    return name
+
+
+def _data(t, what, site):
+    """The numpy data of register tensor ``t`` (an async result must have been waited for)."""
+    if not isinstance(t, tl.tensor):
+        raise ProtocolError(f"{what}: expected a register tensor, got {type(t).__name__}", site=site)
+    data = t.handle.data
+    pending = getattr(data, "_jfa_group", None)
+    if pending is not None:
+        raise RaceError(f"{what} uses the result of the async_dot issued at {pending.site.short()} before an "
+                        "async_dot_wait retired its group", site=site,
+                        hint="wait for it first: x = tlx.async_dot_wait(0, x) (or a count that retires its group)")
+    return data
+
+
+# ---- shared memory -------------------------------------------------------------------------------------
+@CORE.op(sync=False)
+def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
+    site = source.capture(2)
+    storage = unwrap(storage)
+    if storage is not None and getattr(storage, "name", str(storage)).endswith("tmem"):
+        raise UnsupportedError("local_alloc(storage=tmem): tensor memory is Blackwell's and is not simulated yet",
+                               site=site)
+    if reuse is not None:
+        raise UnsupportedError("local_alloc(reuse=...): aliased shared-memory allocations are not simulated yet",
+                               site=site)
+    shape = [as_int(d, "local_alloc shape") for d in unwrap(shape)]
+    dtype = unwrap(dtype)
+    num = as_int(num, "local_alloc num")
+    if num < 1 or any(d < 1 for d in shape):
+        raise ProtocolError(f"local_alloc({shape}, {dtype}, {num}): sizes must be positive", site=site)
+    a = cta.smem.alloc(_alloc_name(cta, site, "smem"), shape, dtype, num, site)
+    cta.trace(cta.task, "local_alloc", f"{a.name}: {num} x {dtype}{shape}", site)
+    return a
+
+
+@CORE.op(sync=False)
+def alloc_barriers(cta, num_barriers, arrive_count=1):
+    site = source.capture(2)
+    num, count = as_int(num_barriers, "num_barriers"), as_int(arrive_count, "arrive_count")
+    if num < 1 or count < 1:
+        raise ProtocolError(f"alloc_barriers({num}, arrive_count={count}): both must be at least 1", site=site)
+    arr = BarrierArray(cta, _alloc_name(cta, site, "mbarriers"), num, count, site)
+    cta.barriers.append(arr)
+    cta.trace(cta.task, "alloc_barriers", f"{arr.name}: {num} x arrive_count {count}", site)
+    return arr
+
+
+@CORE.op(sync=False)
+def local_view(cta, buf, idx):
+    if isinstance(buf, (SharedAlloc, BarrierArray)):
+        return buf[idx]
+    raise ProtocolError(f"local_view: expected a local_alloc or alloc_barriers result, got {type(buf).__name__}",
+                        site=source.capture(2))
+
+
+@CORE.op(sync=False)
+def local_slice(cta, buffer, offset, shape):
+    site = source.capture(2)
+    view = cta.view(buffer, site, "local_slice")
+    return view.sliced([as_int(o, "offset") for o in unwrap(offset)], [as_int(s, "shape") for s in unwrap(shape)],
+                       site)
+
+
+@CORE.op(sync=False)
+def local_trans(cta, input, dims=(1, 0)):
+    site = source.capture(2)
+    view = cta.view(input, site, "local_trans")
+    dims = [as_int(d, "dims") for d in unwrap(dims)]
+    if sorted(dims) != list(range(len(view.box))):
+        raise ProtocolError(f"local_trans(dims={dims}) is not a permutation of {len(view.box)} dims", site=site)
+    return view.transposed(dims)
+
+
+@CORE.op()
+def local_load(cta, src, token=None, layout=None, relaxed=False, **_hints):
+    site = source.capture(2)
+    task = cta.task
+    view = cta.view(src, site, "local_load")
+    cta.smem.read(view, task, "local_load", site)
+    data = np.array(view.read())
+    cta.trace(task, "local_load", view.name(), site)
+    return make_tensor(data, view.dtype)
+
+
+@CORE.op()
+def local_store(cta, dst, src):
+    site = source.capture(2)
+    task = cta.task
+    view = cta.view(dst, site, "local_store")
+    data = _data(src, "local_store", site)
+    if src.dtype.scalar != view.dtype:
+        raise ProtocolError(f"local_store of a {src.dtype.scalar} tensor into the {view.dtype} buffer {view.name()}",
+                            site=site)
+    shape = list(src.shape) if src.type.is_block() else [1]
+    if shape != view.shape:
+        raise ProtocolError(f"local_store of a tensor of shape {shape} into {view.name()} of shape {view.shape}",
+                            site=site)
+    cta.smem.write(view, task.agent, task.vc, task.vc[task.agent], f"local_store by {task.name}", "local_store", site,
+                   generic=True)
+    view.write(np.broadcast_to(data, view.shape))
+    cta.trace(task, "local_store", view.name(), site)
+
+
+@CORE.op()
+def fence_async_shared(cta):
+    task = cta.task
+    cta.smem.fence(task)
+    if cta.tracer is not None:
+        cta.trace(task, "fence_async_shared", "", source.capture(2))
+
+
+@CORE.op()
+def fence(cta, scope):
+    scope = unwrap(scope)
+    if scope == "async_shared":
+        cta.smem.fence(cta.task)
+    elif scope not in ("gpu", "sys"):
+        raise ProtocolError(f"fence scope must be 'gpu', 'sys' or 'async_shared', got {scope!r}",
+                            site=source.capture(2))
+    if cta.tracer is not None:
+        cta.trace(cta.task, "fence", str(scope), source.capture(2))
+
+
+# ---- mbarriers -----------------------------------------------------------------------------------------
+@CORE.op()
+def barrier_expect_bytes(cta, bar, size, pred=None):
+    site = source.capture(2)
+    b = cta.barrier(bar, site, "barrier_expect_bytes")
+    if pred is not None and not as_bool(pred):
+        cta.trace(cta.task, "barrier_expect_bytes", f"{b.name} (pred false: skipped)", site)
+        return
+    n = as_int(size, "size")
+    b.expect(cta, cta.task, n, site)
+    cta.trace(cta.task, "barrier_expect_bytes", f"{b.name} +{n} bytes -> {b.state()}", site)
+
+
+@CORE.op()
+def barrier_arrive(cta, bar, arrive_count=1, remote_cta_rank=None):
+    site = source.capture(2)
+    b = cta.barrier(bar, site, "barrier_arrive")
+    if remote_cta_rank is not None:
+        raise UnsupportedError("barrier_arrive(remote_cta_rank=...): clusters are not simulated yet", site=site)
+    b.arrive(cta, cta.task, as_int(arrive_count, "arrive_count"), site)
+    cta.trace(cta.task, "barrier_arrive", f"{b.name} -> {b.state()}", site)
+
+
+@CORE.op()
+def barrier_wait(cta, bar, phase, pred=None):
+    site = source.capture(2)
+    b = cta.barrier(bar, site, "barrier_wait")
+    task = cta.task
+    if pred is not None and not as_bool(pred):
+        cta.trace(task, "barrier_wait", f"{b.name} (pred false: skipped)", site)
+        return
+    parity = as_int(phase, "phase") & 1
+    if not b.passed(parity):
+        cta.trace(task, "barrier_wait", f"{b.name} parity {parity}: blocks ({b.state()})", site)
+        start = b.completed
+
+        def describe():
+            s = (f"barrier_wait({b.name}, phase parity {parity}): waits for the phase of parity {parity} to "
+                 f"complete; {b.name} is in {b.state()}")
+            if b.completed - start >= 2:
+                s += (f" -- it completed {b.completed - start} phases while this task waited, so the phase it waited "
+                      "for passed unseen (parity aliasing: more arrivals than the protocol expects?)")
+            return s
+
+        cta.sched.block(lambda: b.passed(parity), describe, site, on=(b, parity, start))
+    task.acquire(b.vc_done)
+    cta.trace(task, "barrier_wait", f"{b.name} parity {parity}: passes (phase {b.completed})", site)
+
+
+@CORE.op()
+def named_barrier_arrive(cta, bar, arrive_count):
+    site = source.capture(2)
+    bar_id, count = as_int(bar, "barrier id"), as_int(arrive_count, "thread count")
+    cta.named.arrive(cta.task, bar_id, count, site)
+    cta.trace(cta.task, "named_barrier_arrive", f"bar {bar_id} ({count} threads)", site)
+
+
+@CORE.op()
+def named_barrier_wait(cta, bar, arrive_count):
+    site = source.capture(2)
+    bar_id, count = as_int(bar, "barrier id"), as_int(arrive_count, "thread count")
+    cta.trace(cta.task, "named_barrier_wait", f"bar {bar_id} ({count} threads)", site)
+    cta.named.wait(cta.task, bar_id, count, site)
+
+
+# ---- TMA -----------------------------------------------------------------------------------------------
+class TmaLoad(AsyncOp):
+    kind = "TMA load"
+    __slots__ = ("cta", "task", "desc", "offsets", "view", "barrier", "site", "vc", "box", "seq")
+
+    def __init__(self, cta, task, desc, offsets, view, barrier, site, vc, seq):
+        self.cta, self.task, self.desc, self.offsets, self.view = cta, task, desc, offsets, view
+        self.barrier, self.site, self.vc, self.box, self.seq = barrier, site, vc, view.box, seq
+
+    def describe(self) -> str:
+        return f"TMA load #{self.seq} of {self.desc.name}{self.offsets} into {self.view.name()}"
+
+    def describe_full(self) -> str:
+        return (f"{self.describe()}, completing on {self.barrier.name}, issued by {self.task.name} at "
+                f"{self.site.format(indent='    ')}")
+
+    def land(self) -> None:
+        try:
+            self._land()
+        except SimError as err:  # found while landing: the copy's issuer is the task to name
+            if err.task is None:
+                err.task = f"{self.task.name} (its TMA load #{self.seq}, landing)"
+            raise
+
+    def _land(self) -> None:
+        cta = self.cta
+        sh = self.view.alloc.shadows[self.view.index]
+        sh.loads.remove(self)
+        data = self.desc.load_box(self.offsets, self.site)
+        rec = cta.smem.write(self.view, None, self.vc, 0,
+                             f"TMA load #{self.seq} of {self.desc.name}{self.offsets} (issued by {self.task.name})",
+                             "TMA load", self.site, landing=self)
+        self.view.write(data)
+        self.barrier.complete_tx(cta, self, self.desc.box_bytes)
+        rec.agent, rec.clock = self.barrier.tx_agent, self.barrier.tx_clock
+        cta.trace(None, "TMA load lands", f"#{self.seq} {self.view.name()} -> {self.barrier.name}: "
+                                          f"{self.barrier.state()}", self.site)
+
+
+class TmaStore(AsyncOp):
+    kind = "TMA store"
+    __slots__ = ("cta", "task", "desc", "offsets", "view", "reduce", "site", "rec", "landed", "seq")
+
+    def __init__(self, cta, task, desc, offsets, view, reduce, site, seq):
+        self.cta, self.task, self.desc, self.offsets, self.view = cta, task, desc, offsets, view
+        self.reduce, self.site, self.rec, self.landed, self.seq = reduce, site, None, False, seq
+
+    def describe(self) -> str:
+        red = f" (reduce {self.reduce})" if self.reduce else ""
+        return f"TMA store #{self.seq}{red} of {self.view.name()} to {self.desc.name}{self.offsets}"
+
+    def wait_hint(self) -> str:
+        return "wait for the store first: tlx.async_descriptor_store_wait(n) with n small enough to cover it"
+
+    def land(self) -> None:
+        try:
+            self._land()
+        except SimError as err:
+            if err.task is None:
+                err.task = f"{self.task.name} (its TMA store #{self.seq}, landing)"
+            raise
+
+    def _land(self) -> None:
+        self.landed = True
+        self.desc.store_box(self.offsets, np.array(self.view.read()), self.reduce, self.site)
+        self.cta.trace(None, "TMA store lands", self.describe(), self.site)
+
+
+def _tma_check(cta, d: Descriptor, view: View, offsets, what, site):
+    if len(offsets) != len(d.block):
+        raise ProtocolError(f"{what} of {d.name}: {len(offsets)} coordinates for a {len(d.block)}-d descriptor",
+                            site=site)
+    if (offsets[-1] * d.itemsize) % 16:
+        raise ProtocolError(f"{what} of {d.name} at {offsets}: the innermost coordinate is not 16-byte aligned "
+                            f"({offsets[-1]} x {d.itemsize} bytes; the interpreter's TMA rule)", site=site)
+    if view.perm is not None:
+        raise ProtocolError(f"{what} of {d.name} with the transposed view {view.name()}: TMA moves boxes in the "
+                            "descriptor's own layout", site=site)
+    if view.shape != d.block:
+        raise ProtocolError(f"{what} of {d.name}: its box {d.block} does not match {view.name()} of shape "
+                            f"{view.shape}", site=site)
+    if view.dtype != d.dtype:
+        raise ProtocolError(f"{what} of {d.name} ({d.dtype}) with the {view.dtype} buffer {view.name()}", site=site)
+
+
+@CORE.op()
+def async_descriptor_load(cta, desc, result, offsets, barrier, pred=None, cache_modifier="", eviction_policy="",
+                          multicast_targets=None, two_ctas=False):
+    site = source.capture(2)
+    task = cta.task
+    if multicast_targets or unwrap(two_ctas):
+        raise UnsupportedError("async_descriptor_load with multicast / two_ctas: clusters are not simulated yet",
+                               site=site)
+    d = cta.descriptor(desc, site)
+    view = cta.view(result, site, "async_descriptor_load")
+    bar = cta.barrier(barrier, site, "async_descriptor_load")
+    if pred is not None and not as_bool(pred):
+        cta.trace(task, "async_descriptor_load", f"{d.name} (pred false: skipped)", site)
+        return
+    offs = [as_int(o, "TMA coordinate") for o in unwrap(offsets)]
+    _tma_check(cta, d, view, offs, "TMA load", site)
+    view.check_index(site, "TMA load")
+    d.check_box(offs, "TMA load", site)  # bounds checked at issue; the data is read when it lands
+    cta.n_copies += 1
+    copy = TmaLoad(cta, task, d, offs, view, bar, site, task.release(), cta.n_copies)
+    view.alloc.shadows[view.index].loads.append(copy)
+    cta.sched.inflight.append(copy)
+    cta.trace(task, "async_descriptor_load", f"#{copy.seq} {d.name}{offs} -> {view.name()} on {bar.name} "
+                                             f"({d.box_bytes} bytes)", site)
+
+
+@CORE.op()
+def async_descriptor_store(cta, desc, source_buf, offsets, eviction_policy="", store_reduce=""):
+    site = source.capture(2)
+    task = cta.task
+    d = cta.descriptor(desc, site)
+    view = cta.view(source_buf, site, "async_descriptor_store")
+    reduce = unwrap(store_reduce) or ""
+    if reduce not in _REDUCES:
+        raise ProtocolError(f"async_descriptor_store(store_reduce={reduce!r}): must be one of {_REDUCES}", site=site)
+    offs = [as_int(o, "TMA coordinate") for o in unwrap(offsets)]
+    _tma_check(cta, d, view, offs, "TMA store", site)
+    cta.n_copies += 1
+    store = TmaStore(cta, task, d, offs, view, reduce, site, cta.n_copies)
+    store.rec = cta.smem.read(view, task, "TMA store source", site, async_proxy=True, inflight=store)
+    d.check_box(offs, "TMA store", site)
+    task.stores.append(store)
+    cta.sched.inflight.append(store)
+    cta.trace(task, "async_descriptor_store", store.describe(), site)
+
+
+@CORE.op()
+def async_descriptor_store_wait(cta, pendings, read_only=True):
+    task = cta.task
+    keep = as_int(pendings, "pendings")
+    n = 0
+    site = source.capture(2) if len(task.stores) > keep else None
+    while len(task.stores) > keep:
+        st = task.stores.pop(0)
+        if not st.landed:
+            cta.sched.land(st)
+        cta.smem.retire(*st.rec, task, "async_descriptor_store_wait", site)
+        n += 1
+    if cta.tracer is not None:
+        cta.trace(task, "async_descriptor_store_wait", f"({keep}): {n} store(s) retired, {len(task.stores)} pending",
+                  source.capture(2))
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+@CORE.op(sync=False)
+def async_task_replica_id(cta):
+    return tl.constexpr(cta.task.replica)
+
+
+@CORE.op(sync=False)
+def dtype_of(cta, v):
+    v = unwrap(v)
+    if isinstance(v, tl.core.tensor_descriptor_base):
+        return v.dtype
+    if isinstance(v, View):
+        return v.dtype
+    if isinstance(v, tl.tensor):
+        dt = v.type.element_ty if hasattr(v.type, "element_ty") else v.type
+        if dt.is_ptr():
+            dt = dt.element_ty
+        return dt
+    raise ProtocolError(f"dtype_of works on tensors, descriptors and buffers, not {type(v).__name__}",
+                        site=source.capture(2))
+
+
+@CORE.op(sync=False)
+def size_of(cta, dtype):
+    dtype = unwrap(dtype)
+    if not isinstance(dtype, tl.dtype):
+        raise ProtocolError(f"size_of expects a dtype, got {type(dtype).__name__}", site=source.capture(2))
+    return tl.constexpr(dtype.primitive_bitwidth // 8)
+
+
+@CORE.op(sync=False)
+def cluster_cta_rank(cta):
+    return scalar_tensor(0)  # a cluster of one CTA (clusters are not simulated)
+
+
+@CORE.op(sync=False)
+def cluster_size_1d(cta):
+    return scalar_tensor(1)
+
+
+@CORE.op(sync=False)
+def clock64(cta):
+    return scalar_tensor(cta.sched.steps, tl.int64)
+
+
+@CORE.op(sync=False)
+def thread_id(cta, axis):
+    raise UnsupportedError("tlx.thread_id: a task stands for a whole warpgroup executing uniformly; per-thread "
+                           "values are not modelled", site=source.capture(2))

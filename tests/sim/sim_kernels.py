@@ -1,0 +1,269 @@
+"""Toy TLX kernels for the simulator's tests, each with the protocol bugs its tests inject.
+
+A ``BUG`` constexpr picks the bug (0: none). Lines the tests expect a report to name carry a marker
+comment (``# <name>``); ``line_of(name)`` finds them, so the tests do not hard-code line numbers.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+import jfa.sim as sim
+
+HERE = os.path.abspath(__file__)
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that carries ``# <marker>``."""
+    with open(HERE) as f:
+        for n, line in enumerate(f, 1):
+            if line.rstrip().endswith(f"# <{marker}>"):
+                return n
+    raise KeyError(marker)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A TMA ring: the producer loads tiles into NUM_BUF buffers, the consumer sums them (local_load).
+# ---------------------------------------------------------------------------------------------------------
+RING_BUGS = {
+    "none": 0,
+    "producer_wrong_parity": 1,  # waits for the empty barrier's phase of the wrong parity
+    "expect_too_many_bytes": 2,
+    "expect_too_few_bytes": 3,
+    "release_before_read": 4,  # hands the buffer back before reading it
+    "missing_full_wait": 5,
+    "buffer_index_out_of_range": 6,
+    "barrier_index_out_of_range": 7,
+    "store_out_of_bounds": 8,
+    "arrive_count_too_high": 9,  # empties need two arrivals, one consumer gives one
+    "over_arrival": 10,  # arrives twice on a barrier of arrive count 1
+    "runaway_loop": 11,
+    "double_arrive": 12,  # two arrivals per use on a barrier of arrive count 1: phases pass unseen
+}
+
+
+@triton.jit
+def ring_kernel(desc_x, OUT, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, NUM_BUF: tl.constexpr,
+                BUG: tl.constexpr):
+    bufs = tlx.local_alloc((BLOCK, D), tl.float32, NUM_BUF)
+    fulls = tlx.alloc_barriers(num_barriers=NUM_BUF, arrive_count=1)
+    if BUG == 9:
+        empties = tlx.alloc_barriers(num_barriers=NUM_BUF, arrive_count=2)
+    else:
+        empties = tlx.alloc_barriers(num_barriers=NUM_BUF, arrive_count=1)
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer
+            for i in range(0, N_TILES):
+                b = i % NUM_BUF
+                ph = (i // NUM_BUF) & 1
+                if BUG == 1:
+                    tlx.barrier_wait(empties[b], ph)  # <ring-wrong-parity>
+                else:
+                    tlx.barrier_wait(empties[b], ph ^ 1)  # <ring-wait-empty>
+                if BUG == 2:
+                    tlx.barrier_expect_bytes(fulls[b], 2 * BLOCK * D * 4)
+                elif BUG == 3:
+                    tlx.barrier_expect_bytes(fulls[b], BLOCK * D * 2)
+                else:
+                    tlx.barrier_expect_bytes(fulls[b], BLOCK * D * 4)
+                tlx.async_descriptor_load(desc_x, bufs[b], [i * BLOCK, 0], fulls[b])  # <ring-load>
+        with tlx.async_task(num_warps=4):  # consumer
+            acc = tl.zeros((BLOCK, D), dtype=tl.float32)
+            n = N_TILES
+            if BUG == 11:
+                n = N_TILES * 1000000
+            for i in tl.range(0, n):  # <ring-consumer-loop>
+                b = i % NUM_BUF
+                ph = (i // NUM_BUF) & 1
+                if BUG == 6:
+                    acc += tlx.local_load(bufs[b + NUM_BUF])  # <ring-bad-buffer>
+                elif BUG == 7:
+                    tlx.barrier_wait(fulls[b + NUM_BUF], ph)  # <ring-bad-barrier>
+                elif BUG == 11:
+                    tlx.fence_async_shared()  # <ring-spin-op>
+                else:
+                    if BUG != 5:
+                        tlx.barrier_wait(fulls[b], ph)  # <ring-wait-full>
+                    if BUG == 4:
+                        tlx.barrier_arrive(empties[b], 1)  # <ring-early-release>
+                        acc += tlx.local_load(bufs[b])  # <ring-late-read>
+                    else:
+                        acc += tlx.local_load(bufs[b])  # <ring-read>
+                        if BUG == 10:
+                            tlx.barrier_arrive(empties[b], 2)  # <ring-over-arrival>
+                        elif BUG == 12:
+                            tlx.barrier_arrive(empties[b], 1)
+                            tlx.barrier_arrive(empties[b], 1)  # <ring-double-arrive>
+                        else:
+                            tlx.barrier_arrive(empties[b], 1)  # <ring-release>
+            offs = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]
+            if BUG == 8:
+                offs = offs + BLOCK * D
+            tl.store(OUT + offs, acc)  # <ring-store>
+
+
+def run_ring(bug="none", n_tiles=5, block=16, d=32, num_buf=2, **launch_kw):
+    """(max |out - expected|, LaunchReport) of the ring kernel with ``bug``."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n_tiles * block, d, generator=g)
+    out = torch.zeros(block, d)
+    desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block, d])
+    report = sim.launch(ring_kernel, (1,), desc, out, n_tiles, BLOCK=block, D=d, NUM_BUF=num_buf,
+                        BUG=RING_BUGS[bug], **launch_kw)
+    expected = x.view(n_tiles, block, d).sum(0)
+    return (out - expected).abs().max().item(), report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# wgmma: the producer loads A [64, K] and B [K, 64] tiles, the consumer accumulates A_i B_i by async_dot.
+# ---------------------------------------------------------------------------------------------------------
+MMA_BUGS = {
+    "none": 0,
+    "release_before_retire": 1,  # hands the operands back before async_dot_wait
+    "use_before_wait": 2,  # computes with the async_dot result before its wait
+    "missing_fence": 3,  # local_store of an operand, read by wgmma with no fence_async_shared
+}
+
+
+@triton.jit
+def mma_kernel(desc_a, desc_b, OUT, N_STEPS, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+               BUG: tl.constexpr):
+    a_tiles = tlx.local_alloc((M, K), tl.bfloat16, 2)
+    b_tiles = tlx.local_alloc((K, N), tl.bfloat16, 2)
+    a_copy = tlx.local_alloc((M, K), tl.bfloat16, 1)
+    fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            for i in range(0, N_STEPS):
+                b = i % 2
+                tlx.barrier_wait(empties[b], ((i // 2) & 1) ^ 1)
+                tlx.barrier_expect_bytes(fulls[b], (M * K + K * N) * 2)
+                tlx.async_descriptor_load(desc_a, a_tiles[b], [i * M, 0], fulls[b])
+                tlx.async_descriptor_load(desc_b, b_tiles[b], [i * K, 0], fulls[b])  # <mma-load-b>
+        with tlx.async_task(num_warps=4):
+            acc = tl.zeros((M, N), dtype=tl.float32)
+            for i in range(0, N_STEPS):
+                b = i % 2
+                tlx.barrier_wait(fulls[b], (i // 2) & 1)
+                if BUG == 3:
+                    a_regs = tlx.local_load(a_tiles[b])
+                    tlx.local_store(a_copy[0], a_regs)  # <mma-generic-store>
+                    acc = tlx.async_dot(a_copy[0], b_tiles[b], acc)  # <mma-unfenced-dot>
+                    acc = tlx.async_dot_wait(0, acc)
+                else:
+                    acc = tlx.async_dot(a_tiles[b], b_tiles[b], acc)  # <mma-dot>
+                if BUG == 1:
+                    tlx.barrier_arrive(empties[b], 1)  # <mma-early-release>
+                    acc = tlx.async_dot_wait(0, acc)  # <mma-late-wait>
+                elif BUG == 2:
+                    acc = acc * 1.0  # <mma-use-before-wait>
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(empties[b], 1)
+                else:
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(empties[b], 1)
+            offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+            tl.store(OUT + offs, acc)
+
+
+def run_mma(bug="none", n_steps=4, m=64, k=32, n=64, fence=True, **launch_kw):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(n_steps * m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n_steps * k, n, generator=g).to(torch.bfloat16)
+    out = torch.zeros(m, n)
+    da = TensorDescriptor(a, list(a.shape), list(a.stride()), [m, k])
+    db = TensorDescriptor(b, list(b.shape), list(b.stride()), [k, n])
+    report = sim.launch(mma_kernel, (1,), da, db, out, n_steps, M=m, K=k, N=n, BUG=MMA_BUGS[bug], **launch_kw)
+    expected = sum(a[i * m:(i + 1) * m].float() @ b[i * k:(i + 1) * k].float() for i in range(n_steps))
+    return (out - expected).abs().max().item(), report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pingpong: two consumer replicas take turns through named barriers 9 and 10 (the forward's handshake).
+# ---------------------------------------------------------------------------------------------------------
+PINGPONG_BUGS = {"none": 0, "dropped_first_turn": 1, "thread_count_mismatch": 2}
+
+
+@triton.jit
+def pingpong_kernel(OUT, N_TURNS, BUG: tl.constexpr):
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            pass
+        with tlx.async_task(num_warps=4, replicate=2):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:
+                if BUG != 1:
+                    tlx.named_barrier_arrive(9, 256)  # <pp-first-turn>
+            for i in range(0, N_TURNS):
+                if cid == 0:
+                    tlx.named_barrier_wait(9, 256)  # <pp-wait-0>
+                    tl.atomic_add(OUT, 1)
+                    if BUG == 2:
+                        tlx.named_barrier_arrive(10, 384)  # <pp-bad-count>
+                    else:
+                        tlx.named_barrier_arrive(10, 256)
+                else:
+                    tlx.named_barrier_wait(10, 256)  # <pp-wait-1>
+                    tl.atomic_add(OUT + 1, 1)
+                    tlx.named_barrier_arrive(9, 256)
+
+
+def run_pingpong(bug="none", turns=3, **launch_kw):
+    out = torch.zeros(2, dtype=torch.int32)
+    report = sim.launch(pingpong_kernel, (1,), out, turns, BUG=PINGPONG_BUGS[bug], **launch_kw)
+    return out, report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TMA store reduce-add: tiles staged in shared memory, reduce-added into OUT one after another.
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def reduce_add_kernel(X, desc_out, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, FENCE: tl.constexpr):
+    stage = tlx.local_alloc((BLOCK, D), tlx.dtype_of(desc_out), 1)
+    offs = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]
+    for i in range(0, N_TILES):
+        tile = tl.load(X + i * BLOCK * D + offs)
+        tlx.local_store(stage[0], tile)  # <reduce-stage>
+        if FENCE:
+            tlx.fence_async_shared()
+        tlx.async_descriptor_store(desc_out, stage[0], [0, 0], store_reduce="add")  # <reduce-store>
+        tlx.async_descriptor_store_wait(0)
+
+
+def run_reduce_add(dtype=torch.float32, n_tiles=4, block=16, d=32, fence=True, **launch_kw):
+    """(simulated out, expected out): expected adds the tiles one at a time, rounding to ``dtype`` each time."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(n_tiles, block, d, generator=g) * 3).to(dtype)
+    out = (torch.randn(block, d, generator=g) * 100).to(dtype)
+    expected = out.clone()
+    for i in range(n_tiles):
+        expected = (expected.float() + x[i].float()).to(dtype)  # fp32 sum of two values, rounded to nearest even
+    desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [block, d])
+    report = sim.launch(reduce_add_kernel, (1,), x, desc, n_tiles, BLOCK=block, D=d, FENCE=fence, **launch_kw)
+    return out, expected, report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Small kernels with one bug each
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def uninitialised_read_kernel(OUT, D: tl.constexpr):
+    buf = tlx.local_alloc((16, D), tl.float32, 2)
+    offs = tl.arange(0, 16)[:, None] * D + tl.arange(0, D)[None, :]
+    tlx.local_store(buf[0], tl.zeros((16, D), dtype=tl.float32))
+    x = tlx.local_load(buf[1])  # <uninit-read>
+    tl.store(OUT + offs, x)
+
+
+@triton.jit
+def spin_kernel(OUT, N):
+    i = 0
+    while i < N:  # <spin-loop>
+        i = i * 1  # <spin-body>
+    tl.store(OUT, i)

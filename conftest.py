@@ -20,6 +20,10 @@ load_default_profile()  # ci unless JFA_FUZZ_PROFILE or --hypothesis-profile say
 def pytest_addoption(parser):
     parser.addoption("--device", default=knobs.test_device, choices=("cpu", "cuda"),
                      help="device the kernel tests run on (cpu = Triton interpreter)")
+    parser.addoption("--sim-scope", default="core", choices=("core", "full"),
+                     help="the TLX kernels on the CPU simulator: core (the CI suite: every shipped build, "
+                          "deterministic and 3 seeds on a subset) or full (the gate: the whole TLX catalogue "
+                          "under the deterministic schedule and 3 seeds)")
     parser.addoption("--backend", default="auto", choices=("auto", "tlx", "triton", "torch"),
                      help="jfa backend the kernel tests exercise (auto: TLX where it applies on a Hopper GPU, "
                           "else the portable kernel; tlx: cases it cannot run are skipped)")

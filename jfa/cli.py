@@ -1,5 +1,6 @@
 """The jfa command line: gate (the pre-merge correctness gate), fuzz (time-budgeted fuzzing), repro
-(replay a case file), compile-check (the offline sm_90a build gate), bench, info.
+(replay a case file), sim (replay a case on the TLX simulator), compile-check (the offline sm_90a build
+gate), bench, info.
 
 Exit codes, every command: 0 when the work ran and passed, 1 when a check failed, 2 for a usage error
 or when nothing ran (one line on stderr)."""
@@ -37,6 +38,8 @@ def _run_suite(device: str, out_dir: Path, workers: str) -> tuple[int, Path, flo
            f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if workers != "0":
         cmd += ["-n", workers]
+    if device == "cpu":
+        cmd += ["--sim-scope", "full"]  # the gate runs the whole TLX catalogue on the simulator, every schedule
     env = dict(os.environ)
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
@@ -56,7 +59,7 @@ def _mutation_rows(device: str, junit: Path) -> list:
     kills: dict[str, dict] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         name = tc.get("name", "")
-        for kind in ("test_catalog_kills", "test_fuzzer_kills"):
+        for kind in ("test_catalog_kills", "test_fuzzer_kills", "test_simulator_kills"):
             if not name.startswith(kind + "["):
                 continue
             props = {p.get("name"): p.get("value") for p in tc.iter("property")}
@@ -65,7 +68,8 @@ def _mutation_rows(device: str, junit: Path) -> list:
             cell = "skipped" if skipped else ("SURVIVED" if failed else
                                               f"{props.get('examples_to_kill', '?')} ex / {props.get('seconds_to_kill', '?')} s")
             kills.setdefault(name[len(kind) + 1:-1], {})[kind] = cell
-    return [[device, m, k.get("test_catalog_kills", "-"), k.get("test_fuzzer_kills", "-")] for m, k in sorted(kills.items())]
+    return [[device, m, k.get("test_catalog_kills", "-"), k.get("test_fuzzer_kills", "-"), k.get("test_simulator_kills", "-")]
+            for m, k in sorted(kills.items())]
 
 
 def _summarise(device: str, junit: Path, seconds: float) -> tuple[list, dict]:
@@ -132,8 +136,9 @@ def cmd_gate(args) -> int:
     text3 = ""
     if mutant_rows:
         killed = sum(1 for r in mutant_rows if "SURVIVED" not in r[2:] and "skipped" not in r[2:])
-        print(f"\nmutation check: {killed}/{len(mutant_rows)} mutants killed by both the catalogue and the ci fuzzer")
-        text3 = _print_table(["device", "mutant", "catalogue kill", "ci fuzzer kill"], mutant_rows)
+        print(f"\nmutation check: {killed}/{len(mutant_rows)} mutants killed (portable: by the catalogue and the ci "
+              "fuzzer; TLX: by the TLX catalogue on the simulator)")
+        text3 = _print_table(["device", "mutant", "catalogue kill", "ci fuzzer kill", "simulator kill"], mutant_rows)
     nothing_ran = all(r["exit_code"] == PYTEST_NO_TESTS for r in results)
     verdict = "NOTHING RAN" if nothing_ran else ("FAILED" if failed else "PASSED")
     print(f"\ngate {verdict}")
@@ -183,6 +188,7 @@ def main(argv=None) -> int:
     sub.add_parser("fuzz", help="fuzz the kernels against the oracle (see jfa fuzz --help)", add_help=False)
     sub.add_parser("repro", help="replay a case file (see jfa repro --help)", add_help=False)
     sub.add_parser("compile-check", help="offline sm_90a compile gate of the shipped kernels", add_help=False)
+    sub.add_parser("sim", help="replay a case file on the TLX simulator (see jfa sim --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command in ("gate", "info") and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
@@ -202,6 +208,12 @@ def main(argv=None) -> int:
         from jfa.fuzz.compile_gate import main as compile_main
 
         return compile_main(rest)
+    if args.command == "sim":
+        if "triton" not in sys.modules:  # the simulator runs on Triton's interpreter, chosen at triton's import
+            os.environ["TRITON_INTERPRET"] = "1"
+        from jfa.sim.cli import main as sim_main
+
+        return sim_main(rest)
     if args.command == "repro":
         from jfa.fuzz.runner import cmd_repro
 

@@ -2,8 +2,9 @@
 
 Every mutant must still fit the current kernel source (so the list cannot rot), applying one must put
 the original modules back afterwards, and the hand-written adversarial catalogue must kill every
-mutant. A second kill test runs the hypothesis strategy ``jfa.fuzz.strategies.problems()`` under the
-``ci`` profile against every mutant (skipped where that module or profile is missing).
+portable mutant; a second kill test runs the hypothesis strategy ``jfa.fuzz.strategies.problems()``
+under the ``ci`` profile against every portable mutant. The TLX mutants (protocol and numeric bugs of the
+shipped TLX kernels) must each be killed on the CPU by the TLX catalogue on the simulator.
 """
 import importlib
 import inspect
@@ -21,11 +22,14 @@ from jfa.fuzz.mutants import (
     MODULES,
     MUTANTS,
     SCHEDULE,
+    TLX_MODULES,
     Mutant,
     MutantError,
     applied,
     kill,
+    kill_on_simulator,
     original_source,
+    tlx_kill_set,
 )
 from jfa.fuzz.cases import Case
 from jfa.fuzz.rule import run_case
@@ -37,6 +41,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.i
 KILL_SET = default_suite()
 CASES_BY_ID = {c.id: c for c in KILL_SET}
 IDS = [m.name for m in MUTANTS]
+PORTABLE = [m for m in MUTANTS if m.module not in TLX_MODULES]
+TLX = [m for m in MUTANTS if m.module in TLX_MODULES]
 
 # a quick case with empty sequences, Lq != Lk and a partial tile (fails under several mutants)
 QUICK = Case((0, 17, 40), (0, 23, 40), causal=True, dtype="fp32", head_dim=32, name="quick-empty-leading")
@@ -156,7 +162,7 @@ def test_kill_with_a_strategy(device):
 # ----------------------------------------------------------------------------------------------------
 # the suites kill every mutant
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+@pytest.mark.parametrize("mutant", PORTABLE, ids=[m.name for m in PORTABLE])
 def test_catalog_kills(mutant, device, record_property):
     result = kill(mutant, KILL_SET, device=device)
     record_property("examples_to_kill", result.examples)
@@ -169,7 +175,7 @@ def test_catalog_kills(mutant, device, record_property):
     assert report.ok, str(report)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+@pytest.mark.parametrize("mutant", PORTABLE, ids=[m.name for m in PORTABLE])
 def test_fuzzer_kills(mutant, device, record_property):
     strategies = pytest.importorskip("jfa.fuzz.strategies")
     try:
@@ -182,3 +188,26 @@ def test_fuzzer_kills(mutant, device, record_property):
     record_property("killed_by", result.case_id or "")
     assert result.killed, (f"mutant {mutant.name} ({mutant.why}) survived {result.examples} generated problems "
                            f"(hypothesis profile 'ci')")
+
+
+def test_at_least_twelve_tlx_mutants_cover_both_kernels():
+    assert len(TLX) >= 12 and {m.module for m in TLX} == set(TLX_MODULES)
+
+
+@pytest.mark.parametrize("mutant", TLX, ids=[m.name for m in TLX])
+def test_simulator_kills(mutant, device, record_property):
+    """The TLX catalogue on the simulator (deterministic schedule, then three seeds) kills every TLX mutant;
+    the killing case passes once the mutant is gone."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import jfa.sim as sim
+
+    result = kill_on_simulator(mutant, tlx_kill_set())
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, f"TLX mutant {mutant.name} ({mutant.why}) survived {result.examples} simulated cases"
+    case = next(c for c in tlx_kill_set() if c.id == result.case_id)
+    with sim.simulated(sm_count=3):
+        report = run_case(case, backend="tlx", device="cpu")
+    assert report.ok, str(report)

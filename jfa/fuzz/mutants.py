@@ -39,7 +39,12 @@ from typing import Iterable, NamedTuple, Optional
 SCHEDULE = "jfa.kernels.schedule"
 FORWARD = "jfa.kernels.triton.forward"
 BACKWARD = "jfa.kernels.triton.backward"
-MODULES = (SCHEDULE, FORWARD, BACKWARD)  # dependency order: each may import from the ones before it
+TLX_COMMON = "jfa.kernels.tlx.common.device"
+TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
+TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
+# dependency order: each may import from the ones before it
+MODULES = (SCHEDULE, FORWARD, BACKWARD, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
+TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
 class MutantError(RuntimeError):
@@ -152,6 +157,76 @@ MUTANTS: tuple = (
            "mask = offs_d < HEAD_DIM",
            "mask = offs_d <= HEAD_DIM",
            "padded head dims read one element past the head (into the next head's data)"),
+    # --- TLX forward (run on the simulator: protocol bugs show as deadlocks, races, bounds errors) --------
+    Mutant("tlx-fwd-empty-wait-wrong-parity", TLX_FORWARD,
+           "tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)",
+           "tlx.barrier_wait(k_empties[kv_buf], kv_phase)",
+           "the producer waits for the wrong phase of a K slot's empty barrier: a slot refilled while read"),
+    Mutant("tlx-fwd-expect-bytes-off", TLX_FORWARD,
+           "tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)",
+           "tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES // 2)",
+           "expect-tx of a V block counts half its bytes: the phase completes with the copy half landed"),
+    Mutant("tlx-fwd-v-released-before-pv-retired", TLX_FORWARD,
+           "    acc = tlx.async_dot_wait(0, acc)\n    tlx.barrier_arrive(v_empties[v_buf], 1)\n",
+           "    tlx.barrier_arrive(v_empties[v_buf], 1)\n    acc = tlx.async_dot_wait(0, acc)\n",
+           "a V buffer handed back to the producer while the PV wgmma reading it may still run"),
+    Mutant("tlx-fwd-missing-q-full-wait", TLX_FORWARD,
+           "        tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)\n",
+           "",
+           "a consumer reads its Q tile without waiting for the TMA load to land"),
+    Mutant("tlx-fwd-kv-arrive-count-off", TLX_FORWARD,
+           "k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)",
+           "k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)",
+           "a K slot's empty barrier completes on one consumer's arrival: refilled while the other still reads"),
+    Mutant("tlx-fwd-pingpong-handshake-dropped", TLX_FORWARD,
+           "tlx.named_barrier_arrive(BAR_TO_C0, PINGPONG_THREADS)  # lets consumer 0 issue the first QK^T",
+           "pass",
+           "the first pingpong turn is never handed to consumer 0: both consumers wait for each other"),
+    Mutant("tlx-fwd-store-mask-dropped", TLX_FORWARD,
+           "tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])",
+           "tl.store(o_ptrs, out.to(DTYPE))",
+           "the epilogue stores a tile's rows past its sequence: into the next sequence, or past the tensor"),
+    Mutant("tlx-fwd-tail-mask-off-by-one", TLX_FORWARD,
+           "visible = (offs_n < len_k)[None, :]",
+           "visible = (offs_n <= len_k)[None, :]",
+           "off-by-one in the tail mask: the key one past the sequence (the next sequence's) enters the softmax"),
+    Mutant("tlx-wrong-sequence-offsets", TLX_COMMON,
+           "k_row0 = tl.load(CU_K + s).to(tl.int32)",
+           "k_row0 = tl.load(CU_Q + s).to(tl.int32)",
+           "copy-paste: a work item's key rows start at its query offset"),
+    Mutant("tlx-tile-list-item-skipped", TLX_COMMON,
+           "return round * num_progs + lane",
+           "return round * num_progs + lane + (round > 0)",
+           "the static schedule skips an item of every round after the first (and runs one twice)"),
+    # --- TLX backward --------------------------------------------------------------------------------------
+    Mutant("tlx-bwd-ds-fence-dropped", TLX_BACKWARD,
+           "    tlx.fence_async_shared()  # generic-proxy stores made visible to the readers' wgmma (async proxy)\n",
+           "",
+           "dS^T stored by generic stores is read by another warpgroup's wgmma (async proxy) with no fence"),
+    Mutant("tlx-bwd-dq-stage-reused-early", TLX_BACKWARD,
+           "tlx.async_descriptor_store_wait(1)  # this stage's reduce-add two steps back has read it",
+           "tlx.async_descriptor_store_wait(2)",
+           "a dQ stage rewritten while the TMA reduce-add of its last contents may still read it"),
+    Mutant("tlx-bwd-ds-slot-released-before-dq-retired", TLX_BACKWARD,
+           "    dq = tlx.async_dot_wait(0, dq)\n    tlx.barrier_arrive(ds_empties[buf], 1)\n",
+           "    tlx.barrier_arrive(ds_empties[buf], 1)\n    dq = tlx.async_dot_wait(0, dq)\n",
+           "the producer hands a dS^T slot back before its dQ MMAs reading it retired"),
+    Mutant("tlx-bwd-expect-bytes-without-stats", TLX_BACKWARD,
+           "2 * QDO_BYTES + 2 * BLOCK_M * 4",
+           "2 * QDO_BYTES",
+           "a query step's expect-tx leaves out the row statistics' bytes"),
+    Mutant("tlx-bwd-kv-arrive-count-off", TLX_BACKWARD,
+           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)",
+           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)",
+           "with dQ halves a K half is read by both consumers, but one arrival hands it back"),
+    Mutant("tlx-bwd-dk-store-mask-dropped", TLX_BACKWARD,
+           "(dk * sm_scale).to(DTYPE),\n             mask=row_ok[:, None])",
+           "(dk * sm_scale).to(DTYPE))",
+           "dK of key rows past the sequence stored: into the next sequence's rows, or past the tensor"),
+    Mutant("tlx-bwd-causal-first-tile-skipped", TLX_BACKWARD,
+           "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)",
+           "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M + 1, num_q_tiles)",
+           "causal dK/dV start one query tile late: the diagonal tile's rows never reach dK and dV"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}
@@ -211,7 +286,8 @@ def _forget_interpreted(module: types.ModuleType) -> None:
 
 @contextlib.contextmanager
 def applied(mutant: Mutant):
-    """Within the block, ``jfa.jagged_attention`` (backend "triton") runs the kernels with ``mutant``.
+    """Within the block, ``jfa.jagged_attention`` runs the kernels with ``mutant`` (the portable ones, and the
+    TLX ones wherever they run: the GPU, or the simulator).
 
     Yields the dict of fresh modules by name. Raises :class:`MutantError` (before touching anything)
     when the mutant does not fit the current source. Not re-entrant: one mutant at a time.
@@ -229,7 +305,7 @@ def applied(mutant: Mutant):
     fresh = {}
     try:
         for name in MODULES:
-            path = os.path.join(tmpdir, name.rpartition(".")[2] + ".py")
+            path = os.path.join(tmpdir, name.replace(".", "_") + ".py")  # one file a module (two are forward.py)
             fresh[name] = _exec_module(name, sources[name], path)
         yield fresh
     finally:
@@ -311,6 +387,42 @@ def kill(mutant: Mutant, cases_or_strategy, settings=None, *, backend: str = "tr
                 raise TypeError("settings only apply to a hypothesis strategy, not a list of cases")
             killed, examples, detail = _kill_with_cases(cases_or_strategy, backend, device)
     return KillResult(killed, examples, time.perf_counter() - start, detail)
+
+
+TLX_SENTINELS = ("tlx-many-items-causal-bf16-D64", "tlx-many-items-causal-bf16-D128", "tlx-long-items-causal-D128",
+                 "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items")
+
+
+def tlx_kill_set() -> list:
+    """The TLX catalogue at the simulator's scale (``jfa.fuzz.catalog.tlx_cases("sim")``), ordered to kill
+    fast: a few sentinels that reach every build and many items per CTA first, then the rest."""
+    from jfa.fuzz.catalog import tlx_cases
+
+    cases = tlx_cases("sim")
+    first = [c for name in TLX_SENTINELS for c in cases if c.name.startswith(name)]
+    return first + [c for c in cases if c not in first]
+
+
+def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 3) -> KillResult:
+    """Run the TLX kernels with ``mutant`` on the simulator (``jfa.sim``) over ``cases`` (backend "tlx",
+    CPU tensors), under each schedule in turn (default: the deterministic one, then seeds 1, 2, 3), until
+    a case fails the oracle rule or the simulator reports a protocol error (deadlock, race, bounds)."""
+    import jfa.sim as sim
+
+    schedules = schedules or (sim.Schedule.deterministic(), *(sim.Schedule.seeded(s) for s in (1, 2, 3)))
+    start = time.perf_counter()
+    cases = list(cases)
+    examples = 0
+    with applied(mutant):
+        for schedule in schedules:
+            for case in cases:
+                examples += 1
+                with sim.simulated(arch=(9, 0), sm_count=sm_count, schedule=schedule):
+                    failure = _check(case, "tlx", "cpu")
+                if failure is not None:
+                    detail = f"{failure}\n  (schedule {schedule.describe()})"
+                    return KillResult(True, examples, time.perf_counter() - start, detail)
+    return KillResult(False, examples, time.perf_counter() - start, "")
 
 
 def _kill_with_cases(cases: Iterable, backend: str, device: str):

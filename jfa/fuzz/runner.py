@@ -153,8 +153,14 @@ def run_worker(index: int, out_dir: Path, deadline: float, backend: str, device:
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
-    from jfa.fuzz.strategies import problems
     from jfa.fuzz.rule import cannot_run, run_case
+    from jfa.fuzz.strategies import TLX_ONLY, problems
+
+    draw_kwargs = TLX_ONLY if backend == "tlx" else {}
+    if backend == "tlx" and device == "cpu":  # the TLX kernels on the simulator, a seeded schedule a worker
+        import jfa.sim as sim
+
+        sim.install(sm_count=3, schedule=sim.Schedule.seeded(seed * 1009 + index))
 
     # inf/NaN in lanes the kernels mask out (e.g. exp2 of padded columns) are expected in the interpreter
     warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -167,7 +173,7 @@ def run_worker(index: int, out_dir: Path, deadline: float, backend: str, device:
     def property_(data):
         if time.time() > deadline and state["last_failure"] is None:
             reject()  # out of time: end the round, unless a failure is being shrunk (let that finish)
-        case = data.draw(problems(max_tokens=max_tokens), label="case")
+        case = data.draw(problems(max_tokens=max_tokens, **draw_kwargs), label="case")
         if backend == "tlx" and cannot_run(case, backend, device):
             reject()  # outside what the TLX kernel takes (dtype, head dim, strides): "auto" covers those
         start = time.time()

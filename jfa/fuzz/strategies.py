@@ -24,6 +24,8 @@ from jfa.fuzz.cases import DOUT_LAYOUTS, DTYPES, VALUE_RECIPES, Case
 
 CPU_MAX_TOKENS = 640
 GPU_MAX_TOKENS = 24_000
+TLX_HEAD_DIMS = (64, 128)  # what the TLX kernels take: problems(**TLX_ONLY) draws nothing they refuse
+TLX_ONLY = dict(head_dims=TLX_HEAD_DIMS, dtypes=("bf16", "fp16"))
 
 
 def _boundary_lengths(blocks, max_len: int) -> list:

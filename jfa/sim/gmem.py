@@ -62,8 +62,14 @@ class MemoryMap:
         self.starts = [s for s, _ in merged]
         self.ends = [e for _, e in merged]
         self._by_start = sorted(self.regions, key=lambda r: (r.start, -r.end))
+        self._by_name = {r.name: r for r in self.regions}
 
-    def region_of(self, addr: int):
+    def region_of(self, addr: int, name: str = None):
+        """The region of the tensor ``name`` when it holds ``addr`` (views of one storage, such as q, k and v
+        of a fused projection, overlap: the descriptor's own tensor decides), else the smallest one that does."""
+        own = self._by_name.get(name)
+        if own is not None and own.start <= addr < own.end:
+            return own
         best = None
         for r in self.regions:
             if r.start <= addr < r.end and (best is None or r.end - r.start < best.end - best.start):
@@ -130,7 +136,7 @@ class Descriptor:
         self.dtype = handle.base.dtype.element_ty
         self.np_dtype = np_dtype(self.dtype)
         self.itemsize = max(1, self.dtype.primitive_bitwidth // 8)
-        self.region = memory.region_of(self.base)
+        self.region = memory.region_of(self.base, name)
 
     @property
     def box_bytes(self) -> int:

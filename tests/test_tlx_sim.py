@@ -1,0 +1,136 @@
+"""The production TLX kernels on the CPU simulator (jfa.sim), through the public op: the catalogue's TLX
+cases, forward and backward (fused dQ and deterministic), judged by the oracle rule on NaN-poisoned
+outputs, each asserting the TLX kernels ran on the simulator; under the deterministic schedule (copies
+land as late as possible) and seeded ones (random switches and copy order). Stores stay inside their own
+sequence (canaries around one sequence's tiles). ``--sim-scope full`` (the gate) runs the whole TLX
+catalogue under every schedule; the CI suite a core that still covers every shipped build."""
+import pytest
+import torch
+
+import jfa.sim as sim
+from jfa import knobs
+from jfa.fuzz.catalog import tlx_cases
+from jfa.fuzz.cases import offsets
+from jfa.fuzz.rule import run_case
+from jfa.kernels.schedule import TileList, build_tile_list
+from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.hopper import backward as tlx_backward
+from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+SM_COUNT = 3  # fewer CTAs than work items: every CTA walks several items (ring and phase wrap-around)
+SEEDS = (1, 2, 3)
+CATALOGUE = tlx_cases("sim")
+# the CI core: every (dtype, head dim) build through the structural families that reach each code path
+CORE_FAMILIES = ("empty-run-middle", "all-empty", "q-empty-or-k-empty", "causal-lq-gt-lk", "multi-tile-causal",
+                 "bcastq-causal", "bcastq-lq129-causal", "strided-fused-qkv", "scale-neg1.7", "tlx-tails-64",
+                 "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items")
+CORE = [c for c in CATALOGUE if c.name.startswith(CORE_FAMILIES) and (c.dtype == "bf16" or "tails" in c.name)]
+SEEDED_CORE = [c for c in CORE if c.name.startswith(("tlx-many-items-causal-bf16", "tlx-long-items", "tlx-keyless",
+                                                     "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128"))]
+BACKWARDS = ("fused-dq", "deterministic")
+
+
+def pytest_generate_tests(metafunc):
+    full = metafunc.config.getoption("--sim-scope") == "full"
+    if "sim_case" in metafunc.fixturenames:
+        cases = CATALOGUE if full else CORE
+        metafunc.parametrize("sim_case", cases, ids=[c.id for c in cases])
+    if "seeded_case" in metafunc.fixturenames:
+        cases = CATALOGUE if full else SEEDED_CORE
+        metafunc.parametrize("seeded_case", cases, ids=[c.id for c in cases])
+
+
+@pytest.fixture(autouse=True)
+def cpu_only(device):
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+
+
+def _run_on_simulator(case, schedule, dq: str):
+    with sim.simulated(arch=(9, 0), sm_count=SM_COUNT, schedule=schedule) as session, \
+            knobs.scope(tlx_fused_dq=dq == "fused-dq"):
+        report = run_case(case, backend="tlx", device="cpu", backward=True)
+    assert (report.kernel, report.backward_kernel) == ("tlx-hopper", "tlx-hopper"), report.ran
+    assert all(where == "tlx-sim" for _pass, kernel, where in report.ran if kernel == "tlx-hopper"), report.ran
+    launched = set(session.kernels())
+    rows = sum(case.lengths_q) if not case.broadcast_q else case.lengths_q[0]
+    if rows and sum(case.lengths_k):
+        assert {"jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel"} <= launched, session.kernels()
+    return report, session
+
+
+@pytest.mark.parametrize("dq", BACKWARDS)
+def test_tlx_kernels_meet_the_oracle_on_the_simulator(sim_case, dq):
+    report, session = _run_on_simulator(sim_case, sim.Schedule.deterministic(), dq)
+    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tlx_kernels_meet_the_oracle_under_seeded_schedules(seeded_case, seed):
+    report, _ = _run_on_simulator(seeded_case, sim.Schedule.seeded(seed), "fused-dq")
+    assert report.ok, str(report)
+
+
+def _packed(lengths, heads=2, head_dim=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, heads, head_dim, generator=g).to(torch.bfloat16) for _ in range(3))
+    return q, k, v, offsets(lengths, torch.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
+def test_forward_stores_stay_inside_their_own_sequence(head_dim, causal):
+    """Launch only the tiles of one sequence into an output that holds a canary everywhere: every row
+    outside that sequence (the neighbours a tile's TMA box reads into) must keep the canary."""
+    lengths = [77, 130, 3, 200]
+    q, k, v, cu = _packed(lengths, head_dim=head_dim)
+    cfg = tlx_forward.config_for(head_dim)
+    full = build_tile_list(cu, q.shape[0], tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu)
+    with sim.simulated(sm_count=2):
+        reference, _ = tlx_forward.jagged_forward_tlx(q, k, v, cu, cu, causal=causal, softmax_scale=head_dim ** -0.5,
+                                                      broadcast_q=False, num_seqs=len(lengths))
+        for seq in range(len(lengths)):
+            keep = (full.tiles[0] == seq).nonzero().flatten()
+            tiles = TileList(full.tiles[:, keep].contiguous(), keep.numel(), full.num_seqs, full.block)
+            out = torch.full_like(q, 7.0)
+            lse = torch.full(q.shape[:2], 7.0)
+            args, kwargs, items = tlx_forward.kernel_arguments(
+                q, k, v, out, lse, cu, cu, tiles, torch.zeros(2, dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int64),
+                causal=causal, softmax_scale=head_dim ** -0.5, broadcast_q=False, num_seqs=len(lengths), len_q_bcast=0)
+            target.launch(tlx_forward.jagged_fwd_tlx_kernel, (min(items, 2),), q.device, *args, **kwargs)
+            rows = torch.zeros(q.shape[0], dtype=torch.bool)
+            rows[int(cu[seq]):int(cu[seq + 1])] = True
+            assert (out[~rows] == 7.0).all() and (lse[~rows] == 7.0).all(), f"sequence {seq} wrote outside its rows"
+            assert torch.equal(out[rows], reference[rows]), f"sequence {seq} rows differ from the full launch"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
+def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkeypatch):
+    """The dK/dV kernel run on one sequence's key tiles only writes that sequence's dk and dv rows (the
+    neighbours keep their canary), and its fused dQ reduce-adds land in that sequence's dq rows only."""
+    lengths = [77, 130, 3, 200]
+    q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=1)
+    out, lse = (torch.randn_like(q), torch.randn(q.shape[:2]))
+    dout = torch.randn_like(q)
+    real_build = tlx_backward.build_tile_list
+    for seq in range(len(lengths)):
+        def one_sequence(cu_seqlens, total, block, *, work_offsets=None, seq=seq):
+            full = real_build(cu_seqlens, total, block, work_offsets=work_offsets)
+            keep = (full.tiles[0] == seq).nonzero().flatten()
+            return TileList(full.tiles[:, keep].contiguous(), keep.numel(), full.num_seqs, full.block)
+
+        monkeypatch.setattr(tlx_backward, "build_tile_list", one_sequence)
+        dk, dv = torch.full_like(k, 7.0), torch.full_like(v, 7.0)
+        accum = tlx_backward.DqAccumulator(q)
+        with sim.simulated(sm_count=2):
+            tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal,
+                                         softmax_scale=head_dim ** -0.5, broadcast_q=False, num_seqs=len(lengths),
+                                         dq_accum=accum, outputs=(out, dout, None))
+        rows = torch.zeros(q.shape[0], dtype=torch.bool)
+        rows[int(cu[seq]):int(cu[seq + 1])] = True
+        assert (dk[~rows] == 7.0).all() and (dv[~rows] == 7.0).all(), f"sequence {seq}: dk/dv outside its rows"
+        assert (accum.tensor[~rows] == 0).all(), f"sequence {seq}: dq reduce-adds outside its rows"
+        assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"

@@ -23,10 +23,12 @@ CATALOGUE = tlx_cases("sim")
 # the CI core: every (dtype, head dim) build through the structural families that reach each code path
 CORE_FAMILIES = ("empty-run-middle", "all-empty", "q-empty-or-k-empty", "causal-lq-gt-lk", "multi-tile-causal",
                  "bcastq-causal", "bcastq-lq129-causal", "strided-fused-qkv", "scale-neg1.7", "tlx-tails-64",
-                 "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items")
+                 "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items",
+                 "gqa-causal", "window-both", "window-left-only-masked-rows", "mqa-window-bcastq-causal")
 CORE = [c for c in CATALOGUE if c.name.startswith(CORE_FAMILIES) and (c.dtype == "bf16" or "tails" in c.name)]
 SEEDED_CORE = [c for c in CORE if c.name.startswith(("tlx-many-items-causal-bf16", "tlx-long-items", "tlx-keyless",
-                                                     "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128"))]
+                                                     "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128",
+                                                     "mqa-window-bcastq-causal-bf16-D128"))]
 BACKWARDS = ("fused-dq", "deterministic")
 
 
@@ -134,3 +136,20 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkey
         assert (dk[~rows] == 7.0).all() and (dv[~rows] == 7.0).all(), f"sequence {seq}: dk/dv outside its rows"
         assert (accum.tensor[~rows] == 0).all(), f"sequence {seq}: dq reduce-adds outside its rows"
         assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"
+
+
+def test_grouped_heads_at_d128_take_the_portable_dq_pass():
+    """The fused-dQ build at D 128 takes no grouped key/value heads (its shared memory is full): the TLX
+    backward then runs the dK/dV kernel without it and the portable dQ pass, and a direct call with the
+    fused accumulator is refused by name."""
+    q, _, _, cu = _packed([70, 130], heads=4, head_dim=128)
+    _, k, v, _ = _packed([70, 130], heads=2, head_dim=128, seed=1)
+    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2]), torch.randn_like(q)
+    with sim.simulated(sm_count=2) as session:
+        tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, causal=True, softmax_scale=0.1,
+                                         broadcast_q=False, num_seqs=2)
+        with pytest.raises(ValueError, match="fused-dQ build at head_dim 128 takes no grouped"):
+            tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None, torch.empty_like(k), torch.empty_like(v), cu, cu,
+                                         causal=True, softmax_scale=0.1, broadcast_q=False, num_seqs=2,
+                                         dq_accum=tlx_backward.DqAccumulator(q), outputs=(out, dout, None))
+    assert session.kernels() == ["jagged_dkdv_tlx_kernel"], session.kernels()

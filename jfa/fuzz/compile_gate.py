@@ -48,6 +48,12 @@ class Target:
     # "fused-dq" for the fused dQ's build, "" for the deterministic backward's
     variant: str = ""
     profile: bool = False  # tlx: the timeline (profiling) build
+    window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
+    group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
+
+    def window_size(self) -> tuple:
+        """The ``window_size`` a launch of this target passes (the band's values do not change the build)."""
+        return ((64, 0) if self.causal else (64, 64)) if self.window else (-1, -1)
 
 
 @dataclass
@@ -96,7 +102,20 @@ def tlx_targets() -> list:
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
                           backend="tlx", variant="schedule=dynamic", profile=True))
+    targets += _window_and_group_targets("forward", "")
     return targets + tlx_backward_targets()
+
+
+def _window_and_group_targets(kernel: str, variant: str, gqa_head_dim: int = 128) -> list:
+    """Sliding windows (D 64, causal at D 128) and grouped-query attention (group 4)."""
+    suffix = f"[{variant}]" if variant else ""
+    prefix = "tlx-forward" if kernel == "forward" else "tlx-dkdv"
+    return [Target(f"{prefix}-bf16-D64-window{suffix}", kernel, "bf16", 64, False, False, backend="tlx",
+                   variant=variant, window=True),
+            Target(f"{prefix}-bf16-D128-causal-window{suffix}", kernel, "bf16", 128, True, False, backend="tlx",
+                   variant=variant, window=True),
+            Target(f"{prefix}-bf16-D{gqa_head_dim}-gqa4{suffix}", kernel, "bf16", gqa_head_dim, False, False,
+                   backend="tlx", variant=variant, group=4)]
 
 
 def tlx_backward_targets() -> list:
@@ -115,6 +134,9 @@ def tlx_backward_targets() -> list:
                                           variant=variant))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
+    targets += _window_and_group_targets("dkdv", "")
+    # the fused dQ takes grouped heads at D 64 only (HopperDkDvConfig.grouped)
+    targets += _window_and_group_targets("dkdv", "fused-dq", gqa_head_dim=64)
     return targets
 
 
@@ -309,8 +331,13 @@ def _launch_inputs(target: Target):
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
     heads, lengths = 4, [300, 0, 700]
-    fused = torch.zeros(sum(lengths), 3, heads, target.head_dim, dtype=dtype)
-    q, k, v = fused[:, 0], fused[:, 1], fused[:, 2]
+    if target.group > 1:  # packed [T, H + 2 H_kv, D] projection
+        kv_heads = heads // target.group
+        fused = torch.zeros(sum(lengths), heads + 2 * kv_heads, target.head_dim, dtype=dtype)
+        q, k, v = fused[:, :heads], fused[:, heads:heads + kv_heads], fused[:, heads + kv_heads:]
+    else:
+        fused = torch.zeros(sum(lengths), 3, heads, target.head_dim, dtype=dtype)
+        q, k, v = fused[:, 0], fused[:, 1], fused[:, 2]
     cu_k = torch.tensor([0, 300, 300, 1000], dtype=torch.int32)
     if not target.broadcast_q:
         return q, k, v, cu_k, cu_k, 0
@@ -341,8 +368,8 @@ def tlx_launch_binding(target: Target) -> dict:
     args, kwargs, _ = tlx_forward.kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                    causal=target.causal, softmax_scale=target.head_dim ** -0.5,
                                                    broadcast_q=target.broadcast_q, num_seqs=num_seqs,
-                                                   len_q_bcast=len_q, variant=_variant(target),
-                                                   profile=target.profile)
+                                                   len_q_bcast=len_q, window=target.window_size(),
+                                                   variant=_variant(target), profile=target.profile)
     with _offline_launches() as seen:
         tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
     return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
@@ -386,7 +413,7 @@ def dkdv_launch_binding(target: Target) -> dict:
                                      torch.empty_like(k), torch.empty_like(v), out_cu, cu_k, causal=target.causal,
                                      softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
                                      num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
-                                     outputs=(out, dout, None) if fused else None)
+                                     outputs=(out, dout, None) if fused else None, window=target.window_size())
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
@@ -456,7 +483,8 @@ def _check_tlx(target: Target) -> Result:
 
         fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                         broadcast_q=target.broadcast_q, fused_dq=fused)
+                                         broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
+                                         group=target.group)
         cfg = tlx_backward.config_for(target.head_dim, fused)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
@@ -471,7 +499,8 @@ def _check_tlx(target: Target) -> Result:
 
     variant = _variant(target)
     spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
-                                    broadcast_q=target.broadcast_q, variant=variant, profile=target.profile)
+                                    broadcast_q=target.broadcast_q, window=target.window, group=target.group,
+                                    variant=variant, profile=target.profile)
     _, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
     expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])

@@ -190,6 +190,14 @@ MUTANTS: tuple = (
            "visible = (offs_n < len_k)[None, :]",
            "visible = (offs_n <= len_k)[None, :]",
            "off-by-one in the tail mask: the key one past the sequence (the next sequence's) enters the softmax"),
+    Mutant("tlx-fwd-window-band-off-by-one", TLX_FORWARD,
+           "visible = visible & (offset >= lo) & (offset <= hi)",
+           "visible = visible & (offset >= lo) & (offset <= hi + 1)",
+           "off-by-one in a sliding window's right edge: one key past the band enters the softmax"),
+    Mutant("tlx-fwd-gqa-key-head-of-query-head", TLX_FORWARD,
+           "k_col = (head // GROUP) * col_stride_k",
+           "k_col = head * col_stride_k",
+           "grouped-query attention reads the key head numbered like the query head (not its group's)"),
     Mutant("tlx-wrong-sequence-offsets", TLX_COMMON,
            "k_row0 = tl.load(CU_K + s).to(tl.int32)",
            "k_row0 = tl.load(CU_Q + s).to(tl.int32)",
@@ -220,13 +228,21 @@ MUTANTS: tuple = (
            "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)",
            "with dQ halves a K half is read by both consumers, but one arrival hands it back"),
     Mutant("tlx-bwd-dk-store-mask-dropped", TLX_BACKWARD,
-           "(dk * sm_scale).to(DTYPE),\n             mask=row_ok[:, None])",
-           "(dk * sm_scale).to(DTYPE))",
+           "(dk * sm_scale).to(DK.dtype.element_ty),\n             mask=row_ok[:, None])",
+           "(dk * sm_scale).to(DK.dtype.element_ty))",
            "dK of key rows past the sequence stored: into the next sequence's rows, or past the tensor"),
     Mutant("tlx-bwd-causal-first-tile-skipped", TLX_BACKWARD,
            "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)",
            "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M + 1, num_q_tiles)",
            "causal dK/dV start one query tile late: the diagonal tile's rows never reach dK and dV"),
+    Mutant("tlx-bwd-window-first-tile-late", TLX_BACKWARD,
+           "first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M",
+           "first = tl.minimum(tl.maximum(n_start - hi, 0) + BLOCK_M, len_q) // BLOCK_M",
+           "a sliding window's dK/dV start one query tile late: the band's first rows never reach dK and dV"),
+    Mutant("tlx-bwd-gqa-group-not-summed", TLX_BACKWARD,
+           "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))",
+           "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim)[:, :, 0])",
+           "grouped-query dK keeps the first query head's partial instead of the group's sum"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}
@@ -390,7 +406,8 @@ def kill(mutant: Mutant, cases_or_strategy, settings=None, *, backend: str = "tr
 
 
 TLX_SENTINELS = ("tlx-many-items-causal-bf16-D64", "tlx-many-items-causal-bf16-D128", "tlx-long-items-causal-D128",
-                 "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items")
+                 "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items",
+                 "mqa-window-bcastq-causal-bf16-D128", "gqa-causal-bf16-D64", "window-both-bf16-D64")
 
 
 def tlx_kill_set() -> list:

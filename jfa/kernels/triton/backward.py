@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from jfa.kernels import alloc
+from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
@@ -26,8 +27,6 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
-    band_offsets,
-    window_band,
 )
 
 install_bf16_dot_fix()

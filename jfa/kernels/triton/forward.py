@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from jfa.kernels import alloc
+from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
@@ -48,31 +49,6 @@ def _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q: tl.constexpr):
         out_row0 = q_row0
         len_q = (tl.load(CU_Q + seq + 1).to(tl.int64) - q_row0).to(tl.int32)
     return q_row0, out_row0, len_q, k_row0, len_k
-
-
-UNBOUNDED = 1 << 30  # a window side that is not there (kernels clamp it to the sequence)
-
-
-def window_band(causal: bool, window) -> tuple[bool, int, int]:
-    """(WINDOW, band_lo, band_hi) of a call: whether it needs the general band (a left window, or a right
-    one without causal), and the band's offsets: row i of a sequence with lengths (Lq, Lk) sees key j
-    iff band_lo <= j - i - (Lk - Lq) <= band_hi (causal: band_hi 0; unbounded sides: +-UNBOUNDED)."""
-    left, right = window
-    if causal:
-        right = 0
-    band = left >= 0 or (right >= 0 and not causal)
-    return band, -left if left >= 0 else -UNBOUNDED, right if right >= 0 else UNBOUNDED
-
-
-@triton.jit
-def band_offsets(len_q, len_k, band_lo, band_hi):
-    """(lo, hi): row i sees key j iff lo <= j - i <= hi, for a sequence with lengths (len_q, len_k) and the
-    window band of ``window_band`` (bottom-right aligned), clamped to [-len_q - 1, len_k] so that sums
-    with row and key indices stay within int32."""
-    shift = (len_k - len_q).to(tl.int64)
-    lo = tl.minimum(tl.maximum(shift + band_lo, -len_q.to(tl.int64) - 1), len_k.to(tl.int64)).to(tl.int32)
-    hi = tl.minimum(tl.maximum(shift + band_hi, -len_q.to(tl.int64) - 1), len_k.to(tl.int64)).to(tl.int32)
-    return lo, hi
 
 
 @triton.jit

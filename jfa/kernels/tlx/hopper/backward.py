@@ -40,6 +40,12 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   sequence, and for key rows past it where dQ sums over them; such key rows are never stored. (The
   statistics are laid out with each sequence on an aligned column: ``row_stats.aligned_columns``.)
 
+* Grouped-query attention: items are (key tile, query head) as without groups; the K/V tiles are the
+  query head's key/value head, dK and dV fp32 partials per query head, summed over each group by the
+  launcher (``HopperDkDvConfig.grouped``: the fused dQ at D 128 takes no groups, its shared memory is
+  full). Sliding windows: an item's steps cover only the query tiles whose band reaches its keys, every
+  one masked (``jfa.kernels.bands``).
+
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 """
 from __future__ import annotations
@@ -54,6 +60,7 @@ import triton.language as tl
 
 from jfa import knobs
 from jfa.kernels import alloc
+from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
@@ -75,6 +82,9 @@ class HopperDkDvConfig:
     consumer_regs: int  # setmaxnreg of each consumer warpgroup (the producer gets what is left)
     dq: str = "none"  # the fused dQ: one of DQ_MODES
     llvm_o0: bool = False  # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0)
+    # whether the build takes grouped key/value heads (its epilogue then stores fp32 partials per query
+    # head, through a shared-memory layout conversion twice the 16-bit one's)
+    grouped: bool = True
 
     def __post_init__(self):
         if self.dq not in DQ_MODES:
@@ -107,8 +117,10 @@ _CONFIGS: dict = {
     # to ptxas (``llvm_o0``). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x
     # 8 KB + one fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB,
     # over the 227 KB).
+    # Grouped heads: the fp32 partials' epilogue takes 263 KB as compiled; they get the build without
+    # the fused dQ and the portable dQ pass.
     (128, True): HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq="halves",
-                                  llvm_o0=True),
+                                  llvm_o0=True, grouped=False),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 
@@ -147,29 +159,42 @@ SHIPPED = BackwardVariant()
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
+               BLOCK_M: tl.constexpr):
     """What producer and consumers need about work item ``item`` (computed identically by both).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_masked_lead,
-    bulk_end, num_q_tiles): query steps run over tiles [first, num_q_tiles); the first
+    bulk_end, num_q_tiles, lo, hi): query steps run over tiles [first, num_q_tiles); the first
     ``n_masked_lead`` of them straddle the causal diagonal, tiles [first + n_masked_lead, bulk_end)
-    are fully visible, the rest (at most one: the sequence's partial last tile) masked again."""
+    are fully visible, the rest (at most one: the sequence's partial last tile) masked again. With
+    WINDOW, (lo, hi) is the band (query i sees key j iff lo <= j - i <= hi: ``jfa.kernels.bands``), the
+    steps cover the query tiles that see any of the tile's keys, and every step is masked."""
     head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     n_start = tile * TILE_N
     causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
     num_q_tiles = tl.cdiv(len_q, BLOCK_M)
-    if CAUSAL:
-        first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)
-        first_full = tl.cdiv(tl.maximum(n_start + TILE_N - 1 - causal_shift, 0), BLOCK_M)
-        diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
+    lo, hi = 0, 0  # (Python ints: folded away where there is no window)
+    if WINDOW:
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        key_end = tl.minimum(n_start + TILE_N, len_k)
+        # query rows [n_start - hi, key_end - lo) see some key of the tile: every one of their steps masked
+        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
+        num_q_tiles = tl.maximum(tl.cdiv(tl.minimum(tl.maximum(key_end - lo, 0), len_q), BLOCK_M), first)
+        diag_end = num_q_tiles
+        bulk_end = num_q_tiles
     else:
-        first = tl.zeros((), dtype=tl.int32)
-        diag_end = first
-    bulk_end = tl.maximum(diag_end, len_q // BLOCK_M)
+        if CAUSAL:
+            first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)
+            first_full = tl.cdiv(tl.maximum(n_start + TILE_N - 1 - causal_shift, 0), BLOCK_M)
+            diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
+        else:
+            first = tl.zeros((), dtype=tl.int32)
+            diag_end = first
+        bulk_end = tl.maximum(diag_end, len_q // BLOCK_M)
     return (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, diag_end - first,
-            bulk_end, num_q_tiles)
+            bulk_end, num_q_tiles, lo, hi)
 
 
 @triton.jit
@@ -263,7 +288,8 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                       sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
+                       sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+                       BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
                        TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
                        QDO_BYTES: tl.constexpr):
@@ -273,8 +299,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
     steps before it is needed), the last ones flushed before the item's K is given up. Loads and dQ steps
     are counted by ``qdo_cnt`` alone (returned): both advance by the item's steps, so at an item's start
     the dQ count equals it (one register less in a producer of 72)."""
-    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles = _dkdv_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_N, BLOCK_M)
+    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL,
+                   WINDOW, BROADCAST_Q, TILE_N, BLOCK_M)
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
@@ -285,8 +312,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
         tlx.barrier_expect_bytes(kv_fulls[c], 2 * KV_BYTES)
         row = k_row0 + n_start + c * BLOCK_N
-        tlx.async_descriptor_load(desc_k, k_tiles[c], [row, head * col_stride_k], kv_fulls[c])
-        tlx.async_descriptor_load(desc_v, v_tiles[c], [row, head * col_stride_v], kv_fulls[c])
+        # grouped-query attention: the query head's key/value head (its dK, dV are summed over the group)
+        tlx.async_descriptor_load(desc_k, k_tiles[c], [row, (head // GROUP) * col_stride_k], kv_fulls[c])
+        tlx.async_descriptor_load(desc_v, v_tiles[c], [row, (head // GROUP) * col_stride_v], kv_fulls[c])
     n_steps = num_q_tiles - first
     DQ_LAG: tl.constexpr = NUM_BUFFERS_DS  # the kernel's: the consumers run this many steps ahead at most
     if DQ == DQ_PRODUCER:
@@ -366,9 +394,9 @@ def _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid: tl.constexpr, HE
 
 @triton.jit
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_start, offs_n, len_q, len_k,
-               causal_shift, qk_scale, sm_scale, k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties, dq_stage,
-               desc_dq, dq_col, staged_row, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+               causal_shift, lo, hi, qk_scale, sm_scale, k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties,
+               dq_stage, desc_dq, dq_col, staged_row, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                DTYPE: tl.constexpr):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with the producer's dQ also dS^T stored for the producer (slot
@@ -386,7 +414,12 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         # the TMA boxes may reach into the next sequence's rows: their P^T (and so dS^T) must be 0
         offs_m = m_start + tl.arange(0, BLOCK_M)
         visible = (offs_m < len_q)[None, :]
-        if CAUSAL:  # also excludes key rows past the sequence
+        if WINDOW:  # the band; dQ sums over the keys: the next sequence's must add nothing
+            offset = offs_n[:, None] - offs_m[None, :]
+            visible = visible & (offset >= lo) & (offset <= hi)
+            if DQ != DQ_NONE:
+                visible = visible & (offs_n < len_k)[:, None]
+        elif CAUSAL:  # also excludes key rows past the sequence
             visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
         elif DQ != DQ_NONE:  # dQ sums over the keys: the next sequence's must add nothing
             visible = visible & (offs_n < len_k)[:, None]
@@ -420,8 +453,8 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
 @triton.jit
 def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
-                    len_q, len_k, causal_shift, qk_scale, sm_scale, staged_row, cid: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
+                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                     NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. With a fused
@@ -436,9 +469,9 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
         tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     dk, dv = _dkdv_step(dk, dv, k_tiles[cid], v_tiles[cid], q_tiles[buf], do_tiles[buf], lse_tiles[buf],
-                        delta_tiles[buf], m_start, offs_n, len_q, len_k, causal_shift, qk_scale, sm_scale, k_tiles,
-                        ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties, dq_stage, desc_dq, dq_col, staged_row,
-                        cid, MASKED, CAUSAL, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE)
+                        delta_tiles[buf], m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale,
+                        k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties, dq_stage, desc_dq, dq_col,
+                        staged_row, cid, MASKED, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE)
     if DQ == DQ_HALVES:
         staged_row = dq_row0 + m_start
     tlx.barrier_arrive(qdo_empties[buf], 1)
@@ -469,15 +502,17 @@ def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_e
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
                        TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads,
-                       num_seqs, len_q_bcast, sm_scale, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
+                       num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       DQ: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
-    of dK (scaled) and dV."""
-    head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles = \
-        _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
-                   TILE_N, BLOCK_M)
+    of dK (scaled) and dV (in DK's and DV's element type: with grouped key/value heads, fp32 partials per
+    query head)."""
+    head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL,
+                   WINDOW, BROADCAST_Q, TILE_N, BLOCK_M)
     n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (_step_order)
     n_masked_steps = n_masked
     bulk_start = first + n_lead
@@ -515,14 +550,14 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col,
-            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift,
-            qk_scale, sm_scale, staged_row, cid, True, CAUSAL, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift, lo, hi,
+            qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
             NUM_BUFFERS_DS, DTYPE)
     for i in tl.range(bulk_start, bulk_end):
         dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
             dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
             ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
-            causal_shift, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, DQ, BLOCK_N, BLOCK_M, HEAD_DIM,
+            causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM,
             NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     if DQ == DQ_HALVES:
         _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the item's last staged half
@@ -542,19 +577,21 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     row_ok = offs_n < len_k
     offs_d = tl.arange(0, HEAD_DIM)
     rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
-    tl.store(DK + rows[:, None] * stride_dkt + head * stride_dkh + offs_d[None, :], (dk * sm_scale).to(DTYPE),
+    tl.store(DK + rows[:, None] * stride_dkt + head * stride_dkh + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
              mask=row_ok[:, None])
-    tl.store(DV + rows[:, None] * stride_dvt + head * stride_dvh + offs_d[None, :], dv.to(DTYPE),
+    tl.store(DV + rows[:, None] * stride_dvt + head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=row_ok[:, None])
     return qdo_cnt
 
 
-@triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+@triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast",
+                               "band_lo", "band_hi"])
 def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
+    band_lo, band_hi, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -617,7 +654,7 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
                         num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        sm_scale, CAUSAL, BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                        sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
                         NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
@@ -632,8 +669,8 @@ def jagged_dkdv_tlx_kernel(
                         item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL,
-                        BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid,
+                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -648,20 +685,29 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
                         head_dims=SUPPORTED_HEAD_DIMS)
 
 
-def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, DQ=DQ_MODES.index(cfg.dq),
-                BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
-                CONSUMER_REGS=cfg.consumer_regs)
+def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
+                group: int = 1) -> dict:
+    """The compile-time arguments of one launch; without a window the band offsets are constexpr None
+    (the build takes no band parameters)."""
+    constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
+                     DQ=DQ_MODES.index(cfg.dq), BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
+    if not window:
+        constants.update(band_lo=None, band_hi=None)
+    return constants
 
 
 def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)  # explicit pipelining only
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool):
-    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile``."""
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
+                 window: bool = False, group: int = 1):
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (with
+    ``group`` > 1 dK and dV are the fp32 partials per query head)."""
     cfg = config_for(head_dim, fused_dq)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group)
+    grad = "fp32" if group > 1 else dtype
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     # without the fused dQ the launcher passes desc_q in desc_dq's place (never read)
@@ -669,7 +715,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>",
-        DK=f"*{dtype}", DV=f"*{dtype}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
+        DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -711,18 +757,24 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With
     ``dq_accum`` (a ``DqAccumulator`` of q) the kernel also reduce-adds every tile's dQ into it (fused dQ:
     the order of the additions varies from run to run; ``dq_accum.read()`` gives dq). Raises ValueError
-    when the TLX kernel cannot take these inputs (``supports``, dout included)."""
+    when the TLX kernel cannot take these inputs (``supports``, dout included). ``window``: the API's
+    ``window_size``; k and v may have fewer heads than q (a divisor): each query head's dK and dV are then
+    fp32 partials, summed over its group into ``dk`` and ``dv``."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
-    if ok and (k.shape[1] != num_heads or window[0] != -1 or window[1] > 0):
-        ok, reason = False, "grouped key/value heads and sliding windows run portable"
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
-    causal = causal or tuple(window) == (-1, 0)  # a window of no key past the diagonal is causal
+    if tuple(window) == (-1, 0):  # no key past the diagonal and none bounded on the left: causal
+        causal, window = True, (-1, -1)
+    banded, band_lo, band_hi = window_band(causal, window)
+    group = num_heads // k.shape[1]
     fused = dq_accum is not None
     cfg = config_for(head_dim, fused)
     if fused and dq_accum.q.shape != q.shape:
         raise ValueError("jagged_dkdv_tlx: dq_accum was built for another q")
+    if group > 1 and not cfg.grouped:
+        raise ValueError(f"jagged_dkdv_tlx: the fused-dQ build at head_dim {head_dim} takes no grouped key/value "
+                         "heads (HopperDkDvConfig.grouped); pass dq_accum=None")
     if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
         if fused and not dq_accum.zeroed:  # no key anywhere: dq is 0
             dq_accum.tensor.zero_()
@@ -752,13 +804,24 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
+    # grouped heads: per query head partials (every row of every head written: no zeroing), summed below
+    dk_out, dv_out = dk, dv
+    if group > 1:
+        dk = alloc.empty((k.shape[0], num_heads, head_dim), torch.float32, k.device)
+        dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group)
+    band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(
             jagged_dkdv_tlx_kernel, (grid,), q.device,
             desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid, triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
-            softmax_scale, **_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q), **_launch_options())
+            softmax_scale, *band, **constants, **_launch_options())
+    if group > 1:
+        rows, kv_heads = k.shape[0], k.shape[1]
+        dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
+        dv_out.copy_(dv.view(rows, kv_heads, group, head_dim).sum(dim=2))
 
 
 def variant_from_knobs() -> BackwardVariant:
@@ -772,12 +835,14 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                         variant: Optional[BackwardVariant] = None, window=(-1, -1)):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (the
-    default, ``knobs.tlx_fused_dq``) or, with ``deterministic`` (or the knob off), by the portable dQ
-    pass, which writes each row once in a fixed order (bitwise reproducible)."""
+    default, ``knobs.tlx_fused_dq``, where the fused build takes grouped heads: ``HopperDkDvConfig.grouped``)
+    or, with ``deterministic`` (or the knob off), by the portable dQ pass, which writes each row once in a
+    fixed order (bitwise reproducible)."""
     from jfa.kernels.triton import backward as portable
 
     variant = variant_from_knobs() if variant is None else variant
-    if deterministic or not knobs.tlx_fused_dq:
+    fused_takes_it = k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped
+    if deterministic or not knobs.tlx_fused_dq or not fused_takes_it:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
                                         len_q_bcast=len_q_bcast, dlse=dlse, window=window,

@@ -35,12 +35,18 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
   softmax; those query rows are computed but never stored. The epilogue stores with a row mask against
   the tile's own sequence length (a TMA store would write rows of the next sequence).
 
+* Grouped-query attention: query head h reads key/value head ``h // GROUP`` (a constexpr: one build per
+  group size). Sliding windows (``WINDOW``): a work item loads only the K/V blocks its rows' band
+  reaches (from the block of its first row's first key), and every block goes through the masked
+  softmax, which keeps keys with ``lo <= j - i <= hi`` (``jfa.kernels.bands``); builds without a window
+  take no band arguments (constexpr None), so their code is that of the plain kernel.
+
 Divergence from the portable kernel: a key block straddling a sequence end multiplies P = 0 by the V
 rows of the next sequence; a non-finite V value there (inf/NaN in another sequence's V) turns
 0 * inf into NaN in this sequence's output. The portable kernel loads zeros instead.
 
-Supported: bf16 and fp16, head dims 64 and 128, q/k/v with contiguous last dim, 16-byte aligned base
-and token stride (``supports`` says why not otherwise).
+Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads, sliding windows, q/k/v with
+contiguous last dim, 16-byte aligned base and token stride (``supports`` says why not otherwise).
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ import triton.language as tl
 
 from jfa import knobs
 from jfa.kernels import alloc
+from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
@@ -111,24 +118,35 @@ def config_for(head_dim: int) -> HopperForwardConfig:
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """Everything producer and consumers need about work item ``item``, computed identically by both
-    (they must agree on the number of K/V blocks, or the mbarrier phases and the pingpong drift).
+    (they must agree on the K/V blocks, or the mbarrier phases and the pingpong drift).
 
-    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks). A spare
+    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi):
+    the item's K/V blocks are j0 .. j0 + n_blocks - 1; with WINDOW, (lo, hi) is the band (row i sees key j
+    iff lo <= j - i <= hi: ``jfa.kernels.bands``) and j0 the block of the tile's first visible key. A spare
     slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
     head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     m_start = tile * TILE_M
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
-    if CAUSAL:
-        # keys up to the last real row of the tile (a tile's rows past Lq need none)
-        kv_end = tl.maximum(tl.minimum(m_start + TILE_M, len_q) + causal_shift, 0)
+    j0, lo, hi = 0, 0, 0  # (Python ints: folded away where there is no window)
+    if WINDOW:
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        # from the first row's first key to the last real row's last key
+        j0 = tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N
+        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + TILE_M, len_q) + hi, 0), len_k)
+        n_blocks = tl.maximum(tl.cdiv(kv_end, BLOCK_N) - j0, 0)
     else:
-        kv_end = len_k
-    n_blocks = tl.cdiv(kv_end, BLOCK_N)
-    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks
+        if CAUSAL:
+            # keys up to the last real row of the tile (a tile's rows past Lq need none)
+            kv_end = tl.maximum(tl.minimum(m_start + TILE_M, len_q) + causal_shift, 0)
+        else:
+            kv_end = len_k
+        n_blocks = tl.cdiv(kv_end, BLOCK_N)
+    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi
 
 
 @triton.jit
@@ -163,19 +181,23 @@ def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
 
 
 @triton.jit
-def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SCALE_NONNEG: tl.constexpr,
                     BLOCK_N: tl.constexpr):
     """Online softmax of one K/V block in base 2. Returns (p, m_new, l_new, alpha).
 
     The bulk instantiation (MASKED=False) has no mask at all and folds the scale into one FMA per
     element (the row max of S * scale is max(S) * scale for a non-negative scale). The tail masks keys
     past the sequence end (rows of the next sequence or TMA zero fill) and, if CAUSAL, past the
-    diagonal; a row that has seen no key yet keeps m = -inf and subtracts 0 so exp2 gives 0, not NaN."""
+    diagonal, or with WINDOW outside the band; a row that has seen no key yet keeps m = -inf and subtracts
+    0 so exp2 gives 0, not NaN."""
     if MASKED:
         offs_n = n_start + tl.arange(0, BLOCK_N)
         visible = (offs_n < len_k)[None, :]
-        if CAUSAL:
+        if WINDOW:
+            offset = offs_n[None, :] - offs_m[:, None]
+            visible = visible & (offset >= lo) & (offset <= hi)
+        elif CAUSAL:
             visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
         s = tl.where(visible, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -195,9 +217,10 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
 
 @triton.jit
 def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
-             n_start, offs_m, len_k, causal_shift, qk_scale,
-             CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-             PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+             n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
+             CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+             SCALE_NONNEG: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr,
+             DTYPE: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
     k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
@@ -210,8 +233,8 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
     tlx.barrier_arrive(k_empties[k_buf], 1)
-    p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale,
-                                         MASKED, CAUSAL, SCALE_NONNEG, BLOCK_N)
+    p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
+                                         MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
@@ -256,15 +279,15 @@ def _smid():
 @triton.jit
 def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                   k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-                  len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL: tl.constexpr,
-                  BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
-                  KV_BYTES: tl.constexpr):
+                  len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL: tl.constexpr,
+                  WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one work item: TMA loads of both consumers' Q halves, then every K/V block the item
     needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-        CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, j0, n_blocks, _lo, _hi = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, TILE_M, BLOCK_N)
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -274,11 +297,11 @@ def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
             tlx.async_descriptor_load(desc_q, q_tiles[c * NUM_BUFFERS_Q + q_buf],
                                       [q_row0 + m_start + c * BLOCK_M, q_col],
                                       q_fulls[c * NUM_BUFFERS_Q + q_buf])
-        k_col = head * col_stride_k
-        v_col = head * col_stride_v
+        k_col = (head // GROUP) * col_stride_k  # grouped-query attention: the query head's key/value head
+        v_col = (head // GROUP) * col_stride_v
         for j in tl.range(0, n_blocks):
             kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-            kv_row = k_row0 + j * BLOCK_N
+            kv_row = k_row0 + (j0 + j) * BLOCK_N
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
             tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
             tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
@@ -319,20 +342,21 @@ def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_e
 @triton.jit
 def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
                   v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
-                  num_heads, num_seqs, len_q_bcast, qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr, PROFILE: tl.constexpr,
-                  DTYPE: tl.constexpr):
+                  num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                  SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
+                  PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
     tensor cores to itself). Returns the advanced (q_cnt, kv_cnt)."""
     if PROFILE:
         started = _globaltimer()
-    head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast,
-        CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, TILE_M, BLOCK_N)
+    n_base = j0 * BLOCK_N  # the first block's first key (0 without a window)
     offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -350,7 +374,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         else:
             bulk_end = len_k
         n_bulk = bulk_end // BLOCK_N
-        if not PEEL:  # ablation: every block through the masked path
+        if not PEEL or WINDOW:  # the ablation, and a window's band: every block through the masked path
             n_bulk = 0
 
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
@@ -364,11 +388,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[k_buf], 1)
         if n_bulk > 0:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
-                                                  qk_scale, False, CAUSAL, SCALE_NONNEG, BLOCK_N)
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_base, offs_m, len_k, causal_shift,
+                                                  qk_scale, lo, hi, False, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
         else:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, 0, offs_m, len_k, causal_shift,
-                                                  qk_scale, True, CAUSAL, SCALE_NONNEG, BLOCK_N)
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_base, offs_m, len_k, causal_shift,
+                                                  qk_scale, lo, hi, True, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
         p = p.to(DTYPE)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
@@ -378,15 +402,15 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         # bulk: no mask anywhere
         for j in tl.range(1, n_bulk):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                        k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
-                                        len_k, causal_shift, qk_scale, cid, False, CAUSAL,
+                                        k_empties, v_fulls, v_empties, kv_cnt, n_base + j * BLOCK_N, offs_m,
+                                        len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                        k_empties, v_fulls, v_empties, kv_cnt, j * BLOCK_N, offs_m,
-                                        len_k, causal_shift, qk_scale, cid, True, CAUSAL,
+                                        k_empties, v_fulls, v_empties, kv_cnt, n_base + j * BLOCK_N, offs_m,
+                                        len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
@@ -425,12 +449,14 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 
 
 # per-batch values: no recompiles, and one specialisation per config (the one the offline gate compiles)
-@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast", "band_lo",
+                               "band_hi"])
 def jagged_fwd_tlx_kernel(
     desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, COUNTER, TIMELINE,
     stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
-    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale, band_lo, band_hi,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
     PROFILE: tl.constexpr,
@@ -472,8 +498,8 @@ def jagged_fwd_tlx_kernel(
                     q_cnt, kv_cnt = _produce_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                         k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-                        len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_M,
-                        BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                        len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL, WINDOW,
+                        GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
                     item = tl.atomic_add(COUNTER, 1)
                     _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
@@ -490,8 +516,9 @@ def jagged_fwd_tlx_kernel(
                         q_cnt, kv_cnt = _produce_item(
                             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
                             q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
-                            num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL,
-                            BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                            num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
+                            band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
+                            NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -509,9 +536,9 @@ def jagged_fwd_tlx_kernel(
                     q_cnt, kv_cnt = _consume_item(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
-                        num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL, BROADCAST_Q,
-                        SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL,
-                        PROFILE, DTYPE)
+                        num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW,
+                        BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
+                        PEEL, PROFILE, DTYPE)
                     rounds += 1
                     item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -521,9 +548,9 @@ def jagged_fwd_tlx_kernel(
                         q_cnt, kv_cnt = _consume_item(
                             item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot,
-                            stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, cid, HEAD_DIM, CAUSAL,
-                            BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                            PINGPONG, PEEL, PROFILE, DTYPE)
+                            stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
+                            HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -532,11 +559,8 @@ def jagged_fwd_tlx_kernel(
 def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[torch.Tensor] = None,
              v: Optional[torch.Tensor] = None, window=(-1, -1)) -> tuple[bool, str]:
     """Whether this kernel can run these inputs, and why not. Reads the launch target's capability (at
-    call time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``."""
-    if k is not None and k.shape[1] != q.shape[1]:
-        return False, f"grouped key/value heads ({q.shape[1]} query heads, {k.shape[1]} key heads) run portable"
-    if window[0] != -1 or window[1] > 0:
-        return False, f"sliding windows (window_size {tuple(window)}) run portable"
+    call time only). ``k``/``v``, when given, get the same memory-layout checks as ``q``; grouped key/value
+    heads and sliding windows (``window``, the API's ``window_size``) are supported."""
     return check_inputs({"q": q, "k": k, "v": v}, dtype=dtype, head_dim=head_dim, head_dims=SUPPORTED_HEAD_DIMS)
 
 
@@ -578,13 +602,18 @@ def variant_from_knobs() -> Variant:
 
 
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
-                scale_nonneg: bool, variant: Variant = SHIPPED, profile: bool = False) -> dict:
-    """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
-                NUM_BUFFERS_KV=cfg.num_buffers_kv, CONSUMER_REGS=cfg.consumer_regs,
-                DYNAMIC=variant.schedule == "dynamic", PINGPONG=variant.pingpong, PEEL=variant.peel,
-                PROFILE=profile)
+                scale_nonneg: bool, window: bool = False, group: int = 1, variant: Variant = SHIPPED,
+                profile: bool = False) -> dict:
+    """The compile-time arguments of one launch (shared by the launcher and the offline compile gate).
+    Without a window the band offsets are constexpr None: the build takes no band parameters at all."""
+    constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
+                     SCALE_NONNEG=scale_nonneg, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
+                     CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.schedule == "dynamic",
+                     PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile)
+    if not window:
+        constants.update(band_lo=None, band_hi=None)
+    return constants
 
 
 def _launch_options() -> dict:
@@ -593,14 +622,14 @@ def _launch_options() -> dict:
     return dict(num_warps=PRODUCER_WARPS, num_stages=1)
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, variant: Variant = SHIPPED,
-                 profile: bool = False):
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
+                 group: int = 1, variant: Variant = SHIPPED, profile: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
     config (the compile gate). Descriptors are typed from the config's block shapes (as the launcher's
     binder spells them)."""
     cfg = config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
-                            variant=variant, profile=profile)
+                            window=window, group=group, variant=variant, profile=profile)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", COUNTER="*i32",
@@ -611,11 +640,12 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-                     variant: Variant = SHIPPED, profile: bool = False) -> tuple[tuple, dict, int]:
+                     window=(-1, -1), variant: Variant = SHIPPED, profile: bool = False) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
-    very signature ``compile_spec`` compiles."""
+    very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
+    banded, band_lo, band_hi = window_band(causal, window)
     cfg = config_for(head_dim)
     desc_q, col_q = descriptor(q, cfg.block_m)
     desc_k, col_k = descriptor(k, cfg.block_n)
@@ -625,9 +655,11 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, counter, timeline, out.stride(0),
             out.stride(1), col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast,
             softmax_scale)
-    kwargs = {**_constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
-                            variant=variant, profile=profile),
-              **_launch_options()}
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
+                            window=banded, group=num_heads // k.shape[1], variant=variant, profile=profile)
+    # the band offsets are positional (None without a window, which the binder makes constexpr)
+    args += (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))
+    kwargs = {**constants, **_launch_options()}
     return args, kwargs, num_items
 
 
@@ -682,7 +714,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
 
-    ``window``: as the API's ``window_size``; the TLX kernels take (-1, -1) and (-1, 0) (causal).
+    ``window``: as the API's ``window_size``; ``k``/``v`` may have fewer heads (a divisor of q's).
     ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
     kernel ran)."""
@@ -691,7 +723,8 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
     if not ok:
         raise ValueError(f"jagged_forward_tlx: {reason}")
-    causal = causal or tuple(window) == (-1, 0)  # a window of no key past the diagonal is causal
+    if tuple(window) == (-1, 0):  # no key past the diagonal and none bounded on the left: causal
+        causal, window = True, (-1, -1)
     cfg = config_for(head_dim)
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
@@ -711,7 +744,8 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs,
-                                               len_q_bcast=len_q_bcast, variant=variant, profile=profile)
+                                               len_q_bcast=len_q_bcast, window=window, variant=variant,
+                                               profile=profile)
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
     if not profile:

@@ -129,6 +129,30 @@ def test_visible_pairs_brute_force(lq, lk, causal):
     assert int(got[0]) == _brute_pairs(lq, lk, causal)
 
 
+def _brute_window_pairs(lq, lk, causal, window):
+    left, right = window
+    right = 0 if causal else right
+    return sum(1 for i in range(lq) for j in range(lk)
+               if (left < 0 or j - i - (lk - lq) >= -left) and (right < 0 or j - i - (lk - lq) <= right))
+
+
+@pytest.mark.parametrize("lq,lk", [(7, 3), (3, 7), (5, 5), (1, 9), (9, 1), (4, 0), (0, 4), (13, 12)])
+@pytest.mark.parametrize("causal,window", [(False, (2, 1)), (False, (0, -1)), (False, (-1, 3)), (True, (3, 0)),
+                                           (True, (0, -1)), (False, (0, 0))],
+                         ids=["both", "left0", "right-only", "causal-left3", "causal-left0", "diagonal"])
+def test_visible_pairs_of_a_window_brute_force(lq, lk, causal, window):
+    got = visible_pairs(torch.tensor([lq, lk]), torch.tensor([lk, lq]), causal, window)
+    assert got.tolist() == [_brute_window_pairs(lq, lk, causal, window), _brute_window_pairs(lk, lq, causal, window)]
+
+
+def test_gqa_suite_problems_are_grouped_or_windowed():
+    for p in get_suite("gqa"):
+        assert p.kv_heads < p.H or p.window != (-1, -1), p.name
+        lk = make_lengths(p)
+        windowed = visible_pairs(q_lengths(p, lk), lk, p.causal, p.window).sum()
+        assert windowed <= visible_pairs(q_lengths(p, lk), lk, p.causal).sum()
+
+
 def test_flops_against_brute_force_causal():
     lq, lk = torch.tensor([7, 3, 5, 0]), torch.tensor([3, 7, 5, 2])
     p = suites.Problem("t", B=4, H=2, D=8, max_len=7, lengths_fn=lambda g: lk, causal=True)
@@ -192,6 +216,58 @@ def test_the_forward_check_judges_by_the_oracle_rule(broadcast_q):
     assert not verdict.ok and verdict.error >= 0.04
 
 
+def _grouped_batch(lengths, kv_heads, window, causal=False, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lk = torch.tensor(lengths, dtype=torch.long)
+    total = int(lk.sum())
+    q = torch.randn(total, 2 * kv_heads, D_T, generator=g)
+    k, v = (torch.randn(total, kv_heads, D_T, generator=g) for _ in range(2))
+    return impls.PackedBatch(q=q, k=k, v=v, cu_q=_cu(lengths), cu_k=_cu(lengths), max_q=int(lk.max()),
+                             max_k=int(lk.max()), lengths_q=lk, lengths_k=lk, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (2, 1)), (True, (3, 0)), (False, (-1, -1))],
+                         ids=["window", "causal-window", "no-window"])
+def test_the_forward_check_judges_grouped_heads_and_windows(causal, window):
+    """The check takes the query heads of its key/value heads and the problem's window: the reference's
+    output passes, one computed without the window (or with the wrong key head) fails."""
+    from jfa.reference import attention_reference
+
+    b = _grouped_batch([9, 0, 12, 5], kv_heads=2, window=window, causal=causal)
+    check = runner.ForwardCheck(b, runner.check_indices(b.lengths_q, b.lengths_k))
+    out, _ = attention_reference(b.q, b.k, b.v, b.cu_q, b.cu_k, causal=causal, window=window)
+    assert check(out).ok
+    if window != (-1, -1):
+        unwindowed, _ = attention_reference(b.q, b.k, b.v, b.cu_q, b.cu_k, causal=causal)
+        assert not check(unwindowed).ok
+    swapped, _ = attention_reference(b.q, b.k.flip(1), b.v.flip(1), b.cu_q, b.cu_k, causal=causal, window=window)
+    assert not check(swapped).ok
+
+
+def test_peers_without_grouped_heads_or_windows_say_not_applicable(cpu_runner, monkeypatch):
+    impl = impls.get_impl("sdpa-padded")
+    monkeypatch.setattr(impl, "available", lambda: (True, ""))
+    for b in (_grouped_batch([3, 5], kv_heads=1, window=(-1, -1)), _grouped_batch([3, 5], kv_heads=2, window=(1, 1))):
+        res = runner._bench_impl(impl, [b], torch.zeros(8, b.q.shape[1], D_T), suites.PASSES, None, 0, 0)
+        assert res["status"] == "n/a" and "without a window" in res["note"], res
+
+
+@pytest.mark.parametrize("causal,window,expected", [(False, (4, -1), (4, None)), (True, (4, 0), (4, 0)),
+                                                    (False, (-1, 2), (None, 2))], ids=["left", "causal", "right"])
+def test_fa4_gets_the_window_in_its_own_spelling(causal, window, expected, monkeypatch):
+    seen = {}
+
+    def fake_varlen(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                    causal=False, window_size=(None, None)):
+        seen.update(causal=causal, window_size=window_size)
+        return q
+
+    monkeypatch.setattr(impls, "find_fa4_varlen", lambda: (fake_varlen, "fake"))
+    b = _grouped_batch([3, 5], kv_heads=2, window=window, causal=causal)
+    impls.get_impl("fa4-varlen").prepare(b, torch.zeros(8, 4, D_T)).fwd()
+    assert seen == {"causal": causal, "window_size": expected}
+
+
 def test_num_copies():
     l2 = 60 * 2**20
     assert runner.num_copies(10 * 2**20, l2, 10**12) == 13  # 13 * 10 MiB > 120 MiB
@@ -252,6 +328,7 @@ SYNTHETIC_PROBLEMS = {
     "sweep": [("sweep-L1000-s0.5-B1152-H4-D128", 1000, 0.5), ("sweep-L1000-s0.9-B1152-H4-D128", 1000, 0.9),
               ("sweep-L4096-s0.5-B1152-H4-D128", 4096, 0.5)],
     "dense": [("dense-B4-L2048-H32-D128", 2048, 0.0), ("dense-B4-L8192-H16-D128-causal", 8192, 0.0)],
+    "gqa": [("gqa-uniform-B256-L2048-H16-KV4-D128", 2048, 0.47), ("window-longtail-B256-L4096-H4-D128-W256", 4096, 0.76)],
 }
 
 
@@ -259,7 +336,7 @@ def _synthetic_rows(suite="gem", sweep=False):
     """Result rows as the runner makes them, for two or three problems (the sweep's with ``sweep``,
     the dense ones for suite "dense", else gem's), three impls, three passes."""
     rows = []
-    problems = SYNTHETIC_PROBLEMS["sweep" if sweep else "dense" if suite == "dense" else "gem"]
+    problems = SYNTHETIC_PROBLEMS["sweep" if sweep else suite if suite in ("dense", "gqa") else "gem"]
     for pi, (problem, max_len, s) in enumerate(problems):
         for impl, base in (("jfa-triton", 300.0), ("torch-varlen", 250.0), ("sdpa-njt", None)):
             for pass_, f in (("fwd", 1.0), ("bwd", 2.5), ("fwd_bwd", 3.5)):
@@ -478,10 +555,10 @@ def test_one_repeat_times_each_pass_once(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------
-# --suite all: gem, then sweep, then dense in one run
+# --suite all: gem, sweep, dense, then gqa in one run
 # ---------------------------------------------------------------------------------------
 
-ALL_SUITES = ("gem", "sweep", "dense")
+ALL_SUITES = ("gem", "sweep", "dense", "gqa")
 
 
 @pytest.mark.parametrize("suite", [*ALL_SUITES, "all"])
@@ -489,7 +566,7 @@ def test_parser_accepts_each_suite_and_all(suite):
     assert runner.build_parser().parse_args(["--suite", suite]).suite == suite
 
 
-def test_all_stands_for_gem_then_sweep_then_dense():
+def test_all_stands_for_every_suite_in_order():
     assert runner.suite_names("all") == list(ALL_SUITES)
     assert [name for name, _ in runner.plan("all")] == list(ALL_SUITES)
 
@@ -536,9 +613,9 @@ def test_combined_benchmarks_has_one_header_and_a_section_per_suite(tmp_path):
     for once in ("# Benchmarks\n", "- Date: 2026-11-29 10:00 UTC", "- GPU: NVIDIA H200 (sm_90)",
                  "- torch 2.11.0+cu130, Triton 3.8.0", "```\n" + cmd + "\n```"):
         assert text.count(once) == 1, once
-    assert "one run of suites `gem`, `sweep`, `dense`." in text
+    assert "one run of suites `gem`, `sweep`, `dense`, `gqa`." in text
     starts = [text.index(f"## Suite {s}\n") for s in ALL_SUITES]
-    assert starts == sorted(starts) and text.count("## Suite ") == 3
+    assert starts == sorted(starts) and text.count("## Suite ") == len(ALL_SUITES)
     bodies = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
     for suite, body in zip(ALL_SUITES, bodies):  # each section: its own tables, problems and plots
         assert body.count("TFLOP/s, fwd / bwd / fwd+bwd:") == 1 and body.count("### Plots") == 1
@@ -576,7 +653,8 @@ def test_run_all_writes_each_suite_files_as_a_single_suite_run_does(fake_gpu_ben
         for name in os.listdir(tmp_path / suite):
             assert (tmp_path / "all" / name).read_text() == (tmp_path / suite / name).read_text(), name
     pngs = sorted(n for n in os.listdir(tmp_path / "all") if n.endswith(".png"))
-    assert pngs == ["dense-tflops-fwd.png", "gem-tflops-fwd.png", "sweep-sparsity-fwd.png", "sweep-tflops-fwd.png"]
+    assert pngs == ["dense-tflops-fwd.png", "gem-tflops-fwd.png", "gqa-tflops-fwd.png", "sweep-sparsity-fwd.png",
+                    "sweep-tflops-fwd.png"]
 
 
 def test_run_all_writes_one_benchmarks_file_with_every_suite(fake_gpu_bench, tmp_path):
@@ -597,7 +675,7 @@ def test_run_all_shows_progress_over_every_suite(fake_gpu_bench, tmp_path, capsy
     for suite in ALL_SUITES:
         assert f"## suite {suite}: {len(get_suite(suite))} problems" in out
     assert f"[1/{total}] {get_suite('gem')[0].name} done" in out
-    assert f"[{total}/{total}] {get_suite('dense')[-1].name} done" in out
+    assert f"[{total}/{total}] {get_suite(ALL_SUITES[-1])[-1].name} done" in out
 
 
 def test_progress_lines_without_tqdm():
@@ -973,4 +1051,4 @@ def test_launcher_inputs_match_the_problem(broadcast_q):
     assert batch.q.shape == ((7 if broadcast_q else int(lengths_k.sum())), 2, 16)
     assert batch.k.shape == batch.v.shape == (int(lengths_k.sum()), 2, 16)
     assert kwargs == dict(causal=False, softmax_scale=16 ** -0.5, broadcast_q=broadcast_q, num_seqs=5,
-                          len_q_bcast=7 if broadcast_q else 0)
+                          len_q_bcast=7 if broadcast_q else 0, window=(-1, -1))

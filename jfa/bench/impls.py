@@ -87,10 +87,25 @@ class PackedBatch:
     lengths_k: torch.Tensor
     causal: bool = False
     broadcast_q: bool = False
+    window: tuple = (-1, -1)  # the API's window_size (left, right), -1 unbounded
 
     @property
     def B(self) -> int:
         return self.cu_k.numel() - 1
+
+    @property
+    def grouped(self) -> bool:
+        """Fewer key/value heads than query heads (grouped-query attention)."""
+        return self.k.shape[1] != self.q.shape[1]
+
+    @property
+    def windowed(self) -> bool:
+        return tuple(self.window) not in ((-1, -1), (-1, 0))
+
+    def plain_only(self, impl: str) -> None:
+        """NotApplicable for grouped heads or a sliding window: peers benchmarked on plain attention only."""
+        if self.grouped or self.windowed:
+            raise NotApplicable(f"{impl} is benchmarked on equal head counts without a window")
 
     @property
     def Lq(self) -> int:
@@ -240,7 +255,8 @@ class JfaImpl(Impl):
         def forward(q, k, v):
             return jfa.jagged_attention(
                 q, k, v, batch.cu_q, batch.cu_k, batch.max_q, batch.max_k,
-                causal=batch.causal, broadcast_q=batch.broadcast_q, backend=self.backend)
+                causal=batch.causal, broadcast_q=batch.broadcast_q, backend=self.backend,
+                window_size=tuple(batch.window) if batch.windowed else (-1, -1))
 
         return Prepared(
             fwd=lambda: forward(batch.q, batch.k, batch.v),
@@ -290,6 +306,15 @@ class TorchVarlenImpl(Impl):
 
         varlen_attn = _varlen.varlen_attn
         kwargs = varlen_causal_kwargs(varlen_attn, batch.causal)
+        params = inspect.signature(varlen_attn).parameters
+        if batch.windowed:
+            if "window_size" not in params:
+                raise NotApplicable("this torch's varlen_attn takes no window_size")
+            kwargs = {"window_size": (batch.window[0], 0 if batch.causal else batch.window[1])}
+        if batch.grouped:
+            if "enable_gqa" not in params:
+                raise NotApplicable("this torch's varlen_attn takes no enable_gqa")
+            kwargs["enable_gqa"] = True
         cu_k, B = batch.cu_k, batch.B
         if batch.broadcast_q:
             q_rep, cu_q, max_q = repeat_broadcast_q(batch)
@@ -407,6 +432,7 @@ class FlexDocMaskImpl(Impl):
         return self._masks[key]
 
     def prepare(self, batch: PackedBatch, grad: torch.Tensor) -> Prepared:
+        batch.plain_only(self.name)
         lengths_q = _lengths_q(batch)
         plane = float(lengths_q.sum()) * float(batch.lengths_k.sum())
         if plane > FLEX_MAX_MASK_ELEMENTS:
@@ -522,6 +548,7 @@ class PaddedSDPAImpl(Impl):
     def prepare(self, batch: PackedBatch, grad: torch.Tensor) -> Prepared:
         import torch.nn.functional as F
 
+        batch.plain_only(self.name)
         B, H, D = batch.B, batch.k.shape[1], batch.k.shape[2]
         dev, dtype = batch.k.device, batch.k.dtype
         lq, lk = _lengths_q(batch), batch.lengths_k
@@ -627,6 +654,7 @@ class NestedSDPAImpl(Impl):
         ok, why = self.applies(batch.causal, batch.broadcast_q, batch.lengths_q, batch.lengths_k)
         if not ok:
             raise NotApplicable(why)
+        batch.plain_only(self.name)
         lq, lk = batch.lengths_q.to(torch.long), batch.lengths_k.to(torch.long)
         keep = lk > 0
         dropped = int((~keep).sum())
@@ -744,9 +772,14 @@ class FA4VarlenImpl(Impl):
             q_rep, cu_q, max_q = batch.q, batch.cu_q, batch.max_q
         wanted = {"cu_seqlens_q": cu_q, "cu_seqlens_k": batch.cu_k,
                   "max_seqlen_q": max_q, "max_seqlen_k": batch.max_k, "causal": batch.causal}
+        if batch.windowed:  # FA4 spells an unbounded side None
+            left, right = batch.window
+            wanted["window_size"] = (None if left < 0 else left, 0 if batch.causal else (None if right < 0 else right))
         kwargs = {n: x for n, x in wanted.items() if var_kw or n in names}
         if batch.causal and "causal" not in kwargs:
             raise NotApplicable(f"{where} takes no causal argument")
+        if batch.windowed and "window_size" not in kwargs:
+            raise NotApplicable(f"{where} takes no window_size")
 
         def attend(q, k, v):
             out = fn(q, k, v, **kwargs)

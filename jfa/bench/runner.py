@@ -4,7 +4,7 @@ Usage (the body of ``jfa bench``)::
 
     python -m jfa.bench --suite gem --impls jfa-triton,torch-varlen --pass fwd,bwd,fwd_bwd --out DIR
     python -m jfa.bench --suite sweep --out DIR --write-benchmarks BENCHMARKS.md
-    python -m jfa.bench --suite all --out DIR --write-benchmarks BENCHMARKS.md   # gem, sweep, dense
+    python -m jfa.bench --suite all --out DIR --write-benchmarks BENCHMARKS.md   # gem, sweep, dense, gqa
     python -m jfa.bench --suite gem --dry-run        # list problems and impls, no GPU needed
 
 Per problem: bf16 packed Q/K/V with fresh normal data on the GPU, in as many copies as it
@@ -16,7 +16,7 @@ one untimed call per pass measures the peak extra GPU memory, and 20 calls issue
 sleep measure the host (CPU) time of a call (``host_us``). Progress: one line per finished
 problem (a tqdm bar when tqdm is installed). Reports (:mod:`jfa.bench.report`): terminal table,
 JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file. ``--suite all`` runs
-every suite in turn (gem, sweep, dense) and writes each suite's files as it finishes, as a run of
+every suite in turn (gem, sweep, dense, gqa) and writes each suite's files as it finishes, as a run of
 that suite alone would, and one BENCHMARKS.md-style file holding every finished suite.
 Nothing touches CUDA at import time.
 """
@@ -84,8 +84,8 @@ OPTIONAL_IMPLS = ("jfa-tlx", "flex-docmask", "sdpa-padded", "sdpa-njt", "fa4-var
 
 def _bytes_per_copy(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor) -> int:
     rows_q = problem.Lq if problem.broadcast_q else int(lengths_q.sum())
-    rows = rows_q + 2 * int(lengths_k.sum())
-    return rows * problem.H * problem.D * torch.empty((), dtype=problem.dtype).element_size()
+    elements = rows_q * problem.H + 2 * int(lengths_k.sum()) * problem.kv_heads
+    return elements * problem.D * torch.empty((), dtype=problem.dtype).element_size()
 
 
 def num_copies(bytes_per_copy: int, l2_bytes: int, free_bytes: int) -> int:
@@ -104,15 +104,16 @@ def make_batches(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Ten
     cu_q = None if problem.broadcast_q else _offsets(lengths_q, device)
     cu_k = _offsets(lengths_k, device)
 
-    def randn(rows):
-        return torch.randn((rows, problem.H, problem.D), generator=gen, device=device, dtype=problem.dtype)
+    def randn(rows, heads=problem.H):
+        return torch.randn((rows, heads, problem.D), generator=gen, device=device, dtype=problem.dtype)
 
     return [
-        PackedBatch(q=randn(rows_q), k=randn(rows_k), v=randn(rows_k), cu_q=cu_q, cu_k=cu_k,
+        PackedBatch(q=randn(rows_q), k=randn(rows_k, problem.kv_heads), v=randn(rows_k, problem.kv_heads),
+                    cu_q=cu_q, cu_k=cu_k,
                     max_q=int(lengths_q.max()) if lengths_q.numel() else 0,
                     max_k=int(lengths_k.max()) if lengths_k.numel() else 0,
                     lengths_q=lengths_q, lengths_k=lengths_k,
-                    causal=problem.causal, broadcast_q=problem.broadcast_q)
+                    causal=problem.causal, broadcast_q=problem.broadcast_q, window=problem.window)
         for _ in range(n)
     ]
 
@@ -123,7 +124,7 @@ def launcher_inputs(problem: Problem, device="cuda") -> tuple[PackedBatch, dict]
     lengths_k = make_lengths(problem)
     batch = make_batches(problem, q_lengths(problem, lengths_k), lengths_k, 1, device)[0]
     kwargs = dict(causal=problem.causal, softmax_scale=problem.D ** -0.5, broadcast_q=problem.broadcast_q,
-                  num_seqs=problem.B, len_q_bcast=problem.Lq or 0)
+                  num_seqs=problem.B, len_q_bcast=problem.Lq or 0, window=problem.window)
     return batch, kwargs
 
 
@@ -156,28 +157,32 @@ def check_indices(lengths_q: torch.Tensor, lengths_k: torch.Tensor, n: int = CHE
 
 class ForwardCheck:
     """The oracle rule (``jfa.fuzz.rule``, the same one the tests and the gate apply) on a subsample of
-    one problem's sequences (``check_indices``) and its first CHECK_HEADS heads: every implementation's
+    one problem's sequences (``check_indices``) and its first CHECK_HEADS query heads (at least one key/value
+    head's group): every implementation's
     forward output is judged against the float64 oracle and the PyTorch reference in the inputs' dtype,
     both computed once per problem."""
 
     def __init__(self, batch: PackedBatch, indices: Sequence[int]):
         from jfa.fuzz.rule import OutputJudge
 
-        heads = slice(0, min(CHECK_HEADS, batch.q.shape[1]))
+        group = batch.q.shape[1] // batch.k.shape[1]
+        kv_heads = slice(0, min(max(1, CHECK_HEADS // group), batch.k.shape[1]))
+        heads = slice(0, kv_heads.stop * group)  # the query heads of those key/value heads
         ok = _offsets_cpu(batch.lengths_k)
         oq = [b * batch.Lq for b in range(batch.B + 1)] if batch.broadcast_q else _offsets_cpu(batch.lengths_q)
         self.rows = torch.cat([torch.arange(oq[b], oq[b + 1]) for b in indices]) if indices else torch.zeros(0, dtype=torch.long)
         keys = torch.cat([torch.arange(ok[b], ok[b + 1]) for b in indices]) if indices else torch.zeros(0, dtype=torch.long)
         self.heads = heads
         device = batch.q.device
-        k, v = batch.k[keys.to(device), heads], batch.v[keys.to(device), heads]
+        k, v = batch.k[keys.to(device), kv_heads], batch.v[keys.to(device), kv_heads]
         cu_k = _offsets(torch.tensor([ok[b + 1] - ok[b] for b in indices], dtype=torch.int64), device)
         if batch.broadcast_q:
             q, cu_q = batch.q[:, heads], None
         else:
             q = batch.q[self.rows.to(device), heads]
             cu_q = _offsets(torch.tensor([oq[b + 1] - oq[b] for b in indices], dtype=torch.int64), device)
-        self.judge = OutputJudge(q, k, v, cu_q, cu_k, causal=batch.causal, broadcast_q=batch.broadcast_q)
+        self.judge = OutputJudge(q, k, v, cu_q, cu_k, causal=batch.causal, broadcast_q=batch.broadcast_q,
+                                 window=batch.window)
 
     def __call__(self, out: torch.Tensor):
         """The verdict (``jfa.fuzz.rule.Verdict``) of ``out``, the packed output of the whole problem."""
@@ -322,7 +327,8 @@ def _row(suite: str, problem: Problem, impl: str, pass_: str, flop: float, **ext
         "status": "ok", "ms": None, "tflops": None, "ratio_vs_torch_varlen": None,
         "peak_mem_mib": None, "host_us": None, "tflop": flop / 1e12, "max_abs_err": None, "setup_ms": None,
         "ms_min": None, "ms_max": None, "repeats": 1,
-        "note": "", "B": problem.B, "H": problem.H, "D": problem.D, "causal": problem.causal,
+        "note": "", "B": problem.B, "H": problem.H, "H_kv": problem.kv_heads, "D": problem.D,
+        "window": list(problem.window), "causal": problem.causal,
         "broadcast_q": problem.broadcast_q, "max_len": problem.max_len, "sparsity": None,
     }
     row.update(extra)

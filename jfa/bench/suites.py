@@ -46,6 +46,8 @@ class Problem:
     ``lengths_fn(g)`` returns the B key/value lengths given the fresh generator ``g``.
     Without ``broadcast_q`` the query lengths equal the key lengths (self-attention over
     packed sequences); with it, one dense Q of ``Lq`` rows is shared by all B sequences.
+    ``H_kv``: key/value heads (None: H; grouped-query attention when fewer); ``window``: the API's
+    ``window_size`` (left, right), -1 unbounded.
     """
 
     name: str
@@ -58,8 +60,18 @@ class Problem:
     causal: bool = False
     broadcast_q: bool = False
     Lq: int | None = None
+    H_kv: int | None = None
+    window: tuple[int, int] = (-1, -1)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.H if self.H_kv is None else self.H_kv
 
     def __post_init__(self):
+        if self.H % self.kv_heads:
+            raise ValueError(f"{self.name}: H_kv={self.H_kv} must divide H={self.H}")
+        if self.causal and self.window[1] not in (-1, 0):
+            raise ValueError(f"{self.name}: a causal window has right side 0")
         if self.broadcast_q and self.Lq is None:
             raise ValueError(f"{self.name}: broadcast_q needs Lq")
         if not self.broadcast_q and self.Lq is not None:
@@ -152,10 +164,25 @@ def _dense() -> tuple[Problem, ...]:
     )
 
 
+def _gqa() -> tuple[Problem, ...]:
+    """Grouped-query attention and sliding windows on jagged batches (the shapes FA4 takes natively)."""
+    return (
+        Problem("gqa-uniform-B256-L2048-H16-KV4-D128", B=256, H=16, H_kv=4, D=128, max_len=2048,
+                lengths_fn=_uniform(256, 2048)),
+        Problem("mqa-uniform-B1152-L1000-H8-KV1-D64", B=1152, H=8, H_kv=1, D=64, max_len=1000,
+                lengths_fn=_uniform(1152, 1000)),
+        Problem("gqa-window-causal-B128-L4096-H16-KV4-D128-W1024", B=128, H=16, H_kv=4, D=128, max_len=4096,
+                lengths_fn=_uniform(128, 4096), causal=True, window=(1024, 0)),
+        Problem("window-longtail-B256-L4096-H4-D128-W256", B=256, H=4, D=128, max_len=4096,
+                lengths_fn=_longtail(256, 4096), window=(256, 256)),
+    )
+
+
 SUITES: dict[str, tuple[Problem, ...]] = {
     "gem": _gem(),
     "sweep": _sweep(),
     "dense": _dense(),
+    "gqa": _gqa(),
 }
 
 
@@ -193,7 +220,8 @@ def q_lengths(problem: Problem, lengths_k: torch.Tensor) -> torch.Tensor:
     return lengths_k.clone()
 
 
-def visible_pairs(lengths_q: torch.Tensor, lengths_k: torch.Tensor, causal: bool) -> torch.Tensor:
+def visible_pairs(lengths_q: torch.Tensor, lengths_k: torch.Tensor, causal: bool,
+                  window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """Per sequence, the number of (query, key) pairs that are attended (int64).
 
     Non-causal: ``Lq * Lk``. Causal is bottom-right aligned: query i sees keys
@@ -201,15 +229,34 @@ def visible_pairs(lengths_q: torch.Tensor, lengths_k: torch.Tensor, causal: bool
     Lk since ``i <= Lq - 1``). Summing over the queries that see at least one key,
     ``i = s .. Lq-1`` with ``s = max(0, 1 - a)``, gives ``n * (s + a) + n * (n - 1) / 2`` with
     ``n = max(0, Lq - s)``.
+
+    A sliding ``window`` (left, right; -1 unbounded; causal makes right 0) counts per query row i
+    the keys j with ``-left <= j - i - (Lk - Lq) <= right`` inside [0, Lk).
     """
     lq = lengths_q.to(torch.long)
     lk = lengths_k.to(torch.long)
+    if tuple(window) != (-1, -1) and tuple(window) != (-1, 0):
+        return _window_pairs(lq, lk, causal, window)
+    causal = causal or tuple(window) == (-1, 0)
     if not causal:
         return lq * lk
     a = lk - lq + 1
     s = (1 - a).clamp(min=0)
     n = (lq - s).clamp(min=0)
     return n * (s + a) + n * (n - 1) // 2
+
+
+def _window_pairs(lq: torch.Tensor, lk: torch.Tensor, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    left, right = window
+    right = 0 if causal else right
+    seq = torch.repeat_interleave(torch.arange(lq.numel()), lq)
+    first_row = torch.cumsum(lq, 0) - lq
+    i = torch.arange(int(lq.sum())) - first_row[seq]
+    diag = i + (lk - lq)[seq]  # the key on row i's diagonal
+    lo = (diag - left).clamp(min=0) if left >= 0 else torch.zeros_like(diag)
+    hi = torch.minimum(diag + right, lk[seq] - 1) if right >= 0 else lk[seq] - 1
+    per_row = (hi - lo + 1).clamp(min=0)
+    return torch.zeros(lq.numel(), dtype=torch.long).index_add_(0, seq, per_row)
 
 
 def flops(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor, pass_: str) -> float:
@@ -219,7 +266,8 @@ def flops(problem: Problem, lengths_q: torch.Tensor, lengths_k: torch.Tensor, pa
     pairs only (:func:`visible_pairs`). The count is the same for every implementation,
     including peers that receive a repeated Q under broadcast-Q.
     """
-    fwd = 4.0 * float(visible_pairs(lengths_q, lengths_k, problem.causal).sum()) * problem.H * problem.D
+    pairs = visible_pairs(lengths_q, lengths_k, problem.causal, problem.window)
+    fwd = 4.0 * float(pairs.sum()) * problem.H * problem.D
     if pass_ not in PASS_FACTORS:
         raise ValueError(f"pass_ must be one of {sorted(PASS_FACTORS)}, got {pass_!r}")
     return fwd * PASS_FACTORS[pass_]

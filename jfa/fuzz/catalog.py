@@ -162,12 +162,17 @@ def tlx_cases(scale: str = "gpu") -> list:
 
 def sanitize_cases() -> list:
     """Small adversarial shapes for compute-sanitizer (memcheck, racecheck): empty sequences, length 1,
-    tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q."""
+    tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q, grouped heads
+    under sliding windows (tiles the band skips)."""
     out = []
     for head_dim in TLX_HEAD_DIMS:
         base = dict(heads=2, head_dim=head_dim, dtype="bf16")
         out += [Case((0, 1, 0, 127, 129, 0), (0, 1, 5, 127, 129, 0), name=f"san-empty-one-tails-D{head_dim}", **base),
                 Case((1, 300, 64, 200), (130, 7, 64, 1), causal=True, name=f"san-causal-cross-D{head_dim}", **base),
                 Case((200, 7, 0), (7, 200, 3), causal=True, name=f"san-causal-lq-gt-lk-D{head_dim}", **base),
-                Case((77,), (0, 129, 1), broadcast_q=True, name=f"san-bcastq-D{head_dim}", **base)]
+                Case((77,), (0, 129, 1), broadcast_q=True, name=f"san-bcastq-D{head_dim}", **base),
+                Case((130, 7, 200), (200, 64, 129), heads=4, kv_heads=2, head_dim=head_dim, dtype="bf16", causal=True,
+                     window=(64, 0), name=f"san-gqa-window-causal-D{head_dim}"),
+                Case((150, 0, 90), (20, 3, 200), heads=2, kv_heads=1, head_dim=head_dim, dtype="bf16",
+                     window=(16, 40), name=f"san-mqa-window-D{head_dim}")]
     return out

@@ -13,3 +13,7 @@ sanitize() { local t=$1 name=$2; shift 2; for tool in ${SANITIZERS:-memcheck rac
   step "$t" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
     python3 -m jfa.fuzz.sanitize "$@" > $R/sanitizer-$name-$tool.log 2>&1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL|Error" $R/sanitizer-$name-$tool.log | sort | uniq -c | head -6; done; }
+# `share_cores N`: N processes will run at once; give each nproc / N CPU threads (numpy, torch, BLAS), so
+# that the CPU oracle of one does not starve the others into timeouts.
+share_cores() { local t=$(( $(nproc) / $1 )); [ $t -lt 1 ] && t=1
+                export OMP_NUM_THREADS=$t MKL_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t; }

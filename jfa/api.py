@@ -383,17 +383,23 @@ def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_
 
 
 def _portable_backward_launcher(q, k, v, dout):
-    return "triton", _launcher("jfa.kernels.triton.backward", "jagged_backward")
+    return "triton", _launcher("jfa.kernels.triton.backward", "jagged_backward"), dout
 
 
 def _tlx_backward_launcher(q, k, v, dout):
-    """("tlx", the TLX backward) where it takes these gradients, else the portable one (each distinct
-    reason logged once). Only reached after the TLX forward accepted q, k, v (``_tlx_or_portable``)."""
+    """("tlx", the TLX backward, dout) where it takes these gradients, else the portable one (each distinct
+    reason logged once). A grad of out whose layout TMA cannot address (stride 0 from ``.sum()``, a slice,
+    odd strides: what training loops produce) is copied to a contiguous one first: one pass over dout,
+    against the portable backward's several. Only reached after the TLX forward accepted q, k, v
+    (``_tlx_or_portable``)."""
     ok, reason = tlx_backward_supports(q, dout)
+    if not ok and tlx_backward_supports(q)[0]:
+        dout = dout.contiguous()
+        ok, reason = tlx_backward_supports(q, dout)
     if not ok:
         _log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
         return _portable_backward_launcher(q, k, v, dout)
-    return "tlx", _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx")
+    return "tlx", _launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx"), dout
 
 
 def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
@@ -402,7 +408,7 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
     formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
     choose = _tlx_backward_launcher if backend == "tlx" else _portable_backward_launcher
-    chosen, launch = choose(q, k, v, dout)
+    chosen, launch, dout = choose(q, k, v, dout)
     grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
                    deterministic=deterministic, window=(window_left, window_right))

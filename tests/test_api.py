@@ -256,15 +256,16 @@ def test_the_ablation_switches_reach_the_launchers_through_the_knobs():
     assert forward.variant_from_knobs() == forward.SHIPPED and backward.variant_from_knobs() == backward.SHIPPED
 
 
-def _nested(lengths, seed=0, requires_grad=True):
+def _nested(lengths, seed=0, requires_grad=True, device="cpu"):
+    """A jagged NestedTensor built on ``device`` (a leaf: ``.to(device)`` of one would not be)."""
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randn(n, 2, 16, generator=g) for n in lengths]
-    return torch.nested.nested_tensor(seqs, layout=torch.jagged, requires_grad=requires_grad)
+    return torch.nested.nested_tensor(seqs, layout=torch.jagged, requires_grad=requires_grad, device=device)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_jagged_nested_tensors_in_give_a_nested_tensor_out_with_gradients(device):
-    q, k, v = (_nested((3, 0, 5), seed=s).to(device) for s in (1, 2, 3))
+    q, k, v = (_nested((3, 0, 5), seed=s, device=device) for s in (1, 2, 3))
     out = jfa.jagged_attention(q, k, v, causal=True)
     assert out.is_nested and out.layout == torch.jagged and torch.equal(out.offsets().cpu(), q.offsets().cpu())
     out.values().sum().backward()

@@ -92,7 +92,7 @@ def _compare_one(args) -> dict:
     return row
 
 
-def compare(directory: Path, only: str = "", fused_dq: bool = True, workers: int = 2) -> list:
+def compare(directory: Path, only: str = "", fused_dq: bool = True, workers: int = 2, progress: bool = False) -> list:
     """Every recorded case on the simulator against its GPU record (``_compare_one`` rows)."""
     cases = [c for c in _cases(only) if _file(directory, c).exists()]
     os.environ["TRITON_INTERPRET"] = "1"  # the workers import triton under the interpreter
@@ -101,8 +101,16 @@ def compare(directory: Path, only: str = "", fused_dq: bool = True, workers: int
         os.environ.setdefault(var, str(threads))
     import multiprocessing
 
+    rows = []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_compare_one, [(str(directory), c, fused_dq) for c in cases]))
+        for row in pool.map(_compare_one, [(str(directory), c, fused_dq) for c in cases]):
+            rows.append(row)
+            if progress:
+                worst = max((t["share_of_allowed"] or 0.0) for t in row["tensors"].values()) if row["tensors"] else 0.0
+                print(f"[{len(rows)}/{len(cases)}] {row['case']}: gpu {'ok' if row['gpu_ok'] else 'FAIL'}, "
+                      f"sim {'ok' if row['sim_ok'] else 'FAIL'}, largest difference {worst:.3f} of the allowance",
+                      file=sys.stderr, flush=True)
+    return rows
 
 
 def summary(rows: list) -> str:
@@ -145,7 +153,7 @@ def main(argv=None) -> int:
     directory = Path(args.directory)
     if not directory.is_dir():
         parser.error(f"directory: {directory} is not a directory")
-    rows = compare(directory, args.only, fused, args.workers)
+    rows = compare(directory, args.only, fused, args.workers, progress=True)
     if not rows:
         print(f"fidelity compare: no record in {directory} matches", file=sys.stderr)
         return 2

@@ -312,6 +312,13 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         dq_rows = alloc.empty(q.shape, q.dtype, q.device)
     if num_heads == 0:
         return (dq_rows.sum(0) if broadcast_q else dq_rows), dk, dv
+    if rows == 0 or q.shape[0] == 0 or k.shape[0] == 0:
+        # no query row or no key anywhere: every gradient is 0, and no kernel is launched on an empty
+        # tensor (its data pointer is null; the dK/dV kernel's unmasked bulk loads faulted on the H200)
+        dk.zero_()
+        dv.zero_()
+        dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        return dq, dk, dv
     band, band_lo, band_hi = window_band(causal, window)
     group = num_heads // k.shape[1]
     common = dict(CAUSAL=causal and not band, WINDOW=band, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision,

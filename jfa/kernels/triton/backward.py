@@ -27,6 +27,7 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
+    query_tile_keys,
 )
 
 install_bf16_dot_fix()
@@ -246,20 +247,8 @@ def jagged_dq_kernel(
 
     qk_scale = sm_scale * 1.4426950408889634
     causal_shift = len_k - len_q
-    lo, hi = 0, 0
-    if WINDOW:  # as the forward: the band's keys only, every chunk masked
-        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
-        kv_begin = (tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N) * BLOCK_N
-        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + BLOCK_M, len_q) + hi, 0), len_k)
-        bulk_end = kv_begin
-    elif CAUSAL:
-        kv_begin = 0
-        kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
-        bulk_end = (tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0)) // BLOCK_N) * BLOCK_N
-    else:
-        kv_begin = 0
-        kv_end = len_k
-        bulk_end = (len_k // BLOCK_N) * BLOCK_N
+    lo, hi, kv_begin, bulk_end, kv_end = query_tile_keys(m_start, len_q, len_k, causal_shift, band_lo, band_hi,
+                                                         CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n_start in range(kv_begin, bulk_end, BLOCK_N):

@@ -52,6 +52,31 @@ def _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q: tl.constexpr):
 
 
 @triton.jit
+def query_tile_keys(m_start, len_q, len_k, causal_shift, band_lo, band_hi, CAUSAL: tl.constexpr,
+                    WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys the query tile of rows [m_start, m_start + BLOCK_M) sees: (lo, hi, kv_begin, bulk_end,
+    kv_end). Chunks from kv_begin to bulk_end are fully visible to every row (no mask), chunks from
+    bulk_end to kv_end are masked; with WINDOW, (lo, hi) is the band (``jfa.kernels.bands``) and every
+    chunk from the first row's first key to the last row's last is masked (lo, hi are 0 otherwise).
+    ``causal_shift``: Lk - Lq (row i sees keys j <= i + causal_shift)."""
+    lo, hi = 0, 0
+    if WINDOW:
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        kv_begin = (tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N) * BLOCK_N
+        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + BLOCK_M, len_q) + hi, 0), len_k)
+        bulk_end = kv_begin
+    elif CAUSAL:
+        kv_begin = 0
+        kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
+        bulk_end = (tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0)) // BLOCK_N) * BLOCK_N
+    else:
+        kv_begin = 0
+        kv_end = len_k
+        bulk_end = (len_k // BLOCK_N) * BLOCK_N
+    return lo, hi, kv_begin, bulk_end, kv_end
+
+
+@triton.jit
 def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
                  stride_kt, stride_vt, len_k, causal_shift, qk_scale, band_lo, band_hi,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -121,20 +146,8 @@ def jagged_fwd_kernel(
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
-    lo, hi = 0, 0
-    if WINDOW:  # the band's keys only, every chunk masked: from the first row's first key to the last row's last
-        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
-        kv_begin = (tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N) * BLOCK_N
-        kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + BLOCK_M, len_q) + hi, 0), len_k)
-        bulk_end = kv_begin
-    elif CAUSAL:
-        kv_begin = 0
-        kv_end = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + causal_shift, 0))
-        bulk_end = (tl.minimum(len_k, tl.maximum(m_start + causal_shift + 1, 0)) // BLOCK_N) * BLOCK_N
-    else:
-        kv_begin = 0
-        kv_end = len_k
-        bulk_end = (len_k // BLOCK_N) * BLOCK_N
+    lo, hi, kv_begin, bulk_end, kv_end = query_tile_keys(m_start, len_q, len_k, causal_shift, band_lo, band_hi,
+                                                         CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -13,15 +13,19 @@ import triton.language as tl
 UNBOUNDED = 1 << 30  # a window side that is not there (kernels clamp it to the sequence)
 
 
-def window_band(causal: bool, window) -> tuple[bool, int, int]:
-    """(WINDOW, band_lo, band_hi) of a call: whether it needs the general band (a left window, or a right
-    one without causal), and the band's offsets: row i of a sequence with lengths (Lq, Lk) sees key j
-    iff band_lo <= j - i - (Lk - Lq) <= band_hi (causal: band_hi 0; unbounded sides: +-UNBOUNDED)."""
+def window_band(causal: bool, window) -> tuple[bool, bool, int, int]:
+    """(CAUSAL, WINDOW, band_lo, band_hi) of a call: whether it is causal, whether it needs the general
+    band (a left window, or a right one that is not the causal diagonal), and the band's offsets: row i
+    of a sequence with lengths (Lq, Lk) sees key j iff band_lo <= j - i - (Lk - Lq) <= band_hi (causal:
+    band_hi 0; unbounded sides: +-UNBOUNDED). The window (-1, 0), no key past the diagonal and none
+    bounded on the left, is causal: it comes back CAUSAL without WINDOW, so it runs the causal kernels."""
     left, right = window
     if causal:
         right = 0
-    band = left >= 0 or (right >= 0 and not causal)
-    return band, -left if left >= 0 else -UNBOUNDED, right if right >= 0 else UNBOUNDED
+    if left < 0 and right == 0:
+        return True, False, -UNBOUNDED, 0
+    band = left >= 0 or right >= 0
+    return causal, band, -left if left >= 0 else -UNBOUNDED, right if right >= 0 else UNBOUNDED
 
 
 @triton.jit

@@ -308,7 +308,7 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
         dv.zero_()
         dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         return dq, dk, dv
-    band, band_lo, band_hi = window_band(causal, window)
+    causal, band, band_lo, band_hi = window_band(causal, window)
     group = num_heads // k.shape[1]
     common = dict(CAUSAL=causal and not band, WINDOW=band, BROADCAST_Q=broadcast_q, DOT_PRECISION=precision,
                   BLOCK_D=block_d)

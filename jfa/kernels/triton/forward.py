@@ -199,7 +199,7 @@ def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     tiles = build_tile_list(out_cu, rows, cfg.block_m, work_offsets=cu_k)
     if tiles.num_slots == 0:
         return out, lse
-    band, band_lo, band_hi = window_band(causal, window)
+    causal, band, band_lo, band_hi = window_band(causal, window)
     jagged_fwd_kernel[(tiles.num_slots * num_heads,)](
         q, k, v, out, lse, out_cu, cu_k, tiles.tiles,
         *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(out),

@@ -764,9 +764,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
         raise ValueError(f"jagged_dkdv_tlx: {reason}")
-    if tuple(window) == (-1, 0):  # no key past the diagonal and none bounded on the left: causal
-        causal, window = True, (-1, -1)
-    banded, band_lo, band_hi = window_band(causal, window)
+    causal, banded, band_lo, band_hi = window_band(causal, window)
     group = num_heads // k.shape[1]
     fused = dq_accum is not None
     cfg = config_for(head_dim, fused)

@@ -645,7 +645,7 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
     very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
-    banded, band_lo, band_hi = window_band(causal, window)
+    causal, banded, band_lo, band_hi = window_band(causal, window)
     cfg = config_for(head_dim)
     desc_q, col_q = descriptor(q, cfg.block_m)
     desc_k, col_k = descriptor(k, cfg.block_n)
@@ -723,8 +723,6 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
     if not ok:
         raise ValueError(f"jagged_forward_tlx: {reason}")
-    if tuple(window) == (-1, 0):  # no key past the diagonal and none bounded on the left: causal
-        causal, window = True, (-1, -1)
     cfg = config_for(head_dim)
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]

@@ -27,6 +27,7 @@ from jfa.kernels.triton.forward import (
     _head_dim_mask,
     _head_strides,
     _seq_bounds,
+    dot_accumulate,
     query_tile_keys,
 )
 
@@ -83,10 +84,10 @@ def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, off
         elif CAUSAL:
             visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
         p_t = tl.where(visible, p_t, 0.0)
-    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+    dv = dot_accumulate(dv, p_t.to(do.dtype), do, DOT_PRECISION)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
-    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+    dk = dot_accumulate(dk, ds_t.to(q.dtype), q, DOT_PRECISION)
     return dk, dv
 
 
@@ -95,19 +96,21 @@ def jagged_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILES,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    num_seqs, num_heads, group, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale, band_lo, band_hi,
+    num_seqs, num_heads, group, kv_group, HEAD_DIM: tl.constexpr, len_q_bcast, sm_scale, band_lo, band_hi,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """dK, dV of one (key tile, key/value head): the sum over the head's group of query heads."""
-    num_kv_heads = num_heads // group
+    """dK, dV of one (key tile, unit of ``group`` query heads): the sum over the unit's query heads, which
+    all read key/value head ``unit * group // kv_group`` (``kv_group`` query heads share a key/value head;
+    ``group == kv_group``: the unit is that key/value head; ``group == 1``: one query head's partial)."""
+    num_units = num_heads // group
     pid = tl.program_id(0)
-    slot = pid // num_kv_heads
-    kv_head = pid % num_kv_heads
+    slot = pid // num_units
+    unit = pid % num_units
     seq = tl.load(TILES + slot)
     if seq >= num_seqs:  # a spare slot of the tile list
         return
-    tile = tl.load(TILES + tl.num_programs(0) // num_kv_heads + slot)
+    tile = tl.load(TILES + tl.num_programs(0) // num_units + slot)
     q_row0, out_row0, len_q, k_row0, len_k = _seq_bounds(CU_Q, CU_K, seq, len_q_bcast, BROADCAST_Q)
 
     n_start = tile * BLOCK_N
@@ -117,7 +120,8 @@ def jagged_dkdv_kernel(
     n_mask = offs_n < len_k
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k_rows = (k_row0 + offs_n).to(tl.int64)
-    hk = kv_head.to(tl.int64)
+    hk = (unit * group // kv_group).to(tl.int64)  # the key/value head read
+    hu = unit.to(tl.int64)  # the head of DK/DV written
     k = tl.load(K + hk * stride_kh + k_rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + hk * stride_vh + k_rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
 
@@ -160,7 +164,7 @@ def jagged_dkdv_kernel(
         g = j // n_masked
         s = j - g * n_masked
         i = tl.where(s < num_diag, first + s, bulk_end + s - num_diag)
-        head = kv_head * group + g
+        head = unit * group + g
         dk, dv = _dkdv_q_step(dk, dv, k, v, Q + head.to(tl.int64) * stride_qh, DO + head.to(tl.int64) * stride_doh,
                               LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask, stride_qt, stride_dot,
                               num_heads, head, len_q, causal_shift, qk_scale, lo, hi, MASKED=True, CAUSAL=CAUSAL,
@@ -169,14 +173,14 @@ def jagged_dkdv_kernel(
     for j in range(0, group * n_bulk):
         g = j // n_bulk
         i = diag_end + j - g * n_bulk
-        head = kv_head * group + g
+        head = unit * group + g
         dk, dv = _dkdv_q_step(dk, dv, k, v, Q + head.to(tl.int64) * stride_qh, DO + head.to(tl.int64) * stride_doh,
                               LSE, DELTA, q_row0, out_row0, i * BLOCK_M, offs_n, offs_d, d_mask, stride_qt, stride_dot,
                               num_heads, head, len_q, causal_shift, qk_scale, lo, hi, MASKED=False, CAUSAL=CAUSAL,
                               WINDOW=WINDOW, DOT_PRECISION=DOT_PRECISION, BLOCK_M=BLOCK_M)
     dk = dk * sm_scale
-    tl.store(DK + hk * stride_dkh + k_rows[:, None] * stride_dkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + hk * stride_dvh + k_rows[:, None] * stride_dvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    tl.store(DK + hu * stride_dkh + k_rows[:, None] * stride_dkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + hu * stride_dvh + k_rows[:, None] * stride_dvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -203,7 +207,7 @@ def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, o
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     ds = p * (dp - delta[:, None])
-    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    dq = dot_accumulate(dq, ds.to(k.dtype), k, DOT_PRECISION)
     return dq
 
 
@@ -322,13 +326,25 @@ def jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softma
     kv_tiles = build_tile_list(cu_k, total_k, cfgs.dkdv.block_n,
                                work_offsets=None if broadcast_q else cu_q)
     if dkdv is None and kv_tiles.num_slots > 0:
-        jagged_dkdv_kernel[(kv_tiles.num_slots * k.shape[1],)](
-            q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, kv_tiles.tiles,
+        # fp32 gradients: each query head's contributions summed in a chain of their own, then the group's
+        # fp32 partials (as the reference sums them). One chain over the whole group grows the rounding of
+        # long correlated sums group-fold, past the rule's 2x of the fp32 reference (found by jfa fuzz on
+        # the H200: GQA 3:1, broadcast Q of 3995 rows, an expanded dout). In bf16/fp16 the inputs' own
+        # rounding dominates: one chain per key/value head, no partials' memory.
+        per_head = group > 1 and q.dtype == torch.float32
+        heads_per_program = 1 if per_head else group
+        dk_sum, dv_sum = ((alloc.empty((total_k, num_heads, head_dim), torch.float32, k.device) for _ in range(2))
+                          if per_head else (dk, dv))
+        jagged_dkdv_kernel[(kv_tiles.num_slots * (num_heads // heads_per_program),)](
+            q, k, v, dout, lse, delta, dk_sum, dv_sum, out_cu, cu_k, kv_tiles.tiles,
             *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),
-            *_head_strides(dk), *_head_strides(dv),
-            num_seqs, num_heads, group, head_dim, len_q_bcast, softmax_scale, band_lo, band_hi,
+            *_head_strides(dk_sum), *_head_strides(dv_sum),
+            num_seqs, num_heads, heads_per_program, group, head_dim, len_q_bcast, softmax_scale, band_lo, band_hi,
             BLOCK_M=cfgs.dkdv.block_m, BLOCK_N=cfgs.dkdv.block_n,
             num_warps=cfgs.dkdv.num_warps, num_stages=cfgs.dkdv.num_stages, **common)
+        if per_head:
+            dk.copy_(dk_sum.view(total_k, k.shape[1], group, head_dim).sum(dim=2))
+            dv.copy_(dv_sum.view(total_k, k.shape[1], group, head_dim).sum(dim=2))
 
     q_tiles = build_tile_list(out_cu, rows, cfgs.dq.block_m, work_offsets=cu_k)
     if q_tiles.num_slots > 0:

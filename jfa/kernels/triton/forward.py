@@ -77,6 +77,18 @@ def query_tile_keys(m_start, len_q, len_k, causal_shift, band_lo, band_hi, CAUSA
 
 
 @triton.jit
+def dot_accumulate(acc, a, b, DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` in fp32. Tensor-core dots accumulate in place (one accumulator; the inputs' rounding
+    dominates). fp32 dots ("ieee": FMA chains) sum the tile's products from zero and then add them: Triton
+    fuses ``acc + dot(a, b)`` into one FMA chain through every tile of a sequence, whose rounding grows
+    with the sequence length (on long sums of near-equal terms past 2x the fp32 reference's, found by
+    jfa fuzz on the H200). The zero is ``acc * 0``: a constant zero would be fused again."""
+    if DOT_PRECISION == "ieee":
+        return acc + tl.dot(a, b, acc * 0.0, input_precision=DOT_PRECISION)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d, d_mask,
                  stride_kt, stride_vt, len_k, causal_shift, qk_scale, band_lo, band_hi,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -109,7 +121,7 @@ def _fwd_kv_step(acc, m_i, l_i, q, K, V, k_row0, n_start, offs_m, offs_n, offs_d
     alpha = tl.math.exp2(m_i - m_use)
     p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = dot_accumulate(acc * alpha[:, None], p.to(v.dtype), v, DOT_PRECISION)
     return acc, m_new, l_i
 
 

@@ -3,7 +3,9 @@
 ``--device cpu`` (default) runs the portable kernels in Triton's CPU interpreter, which is
 process-wide and must be switched on before triton is imported: that happens here, in
 pytest_configure, before any test module is collected. ``--device cuda`` runs the same tests on the GPU.
-``JFA_TEST_DEVICE`` (``jfa.knobs.test_device``) sets the default.
+``JFA_TEST_DEVICE`` (``jfa.knobs.test_device``) sets the default. Under pytest-xdist the controller
+shares the cores out before it starts the workers (``jfa.fuzz.cores``: cores // workers CPU threads
+each), so any ``-n`` is stable.
 """
 import os
 import sys
@@ -31,6 +33,12 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     from hypothesis import settings
+
+    from jfa.fuzz.cores import share_cores
+
+    workers = getattr(config.option, "numprocesses", None)
+    if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 0:
+        share_cores(os.environ, workers)  # inherited by the workers xdist starts after configure
 
     if config.getoption("--device") == "cuda" and settings.get_current_profile_name() == "ci":
         settings.load_profile("ci-gpu")  # fewer derandomised examples: each compiles GPU specialisations

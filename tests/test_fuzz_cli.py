@@ -7,6 +7,7 @@ import pytest
 from jfa.fuzz import runner
 from jfa.fuzz.mutants import BY_NAME, applied
 from jfa.fuzz.cases import Case
+from jfa.fuzz.report import read_logs, write_reports
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -29,7 +30,8 @@ def test_case_file_round_trips_and_replays(tmp_path):
 def test_worker_shrinks_a_real_bug_into_a_replayable_case(tmp_path):
     """Under a broken kernel the worker writes a small failing case; it replays red, then green once fixed."""
     with applied(BY_NAME["fwd-lse-base2"]):
-        runner.run_worker(0, tmp_path, time.time() + 20, "triton", "cpu", max_tokens=200, round_examples=15, seed=1)
+        runner.run_worker(runner.WorkerSettings(str(tmp_path), time.time() + 20, backend="triton", device="cpu",
+                                                max_tokens=200, round_examples=15, seed=1))
         failures = sorted((tmp_path / "failures").glob("*.json"))
         assert failures, "the worker found no failure under a mutant that breaks every non-empty row"
         case, record = runner.load_case(failures[0])
@@ -46,9 +48,9 @@ def test_reports_summarise_the_logs(tmp_path):
     (tmp_path / "worker-0.jsonl").write_text("\n".join(json.dumps(r) for r in (
         {"case": "a", "ok": True, "ratio": 0.25, "tensor": "dq", "seconds": 0.1},
         {"case": "b", "ok": True, "ratio": 0.5, "tensor": "out", "seconds": 0.1})) + "\n")
-    stats = runner._read_logs(tmp_path)
+    stats = read_logs(tmp_path)
     assert stats["examples"] == 2 and stats["worst"] == 0.5 and stats["worst_case"] == "out of b"
-    runner._write_reports(tmp_path, stats, {"backend": "triton", "device": "cpu", "workers": 1, "seconds": 2.0})
+    write_reports(tmp_path, stats, {"backend": "triton", "device": "cpu", "workers": 1, "seconds": 2.0})
     assert "no failure" in (tmp_path / "summary.md").read_text()
     assert 'failures="0"' in (tmp_path / "junit.xml").read_text()
 
@@ -66,6 +68,6 @@ def test_workers_past_the_deadline_are_stopped_and_reported(tmp_path):
     assert stopped == [1] and time.time() - start < 15
     assert quick.returncode == 0 and stuck.returncode is not None
     (tmp_path / "failures").mkdir()
-    runner._write_reports(tmp_path, runner._read_logs(tmp_path), {"backend": "triton", "device": "cpu", "workers": 2,
+    write_reports(tmp_path, read_logs(tmp_path), {"backend": "triton", "device": "cpu", "workers": 2,
                                                                    "seconds": 1.0, "stopped_at_deadline": stopped})
     assert "stopped at the deadline (mid-example): worker(s) [1]" in (tmp_path / "summary.md").read_text()

@@ -66,27 +66,30 @@ class Verdict:
         return f"{self.name}: err {self.error:.3e} allowed {self.allowed:.3e} {status}{extra}"
 
 
-def judge(name: str, kernel: torch.Tensor, ref_t: torch.Tensor, exact: np.ndarray, dtype: torch.dtype,
+def judge(name: str, kernel: torch.Tensor, ref_t: torch.Tensor, exact, dtype: torch.dtype,
           factor: float = 2.0, noise: float = 0.0) -> Verdict:
     """Apply the oracle rule to one tensor; ``noise``: the case-derived parts of the floor beyond
-    ``eps(t) * max|oracle| + tiny(t)`` (see the module docstring)."""
-    got = kernel.detach().double().cpu().numpy()
-    ref = ref_t.detach().double().cpu().numpy()
+    ``eps(t) * max|oracle| + tiny(t)`` (see the module docstring). ``exact``: the oracle's values, a
+    NumPy array or a float64 tensor (the comparison runs on its device; only scalars come back)."""
+    exact = torch.as_tensor(exact, dtype=torch.float64)
+    got = kernel.detach().to(exact.device, torch.float64)
+    ref = ref_t.detach().to(exact.device, torch.float64)
     if got.shape != exact.shape:
-        return Verdict(name, math.inf, 0.0, f"shape {got.shape} != oracle {exact.shape}")
-    if np.isnan(got).any():
-        return Verdict(name, math.inf, 0.0, f"{int(np.isnan(got).sum())} NaN values (unwritten or invalid)")
-    exact_inf = np.isinf(exact)
-    if (np.isinf(got) != exact_inf).any() or (got[exact_inf] != exact[exact_inf]).any():
+        return Verdict(name, math.inf, 0.0, f"shape {tuple(got.shape)} != oracle {tuple(exact.shape)}")
+    nans = int(torch.isnan(got).sum())
+    if nans:
+        return Verdict(name, math.inf, 0.0, f"{nans} NaN values (unwritten or invalid)")
+    exact_inf = torch.isinf(exact)
+    if bool((torch.isinf(got) != exact_inf).any()) or bool((got[exact_inf] != exact[exact_inf]).any()):
         return Verdict(name, math.inf, 0.0, "infinities differ from the oracle (e.g. lse -inf rows)")
     finite = ~exact_inf
-    if not finite.any():
+    if not bool(finite.any()):
         return Verdict(name, 0.0, 0.0)
-    err = float(np.abs(got[finite] - exact[finite]).max())
-    ref_err = float(np.nan_to_num(np.abs(ref[finite] - exact[finite]), nan=np.inf).max())
+    err = float((got[finite] - exact[finite]).abs().max())
+    ref_err = float(torch.nan_to_num((ref[finite] - exact[finite]).abs(), nan=math.inf).max())
     # results within a few smallest-normals of zero are noise: GPUs flush subnormals, and the CPU
     # interpreter's bf16 conversion loses them
-    floor = EPS[dtype] * float(np.abs(exact[finite]).max()) + 4 * torch.finfo(dtype).tiny + noise
+    floor = EPS[dtype] * float(exact[finite].abs().max()) + 4 * torch.finfo(dtype).tiny + noise
     return Verdict(name, err, factor * ref_err + floor)
 
 
@@ -133,8 +136,8 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float:
-    """max over (query, key) pairs of |scale| * sum_d |q_d k_d|: the magnitude of the terms summed into
-    one logit (an upper bound of |logit|; taken over all pairs, also under causal)."""
+    """max over (query, key) pairs of |scale| * sum_d |q_d k_d| (NumPy): the magnitude of the terms summed
+    into one logit (an upper bound of |logit|; taken over all pairs, also under causal)."""
     peak = 0.0
     q, k = np.abs(q), np.abs(k)
     if k.shape[1] != q.shape[1]:  # grouped heads: each key head serves its query heads
@@ -148,12 +151,19 @@ def _max_logit_terms(q, k, cu_q, cu_k, scale: float, broadcast_q: bool) -> float
     return peak
 
 
+def _peak(exact) -> float:
+    exact = torch.as_tensor(exact, dtype=torch.float64)
+    finite = exact[torch.isfinite(exact)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
 class _Floor:
     """The case-derived part of the floor (see the module docstring), ``floor(name, exact, shift)`` for
     tensor ``name`` with the oracle's ``exact`` values; ``terms`` holds each tensor's summed-term
-    magnitude (the backward raises the gradients' to the oracle's magnitudes once it has them)."""
+    magnitude (the backward raises the gradients' to the oracle's magnitudes once it has them);
+    ``logit_terms``: the logits' summed-term magnitude (``_max_logit_terms`` or the twin's)."""
 
-    def __init__(self, q, k, v, dout, cu_q_np, cu_k_np, softmax_scale, broadcast_q: bool):
+    def __init__(self, q, k, v, dout, softmax_scale, logit_terms: float):
         mag = {name: float(t.detach().abs().max()) if t.numel() else 0.0
                for name, t in (("q", q), ("k", k), ("v", v), ("do", dout))}
         head_dim = q.shape[-1]
@@ -161,11 +171,14 @@ class _Floor:
         self.root_d = math.sqrt(head_dim)
         self.terms = {"out": mag["v"], "dv": mag["do"], "dq": scale * mag["do"] * mag["v"] * mag["k"] * self.root_d,
                       "dk": scale * mag["do"] * mag["v"] * mag["q"] * self.root_d}
-        self.logit_terms = _max_logit_terms(_np(q), _np(k), cu_q_np, cu_k_np, scale, broadcast_q)
+        self.logit_terms = logit_terms
 
-    def __call__(self, name: str, exact: np.ndarray, shift: float = 0.0) -> float:
-        peak = float(np.abs(exact[np.isfinite(exact)]).max()) if np.isfinite(exact).any() else 0.0
-        return EPS[torch.float32] * (self.terms.get(name, 0.0) + self.root_d * self.logit_terms * peak) + shift
+    def __call__(self, name: str, exact, shift: float = 0.0) -> float:
+        return EPS[torch.float32] * (self.terms.get(name, 0.0) + self.root_d * self.logit_terms * _peak(exact)) + shift
+
+
+def _scale(q: torch.Tensor, softmax_scale) -> float:
+    return abs(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
 
 
 class OutputJudge:
@@ -182,7 +195,8 @@ class OutputJudge:
         with torch.no_grad():
             self.ref, _ = attention_reference(q, k, v, cu_q, cu_k, **kwargs)
         self.dtype = q.dtype
-        self.noise = _Floor(q, k, v, q[:0], cu_q_np, cu_k_np, softmax_scale, broadcast_q)("out", self.exact)
+        terms = _max_logit_terms(_np(q), _np(k), cu_q_np, cu_k_np, _scale(q, softmax_scale), broadcast_q)
+        self.noise = _Floor(q, k, v, q[:0], softmax_scale, terms)("out", self.exact)
 
     def __call__(self, out: torch.Tensor) -> Verdict:
         return judge("out", out, self.ref, self.exact, self.dtype, noise=self.noise)
@@ -193,6 +207,75 @@ def judge_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """The rule applied to one forward output ``out`` of inputs q, k, v (``OutputJudge`` once)."""
     return OutputJudge(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                        broadcast_q=broadcast_q)(out)
+
+
+@dataclass
+class Exact:
+    """What an oracle says about one case: forward values, and for the backward the exact gradients,
+    the gradients from the kernel's own output (the delta shift), and the summed-term magnitudes."""
+
+    out: object
+    lse: object
+    logit_terms: float
+    grads: tuple = ()
+    shifted: tuple = ()
+    magnitudes: tuple = ()
+
+
+ORACLES = ("numpy", "twin")  # the NumPy oracle (the root of trust), its float64 torch twin on the device
+
+
+def oracle_values(oracle_name: str, inp, out: torch.Tensor, kwargs: dict, backward: bool) -> Exact:
+    """The oracle's values for inputs ``inp`` (a :class:`jfa.fuzz.cases.Inputs`; ``out``: the kernel's
+    output, for the shifted gradients; ``kwargs``: causal, softmax_scale, broadcast_q, window): from the
+    NumPy oracle on the host, or from the twin (jfa.fuzz.twin) in float64 on the inputs' device."""
+    scale = _scale(inp.q, kwargs["softmax_scale"])
+    if oracle_name == "twin":
+        from jfa.fuzz import twin as impl
+
+        q, k, v, cu_q, cu_k, dout, dlse, out_arg = inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, inp.dout, inp.dlse, out
+    elif oracle_name == "numpy":
+        impl = oracle
+        q, k, v, dout, dlse, out_arg = _np(inp.q), _np(inp.k), _np(inp.v), _np(inp.dout), _np(inp.dlse), _np(out)
+        cu_q = None if kwargs["broadcast_q"] else _np(inp.cu_q).astype(np.int64)
+        cu_k = _np(inp.cu_k).astype(np.int64)
+    else:
+        raise ValueError(f"oracle: expected one of {ORACLES}, got {oracle_name!r}")
+    o, lse = impl.attention_forward(q, k, v, cu_q, cu_k, **kwargs)
+    terms = (impl.max_logit_terms if oracle_name == "twin" else _max_logit_terms)(
+        q, k, cu_q, cu_k, scale, kwargs["broadcast_q"])
+    if not backward:
+        return Exact(o, lse, terms)
+    bwd = dict(kwargs, dlse=dlse)
+    return Exact(o, lse, terms,
+                 grads=impl.attention_backward(q, k, v, o, lse, dout, cu_q, cu_k, **bwd),
+                 shifted=impl.attention_backward(q, k, v, out_arg, lse, dout, cu_q, cu_k, **bwd),
+                 magnitudes=impl.attention_backward(q, k, v, o, lse, dout, cu_q, cu_k, magnitudes=True, **bwd))
+
+
+def twin_agreement(twin: Exact, numpy_: Exact) -> list:
+    """Verdicts "twin:<tensor>": the twin's values against the NumPy oracle's, within jfa.fuzz.twin.AGREEMENT
+    of each tensor's summed-term magnitude, infinities exactly where NumPy has them."""
+    from jfa.fuzz.twin import AGREEMENT
+
+    # (name, twin's, NumPy's, the magnitude of what was summed into it)
+    pairs = [("out", twin.out, numpy_.out, 0.0), ("lse", twin.lse, numpy_.lse, numpy_.logit_terms)]
+    pairs += [(name, t, n, _peak(m)) for name, t, n, m in
+              zip(("dq", "dk", "dv"), twin.grads, numpy_.grads, numpy_.magnitudes)]
+    pairs += [(f"|{name}|", t, n, 0.0) for name, t, n in zip(("dq", "dk", "dv"), twin.magnitudes, numpy_.magnitudes)]
+    verdicts = [Verdict("twin:logit_terms", abs(twin.logit_terms - numpy_.logit_terms),
+                        AGREEMENT * numpy_.logit_terms)]
+    for name, t, n, summed in pairs:
+        t = t.detach().double().cpu()
+        n = torch.as_tensor(n, dtype=torch.float64)
+        if t.shape != n.shape or bool((torch.isinf(t) != torch.isinf(n)).any()) or bool(torch.isnan(t).any()):
+            verdicts.append(Verdict(f"twin:{name}", math.inf, 0.0, "the twin disagrees with the NumPy oracle "
+                                    "(shape, infinities or NaN)"))
+            continue
+        finite = torch.isfinite(n)
+        err = float((t[finite] - n[finite]).abs().max()) if bool(finite.any()) else 0.0
+        verdicts.append(Verdict(f"twin:{name}", err, AGREEMENT * (_peak(n) + summed)))
+    return verdicts
 
 
 def _ran(ran: list, pass_: str) -> str:
@@ -218,10 +301,17 @@ def cannot_run(case: Case, backend: str, device="cpu") -> str:
 
 
 def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool = True,
-             return_outputs: bool = False):
-    """Run ``case`` on ``backend`` with NaN-poisoned outputs and judge it against the oracle."""
+             return_outputs: bool = False, oracle_name: str = "numpy", recheck: bool = False):
+    """Run ``case`` on ``backend`` with NaN-poisoned outputs and judge it against the oracle.
+
+    ``oracle_name``: "numpy" (the root of trust, on the host) or "twin" (its float64 torch twin on the
+    case's device, for large GPU examples). ``recheck``: with the twin, judge by the NumPy oracle too and
+    add "twin:<tensor>" verdicts that fail where the two oracles disagree.
+    """
     import jfa
 
+    if oracle_name not in ORACLES:
+        raise ValueError(f"oracle_name: expected one of {ORACLES}, got {oracle_name!r}")
     inp = make_inputs(case, device)
     dtype = DTYPES[case.dtype]
     window = (case.window[0], 0 if case.causal else case.window[1])
@@ -234,44 +324,37 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
         if backward:
             torch.autograd.backward([out, lse], [inp.dout, inp.dlse])
 
-    cu_q_np = None if case.broadcast_q else _np(inp.cu_q).astype(np.int64)
-    cu_k_np = _np(inp.cu_k).astype(np.int64)
-    o_exact, lse_exact = oracle.attention_forward(_np(inp.q), _np(inp.k), _np(inp.v), cu_q_np, cu_k_np, **kwargs)
+    exact = oracle_values(oracle_name, inp, out, kwargs, backward)
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
     report = Report(case, backend, kernel=_ran(ran, "forward"), ran=list(ran),
                     dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend, window_size=window))
     if backward:  # (the reference's backward is autograd's own: no kernel dispatch to record)
         report.backward_kernel = "torch" if report.kernel == "torch" else _ran(ran, "backward")
-    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, cu_q_np, cu_k_np, case.softmax_scale, case.broadcast_q)
+    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)
     terms = noise.terms
-    report.verdicts.append(judge("out", out, o_ref, o_exact, dtype, noise=noise("out", o_exact)))
+    report.verdicts.append(judge("out", out, o_ref, exact.out, dtype, noise=noise("out", exact.out)))
     # lse is fp32 whatever t is: its floor is fp32 rounding, the ref_t term carries t's error
-    report.verdicts.append(judge("lse", lse, lse_ref, lse_exact, torch.float32, noise=noise("lse", lse_exact)))
+    report.verdicts.append(judge("lse", lse, lse_ref, exact.lse, torch.float32, noise=noise("lse", exact.lse)))
     if backward:
         torch.autograd.backward([o_ref, lse_ref], [inp.dout, inp.dlse.to(lse_ref.dtype)])
-        args = (_np(inp.q), _np(inp.k), _np(inp.v))
-        kwargs["dlse"] = _np(inp.dlse)
-        grads_exact = oracle.attention_backward(*args, o_exact, lse_exact, _np(inp.dout), cu_q_np, cu_k_np, **kwargs)
-        grads_shifted = oracle.attention_backward(*args, _np(out), lse_exact, _np(inp.dout), cu_q_np, cu_k_np,
-                                                  **kwargs)
         # rounding scale of each gradient's sums (a key seen by many queries sums many terms)
-        magnitudes = oracle.attention_backward(*args, o_exact, lse_exact, _np(inp.dout), cu_q_np, cu_k_np,
-                                               magnitudes=True, **kwargs)
-        for name, mag_exact in zip(("dq", "dk", "dv"), magnitudes):
-            if mag_exact.size:
-                terms[name] = max(terms[name], float(mag_exact.max()))
+        for name, mag_exact in zip(("dq", "dk", "dv"), exact.magnitudes):
+            if mag_exact.numel() if torch.is_tensor(mag_exact) else mag_exact.size:
+                terms[name] = max(terms[name], _peak(mag_exact))
         factor = 3.0 if dtype == torch.bfloat16 else 2.0
-        for name, got, ref, exact, shifted in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
-                                                  (rq.grad, rk.grad, rv.grad), grads_exact, grads_shifted):
+        for name, got, ref, grad_exact, shifted in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                                       (rq.grad, rk.grad, rv.grad), exact.grads, exact.shifted):
             if got is None:
                 got = torch.zeros_like(q if name == "dq" else k)
             if ref is None:
                 ref = torch.zeros_like(got)
-            shift = float(np.abs(shifted - exact).max()) if exact.size else 0.0
-            report.verdicts.append(judge(name, got, ref, exact, dtype, factor, noise=noise(name, exact, shift)))
+            grad_exact, shifted = torch.as_tensor(grad_exact), torch.as_tensor(shifted)
+            shift = float((shifted - grad_exact).abs().max()) if grad_exact.numel() else 0.0
+            report.verdicts.append(judge(name, got, ref, grad_exact, dtype, factor,
+                                         noise=noise(name, grad_exact, shift)))
+    if recheck and oracle_name == "twin":
+        report.verdicts += twin_agreement(exact, oracle_values("numpy", inp, out, kwargs, backward))
     if return_outputs:
         return report, (out, lse, q.grad, k.grad, v.grad)
     return report
-
-

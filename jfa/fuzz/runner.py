@@ -1,13 +1,22 @@
-"""``jfa fuzz`` and ``jfa repro``: time-budgeted property fuzzing against the oracle, and replay.
+"""``jfa fuzz``, ``jfa fuzz merge`` and ``jfa repro``: time-budgeted property fuzzing against the oracle,
+merging a campaign's shards, and replay.
 
-``jfa fuzz`` starts one worker process per GPU (pinned with ``CUDA_VISIBLE_DEVICES``), or on a
-CPU-only host interpreter workers, each running the hypothesis property of ``tests/test_fuzz.py``
-(``jfa.fuzz.strategies.problems`` judged by ``jfa.fuzz.rule.run_case``) in fresh randomly seeded rounds
-until the deadline. Every example is a JSON line in ``DIR/worker-N.jsonl``; every failure is shrunk
-by hypothesis and written as a self-contained case file ``DIR/failures/*.json`` that
-``jfa repro CASE.json`` replays in one command (copy it into ``tests/corpus/`` to keep it forever).
-The parent shows live progress (examples, rate, worst error/allowed, failures) and writes
-``summary.json``, ``summary.md`` and ``junit.xml`` to DIR.
+``jfa fuzz`` starts worker processes (on a GPU host several per GPU, each pinned with
+``CUDA_VISIBLE_DEVICES``; on a CPU-only host interpreter workers), the machine's cores shared out
+between them (``jfa.fuzz.cores``). Each runs the hypothesis property of ``tests/test_fuzz.py``
+(``jfa.fuzz.strategies.mixed_problems`` judged by ``jfa.fuzz.rule.run_case``) in seeded rounds until
+the deadline; the round seeds of every (campaign seed, shard, worker, restart, round) are distinct by
+construction, so the shards of ``--shard I/N`` never repeat each other. On a GPU the examples are
+judged by the oracle's float64 twin on the device (``jfa.fuzz.twin``), a sampled fraction re-judged by
+the NumPy oracle, the root of trust.
+
+Every example is a JSON line in ``DIR/worker-N.jsonl`` (``jfa.fuzz.report``). The first failing example
+of a round is written at once as a case file ``DIR/failures/case-*.json``, then hypothesis shrinks it
+and the shrunk case replaces it; ``jfa repro CASE.json`` replays one (copy it into ``tests/corpus/`` to
+keep it forever). The parent watches the workers: one whose example runs past ``--hang-seconds`` is
+killed and its example written as a "hang" case file; a worker whose CUDA context died (an illegal
+address) writes its case and exits; either is restarted, so a campaign survives the bugs it finds. It
+shows live progress and writes ``summary.json``, ``summary.md`` and ``junit.xml`` to DIR.
 """
 from __future__ import annotations
 
@@ -18,11 +27,11 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from xml.sax.saxutils import escape
 
 CASE_FORMAT = 1
 
@@ -46,16 +55,10 @@ def case_record(case, report=None, *, backend="auto", device="cpu", note="") -> 
 def load_case(path):
     """The :class:`jfa.fuzz.cases.Case` stored in a case file, and the whole record. Raises
     FileNotFoundError, json.JSONDecodeError, or ValueError/KeyError/TypeError for what is no case file."""
-    from jfa.fuzz.cases import Case
-
     record = json.loads(Path(path).read_text())
     if not isinstance(record, dict) or record.get("format") != CASE_FORMAT:
         raise ValueError(f"{path}: unknown case format {record.get('format') if isinstance(record, dict) else record!r}")
-    fields = dict(record["case"])
-    for key in ("lengths_q", "lengths_k", "window"):
-        if key in fields:
-            fields[key] = tuple(fields[key])
-    return Case(**fields), record
+    return _case_from_fields(record["case"]), record
 
 
 def case_filename(case) -> str:
@@ -145,244 +148,522 @@ def _prepare_process(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-def run_worker(index: int, out_dir: Path, deadline: float, backend: str, device: str, max_tokens: int,
-               round_examples: int, seed: int) -> None:
+COMPILE_SECONDS = 600  # one compile running longer than this counts as a hang too
+EXIT_CONTEXT_LOST = 3  # a worker whose CUDA context died: its case is written, the parent restarts it
+# a sampled example is re-judged by the NumPy oracle only up to this many (query, key) pairs x heads x
+# head dim: about a second of the host's float64 work (the twin judges the larger ones; the twin itself
+# is checked against NumPy on every strategy family by tests/test_twin.py)
+RECHECK_MAX_COST = 1 << 28
+_SEED_FIELDS = (("shard", 20), ("slot", 12), ("restart", 16), ("round", 32))
+
+
+def round_seed(seed: int, shard: int, slot: int, restart: int, round_index: int) -> int:
+    """The hypothesis seed of one round: the campaign seed and the round's (shard, worker slot, restart,
+    round) packed side by side, so no two rounds of a campaign, in any of its shards, share a seed."""
+    packed = seed
+    for (name, bits), value in zip(_SEED_FIELDS, (shard, slot, restart, round_index)):
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"{name}: {value} is outside [0, 2**{bits})")
+        packed = packed << bits | value
+    return packed
+
+
+def attention_cost(case) -> int:
+    """(query, key) pairs x heads x head dim of ``case``: the size of the oracle's work."""
+    lengths_q = [case.lengths_q[0]] * len(case.lengths_k) if case.broadcast_q else case.lengths_q
+    return sum(a * b for a, b in zip(lengths_q, case.lengths_k)) * case.heads * case.head_dim
+
+
+def _sampled(case, seed: int, fraction: float) -> bool:
+    """Whether ``case`` is in the re-judged sample: decided by its hash, so a replay while shrinking
+    decides the same way."""
+    digest = hashlib.sha1(f"{seed}:{json.dumps(dataclasses.asdict(case), sort_keys=True)}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") < fraction * 2 ** 32
+
+
+def _context_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the process's CUDA context is gone (every later call would fail too)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(sign in text for sign in ("AcceleratorError", "CUDA error", "illegal memory access",
+                                         "unspecified launch failure", "misaligned address", "illegal instruction"))
+
+
+def _signs_of_life(write) -> None:
+    """Make the worker's log show compiles (a cold compile is slow, not hung: the parent's hang clock
+    restarts at each "compiled" row and a "compiling" row gets COMPILE_SECONDS)."""
+    from triton import knobs as triton_knobs
+
+    def name(kwargs) -> str:
+        return str(kwargs.get("repr", "?")).split("[", 1)[0]
+
+    def compiling(*args, **kwargs):
+        write({"compiling": name(kwargs)})
+        return False  # False: compile as usual (True would skip the compile)
+
+    def compiled(*args, **kwargs):
+        write({"compiled": name(kwargs)})
+
+    triton_knobs.runtime.jit_cache_hook = compiling
+    triton_knobs.runtime.jit_post_compile_hook = compiled
+
+
+@dataclasses.dataclass
+class WorkerSettings:
+    """What one worker runs (the parent passes it as JSON)."""
+
+    out_dir: str
+    deadline: float
+    backend: str = "auto"
+    device: str = "cpu"
+    mix: str = "all"
+    oracle: str = "numpy"
+    recheck_fraction: float = 0.0
+    max_tokens: int = 640
+    round_examples: int = 25
+    seed: int = 0
+    shard: int = 0
+    slot: int = 0
+    restart: int = 0
+    mutant: str = ""
+
+
+def run_worker(ws: WorkerSettings) -> None:
+    """Run hypothesis rounds until the deadline, logging every example to ``worker-<slot>.jsonl`` and
+    writing a case file for every failure (with ``ws.mutant``: against that mutant of the kernels)."""
+    import contextlib
+
+    ctx = contextlib.nullcontext()
+    if ws.mutant:
+        from jfa.fuzz.mutants import BY_NAME, applied
+
+        ctx = applied(BY_NAME[ws.mutant])
+    with ctx:
+        _run_rounds(ws)
+
+
+def _run_rounds(ws: WorkerSettings) -> None:
+    import faulthandler
     import warnings
 
+    import torch
     from hypothesis import HealthCheck, Phase, given, reject, settings, target
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
     from jfa.fuzz.rule import cannot_run, run_case
-    from jfa.fuzz.strategies import TLX_ONLY, problems
+    from jfa.fuzz.strategies import TLX_ONLY, mixed_problems, problems
 
-    draw_kwargs = TLX_ONLY if backend == "tlx" else {}
+    out_dir, backend, device = Path(ws.out_dir), ws.backend, ws.device
+    strategy = (problems(max_tokens=ws.max_tokens, **TLX_ONLY) if backend == "tlx"
+                else mixed_problems(ws.mix, max_tokens=ws.max_tokens))
     if backend == "tlx" and device == "cpu":  # the TLX kernels on the simulator, a seeded schedule a worker
         import jfa.sim as sim
 
-        sim.install(sm_count=3, schedule=sim.Schedule.seeded(seed * 1009 + index))
+        sim.install(sm_count=3, schedule=sim.Schedule.seeded(round_seed(ws.seed, ws.shard, ws.slot, ws.restart, 0)))
 
     # inf/NaN in lanes the kernels mask out (e.g. exp2 of padded columns) are expected in the interpreter
     warnings.filterwarnings("ignore", category=RuntimeWarning)
-    log = open(out_dir / f"worker-{index}.jsonl", "a", buffering=1)
+    log = open(out_dir / f"worker-{ws.slot}.jsonl", "a", buffering=1)
+
+    def write(row: dict) -> None:
+        log.write(json.dumps({"t": round(time.time(), 3), **row}) + "\n")
+
     failures = out_dir / "failures"
     failures.mkdir(exist_ok=True)
-    rng = random.Random(seed * 1009 + index)
-    state = {"last_failure": None}
+    where = f"worker {ws.slot} (restart {ws.restart}) of shard {ws.shard}" + (f", mutant {ws.mutant}" if ws.mutant else "")
+    write({"worker": ws.slot, "restart": ws.restart, "pid": os.getpid()})
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for the stacks of a hang
+    if device == "cuda":
+        _signs_of_life(write)
+    state = {"first": None, "last": None}
+
+    def write_case(case, report, note: str, kind: str) -> Path:
+        record = case_record(case, report, backend=backend, device=device, note=note)
+        record["kind"] = kind
+        if ws.mutant:
+            record["mutant"] = ws.mutant
+        path = failures / case_filename(case)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        return path
+
+    def failed(case, report, crash: str) -> None:
+        state["last"] = (case, report, crash)
+        if state["first"] is None:  # on disk at once: a worker killed while shrinking still leaves it
+            state["first"] = write_case(case, report, f"{crash or 'first failing example'}, not shrunk yet; "
+                                        f"found by jfa fuzz, {where}", "crash" if crash else "rule")
+            write({"first_failure": str(state["first"]), "case": case.id})
 
     def property_(data):
-        if time.time() > deadline and state["last_failure"] is None:
+        if time.time() > ws.deadline and state["first"] is None:
             reject()  # out of time: end the round, unless a failure is being shrunk (let that finish)
-        case = data.draw(problems(max_tokens=max_tokens, **draw_kwargs), label="case")
+        case = data.draw(strategy, label="case")
         if backend == "tlx" and cannot_run(case, backend, device):
             reject()  # outside what the TLX kernel takes (dtype, head dim, strides): "auto" covers those
+        recheck = ws.oracle == "twin" and attention_cost(case) <= RECHECK_MAX_COST and _sampled(
+            case, ws.seed, ws.recheck_fraction)
+        write({"start": dataclasses.asdict(case), "case": case.id})
         start = time.time()
         try:
-            report = run_case(case, backend=backend, device=device)
+            report = run_case(case, backend=backend, device=device, oracle_name=ws.oracle, recheck=recheck)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()  # the harness's own allocations (oracle, reference) on a busy GPU
+            write({"skipped": "out of GPU memory", "case": case.id})
+            reject()
         except Exception as exc:  # a crash is a finding too
-            state["last_failure"] = (case, None, f"{type(exc).__name__}: {exc}")
+            crash = f"{type(exc).__name__}: {exc}"[:2000]
+            if device == "cuda" and _context_lost(exc):  # nothing more can run in this process
+                path = write_case(case, None, f"the CUDA context died: {crash}; found by jfa fuzz, {where}",
+                                  "context-lost")
+                write({"failure": str(path), "case": case.id, "kind": "context-lost"})
+                log.close()
+                os._exit(EXIT_CONTEXT_LOST)
+            failed(case, None, crash)
             raise
         worst = report.worst
-        log.write(json.dumps({"t": round(time.time(), 3), "case": case.id, "ok": report.ok, "ratio": worst.ratio
-                              if worst.ratio != float("inf") else 1e9, "tensor": worst.name,
-                              "kernel": report.kernel, "per_kernel": {k: min(r, 1e9) for k, r in
-                                                                      report.worst_per_kernel().items()},
-                              "seconds": round(time.time() - start, 3)}) + "\n")
-        target(min(worst.ratio, 1e6), label="worst error / allowed")
+        write({"case": case.id, "ok": report.ok, "ratio": min(worst.ratio, 1e9), "tensor": worst.name,
+               "kernel": report.kernel, "backward_kernel": report.backward_kernel, "rechecked": recheck,
+               "per_kernel": {k: min(r, 1e9) for k, r in report.worst_per_kernel().items()},
+               "seconds": round(time.time() - start, 3)})
+        # one target per kernel: hypothesis climbs each kernel's worst ratio, so the kernel with the
+        # larger ratios does not pull the whole mix toward its inputs
+        target(min(worst.ratio, 1e6), label=f"worst error / allowed, {report.kernel or 'no kernel'}")
         if not report.ok:
-            state["last_failure"] = (case, report, "")
+            failed(case, report, "")
         assert report.ok, str(report)
 
-    while time.time() < deadline:
-        round_seed = rng.randrange(2 ** 32)
-        test = settings(max_examples=round_examples, deadline=None, database=None, derandomize=False,
+    round_index = 0
+    while time.time() < ws.deadline:
+        this_seed = round_seed(ws.seed, ws.shard, ws.slot, ws.restart, round_index)
+        round_index += 1
+        test = settings(max_examples=ws.round_examples, deadline=None, database=None, derandomize=False,
                         phases=[Phase.generate, Phase.target, Phase.shrink], print_blob=False,
                         suppress_health_check=list(HealthCheck))(given(data=st.data())(property_))
-        test = hypothesis_seed(round_seed)(test)
-        state["last_failure"] = None
+        test = hypothesis_seed(this_seed)(test)
+        state["first"] = state["last"] = None
         try:
             test()
         except Exception as exc:  # hypothesis re-raises the shrunk failure after shrinking
-            if state["last_failure"] is None:
-                if time.time() > deadline:
+            if state["last"] is None:
+                if time.time() > ws.deadline:
                     break  # the round was cut at the deadline (rejected replays read as flaky data): not a finding
-                log.write(json.dumps({"t": time.time(), "error": f"{type(exc).__name__}: {exc}"[:500]}) + "\n")
+                write({"error": f"{type(exc).__name__}: {exc}"[:500]})
                 continue
-            case, report, crash = state["last_failure"]
-            record = case_record(case, report, backend=backend, device=device,
-                                 note=crash or f"found by jfa fuzz, worker {index}, round seed {round_seed}")
-            path = failures / case_filename(case)
-            path.write_text(json.dumps(record, indent=2) + "\n")
-            log.write(json.dumps({"t": time.time(), "failure": str(path), "case": case.id}) + "\n")
+            case, report, crash = state["last"]
+            path = write_case(case, report, (crash + "; " if crash else "") +
+                              f"found by jfa fuzz, {where}, round seed {this_seed}, shrunk", "crash" if crash else "rule")
+            if state["first"] != path:
+                state["first"].unlink(missing_ok=True)  # the shrunk case replaces the unshrunk one
+            write({"failure": str(path), "case": case.id, "kind": "crash" if crash else "rule"})
     log.close()
 
 
 # ----------------------------------------------------------------------------------------------------
-# the parent: workers, progress, reports
+# the parent: workers, hang watch, restarts, progress, reports
 # ----------------------------------------------------------------------------------------------------
-def _read_logs(out_dir: Path) -> dict:
-    stats = {"examples": 0, "failures": 0, "errors": 0, "worst": 0.0, "worst_case": "", "per_worker": {},
-             "per_kernel": {}}
-    for path in sorted(out_dir.glob("worker-*.jsonl")):
-        n = 0
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            if "ratio" in row:
-                n += 1
-                if row["ratio"] > stats["worst"]:
-                    stats["worst"], stats["worst_case"] = row["ratio"], f"{row['tensor']} of {row['case']}"
-                per_kernel = row.get("per_kernel") or {f"fwd {row.get('kernel') or '?'}": row["ratio"]}
-                for name, ratio in per_kernel.items():
-                    kernel = stats["per_kernel"].setdefault(name, {"examples": 0, "worst": 0.0, "worst_case": ""})
-                    kernel["examples"] += 1
-                    if ratio > kernel["worst"]:
-                        kernel["worst"], kernel["worst_case"] = ratio, row["case"]
-            elif "failure" in row:
-                stats["failures"] += 1
-            elif "error" in row:
-                stats["errors"] += 1
-        stats["examples"] += n
-        stats["per_worker"][path.stem] = n
-    return stats
-
-
 def wait_for_workers(children: list, deadline: float, grace: float, on_tick=None) -> list:
     """Wait for the worker processes; any still running ``grace`` seconds past the deadline (stuck in a
     long compile or a large example) is terminated, then killed, so the run always ends and writes its
-    reports. Returns the indices of the workers stopped that way (their last example is lost, nothing
-    else: every finished example is already in their JSONL logs)."""
+    reports. ``on_tick(now)`` runs about once a second and may return True to stop every worker at once.
+    Returns the indices of the workers stopped (their last example is lost, nothing else: every finished
+    example is already in their JSONL logs)."""
     stopped = []
     while any(c.poll() is None for c in children):
         time.sleep(min(1.0, grace))
         now = time.time()
-        if now > deadline + grace:
+        stop_now = on_tick is not None and on_tick(now)
+        if stop_now or now > deadline + grace:
             stopped = [i for i, c in enumerate(children) if c.poll() is None]
             for i in stopped:
-                children[i].terminate()
-            for i in stopped:
-                try:
-                    children[i].wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    children[i].kill()
-                    children[i].wait()
+                _stop(children[i])
             break
-        if on_tick is not None:
-            on_tick(now)
     return stopped
 
 
-def _write_reports(out_dir: Path, stats: dict, meta: dict) -> None:
-    (out_dir / "summary.json").write_text(json.dumps({**meta, **stats}, indent=2) + "\n")
-    failures = sorted((out_dir / "failures").glob("*.json")) if (out_dir / "failures").exists() else []
-    lines = [f"# jfa fuzz: {'FAILURES FOUND' if failures else 'no failure'}", "",
-             f"- backend {meta['backend']} on {meta['device']}, {meta['workers']} worker(s), "
-             f"{meta['seconds']:.0f} s, {stats['examples']} examples "
-             f"({stats['examples'] / max(meta['seconds'], 1e-9):.2f}/s)",
-             f"- worst error/allowed: {stats['worst']:.3f} ({stats['worst_case']})"] + [
-             f"  - kernel {name}: {k['examples']} examples, worst {k['worst']:.3f} ({k['worst_case']})"
-             for name, k in sorted(stats["per_kernel"].items())] + [
-             f"- failures: {len(failures)}"] + [f"  - `jfa repro {p}`" for p in failures] + (
-             [f"- stopped at the deadline (mid-example): worker(s) {meta['stopped_at_deadline']}"]
-             if meta.get("stopped_at_deadline") else [])
-    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
-    cases = [f'<testcase classname="jfa.fuzz" name="{escape(name)}" time="{meta["seconds"]:.1f}">'
-             f'<system-out>{n} examples</system-out></testcase>' for name, n in stats["per_worker"].items()]
-    for p in failures:
-        record = json.loads(p.read_text())
-        detail = escape(json.dumps(record.get("verdicts", record.get("note", "")))[:4000])
-        cases.append(f'<testcase classname="jfa.fuzz.failures" name="{escape(p.name)}">'
-                     f'<failure message="replay: jfa repro {escape(str(p))}">{detail}</failure></testcase>')
-    (out_dir / "junit.xml").write_text(
-        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="jfa-fuzz" tests="{len(cases)}" '
-        f'failures="{len(failures)}" time="{meta["seconds"]:.1f}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+def _stop(child: subprocess.Popen) -> None:
+    """Terminate a worker and everything it started (its own session), then kill it if it lingers."""
+    def signal_group(sig):
+        try:
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError, OSError):
+            if child.poll() is None:
+                child.send_signal(sig)
+
+    signal_group(signal.SIGTERM)
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        signal_group(signal.SIGKILL)
+        child.wait()
+
+
+def worker_command(ws: WorkerSettings) -> list:
+    """The command line of one worker process."""
+    return [sys.executable, "-m", "jfa.cli", "fuzz", "--worker-settings", json.dumps(dataclasses.asdict(ws))]
+
+
+class _Slot:
+    """One worker position: its process, its GPU, how often it was restarted."""
+
+    def __init__(self, index: int, gpu):
+        self.index, self.gpu, self.restart, self.proc, self.started = index, gpu, 0, None, 0.0
+        self.quick_failures = 0
+        self.hung = False  # its process was killed by the hang watch
+
+
+def _stack_of(slot: "_Slot", out_dir: Path) -> str:
+    """Every thread's Python stack of a worker (it dumps them into its .log on SIGUSR1; a hung kernel
+    shows as a thread waiting in a CUDA call), or "" where it cannot tell."""
+    log = out_dir / f"worker-{slot.index}.log"
+    before = log.stat().st_size if log.exists() else 0
+    try:
+        os.kill(slot.proc.pid, signal.SIGUSR1)
+    except OSError:
+        return ""
+    time.sleep(1.0)
+    if not log.exists():
+        return ""
+    with open(log, "rb") as f:
+        f.seek(before)
+        return f.read()[-6000:].decode(errors="replace")
+
+
+def _parse_shard(text: str) -> tuple:
+    shard, _, shards = text.partition("/")
+    if not (shard.isdigit() and shards.isdigit() and int(shard) < int(shards)):
+        raise UsageError(f"--shard: expected I/N with 0 <= I < N, got {text!r}")
+    return int(shard), int(shards)
+
+
+def _default_workers(device: str, gpus: int) -> int:
+    """auto: on a GPU host one worker a core (a GPU worker's host work is single-threaded: drawing,
+    compiling, the sampled NumPy re-judging; the twin runs on the GPU), at least one a GPU; on a CPU
+    host one a two cores (the interpreter and the NumPy oracle use BLAS threads)."""
+    from jfa.fuzz.cores import usable_cores
+
+    return max(gpus, usable_cores()) if device == "cuda" else max(1, usable_cores() // 2)
+
+
+def cmd_merge(argv=None) -> int:
+    """``jfa fuzz merge DIR... --out DIR``. Exit 0: merged, no failure; 1: merged, failures found; 2: the
+    directories are not shards of one campaign (one line on stderr)."""
+    from jfa.fuzz.report import MergeError, failure_files, merge
+
+    parser = _parser("jfa fuzz merge", "Merge the outputs of a campaign's shards (jfa fuzz --shard I/N) into one "
+                     "report: totals, rates, worst ratios per kernel, deduplicated shrunk failures.")
+    parser.add_argument("dirs", nargs="+", help="the shards' --out directories")
+    parser.add_argument("--out", default="fuzz-merged", help="directory for the merged report and failures")
+    args = parser.parse_args(argv)
+    try:
+        summary = merge(args.dirs, Path(args.out))
+    except MergeError as exc:
+        print(f"jfa fuzz merge: {exc}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "summary.md").read_text())
+    return 1 if summary["failures"] or failure_files(Path(args.out)) else 0
+
+
+def fuzz_parser() -> argparse.ArgumentParser:
+    """The command line of ``jfa fuzz`` (the cluster launchers' tests parse their commands with it)."""
+    from jfa.fuzz.strategies import MIXES
+
+    parser = _parser("jfa fuzz", "Fuzz the kernels against the oracle for a time budget; shrunk failures become "
+                     "case files for jfa repro. 'jfa fuzz merge DIR...' merges a campaign's shards.")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="auto: the TLX kernels where they apply on a Hopper GPU, the portable kernel elsewhere")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto: cuda if visible, else the CPU interpreter")
+    parser.add_argument("--minutes", type=_positive_minutes, default=10.0, help="wall-clock budget (> 0)")
+    parser.add_argument("--out", default="fuzz-out", help="directory for logs, failures and reports")
+    parser.add_argument("--workers", default="auto",
+                        help="'auto': one per core on a GPU host (the GPUs round-robin), one per 2 cores on a CPU")
+    parser.add_argument("--shard", default="0/1", metavar="I/N",
+                        help="this run is shard I of N of one campaign (same --seed on every shard: disjoint rounds)")
+    parser.add_argument("--mix", default="auto", choices=("auto",) + MIXES,
+                        help="what is drawn; auto: production on a GPU (85%% what the TLX kernels take), all on a CPU")
+    parser.add_argument("--oracle", default="auto", choices=("auto", "numpy", "twin"),
+                        help="what judges; auto: twin (float64, on the GPU) on a GPU, numpy on a CPU")
+    parser.add_argument("--recheck", type=float, default=0.05, metavar="FRACTION",
+                        help="with the twin: the fraction of examples re-judged by the NumPy oracle")
+    parser.add_argument("--hang-seconds", type=float, default=300.0,
+                        help="an example running longer is a hang: its worker is killed, the case written")
+    parser.add_argument("--until-found", action="store_true",
+                        help="stop at the first failing example (measures the time to find a bug)")
+    parser.add_argument("--mutant", default="", help="fuzz this mutant of the kernels (jfa.fuzz.mutants) instead")
+    parser.add_argument("--max-tokens", type=int, default=0, help="tokens per side (0: 640 on a CPU, 24000 on a GPU)")
+    parser.add_argument("--round-examples", type=int, default=25, help="examples per hypothesis round")
+    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed (None: random; give "
+                        "every shard the same)")
+    parser.add_argument("--worker-settings", default=None, help=argparse.SUPPRESS)
+    return parser
 
 
 def cmd_fuzz(argv=None) -> int:
     """Time-budgeted fuzzing. Exit 0: examples ran and none failed; 1: a failure was found (or a worker
     crashed); 2: a usage error, or no example ran (one line on stderr)."""
-    parser = _parser("jfa fuzz", "Fuzz the kernels against the oracle for a time budget; shrunk failures become "
-                     "case files for jfa repro.")
-    parser.add_argument("--backend", default="auto", choices=BACKENDS,
-                        help="auto: the TLX forward where it applies on a Hopper GPU, the portable kernel elsewhere")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="auto: cuda if visible, else the CPU interpreter")
-    parser.add_argument("--minutes", type=_positive_minutes, default=10.0, help="wall-clock budget (> 0)")
-    parser.add_argument("--out", default="fuzz-out", help="directory for logs, failures and reports")
-    parser.add_argument("--workers", default="auto", help="'auto': one per GPU, or one per 2 CPU cores")
-    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per side (default: by device)")
-    parser.add_argument("--round-examples", type=int, default=25, help="examples per hypothesis round")
-    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed (default: random)")
-    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        return cmd_merge(argv[1:])
+    args = fuzz_parser().parse_args(argv)
+    if args.worker_settings is not None:  # a child process
+        ws = WorkerSettings(**json.loads(args.worker_settings))
+        _prepare_process(ws.device)
+        run_worker(ws)
+        return 0
     try:
         device = _device(args.device)
         if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
             raise UsageError(f"--workers: expected 'auto' or a positive number, got {args.workers!r}")
+        shard, shards = _parse_shard(args.shard)
+        if not 0.0 <= args.recheck <= 1.0:
+            raise UsageError(f"--recheck: a fraction in [0, 1], got {args.recheck}")
+        if args.hang_seconds <= 0:
+            raise UsageError(f"--hang-seconds: must be > 0, got {args.hang_seconds}")
+        if args.mutant:
+            from jfa.fuzz.mutants import BY_NAME
+
+            if args.mutant not in BY_NAME:
+                raise UsageError(f"--mutant: no mutant {args.mutant!r}; one of: {', '.join(sorted(BY_NAME))}")
+        if args.seed is None and shards > 1:
+            raise UsageError("--shard: give every shard the same --seed (one campaign, disjoint rounds)")
     except UsageError as exc:
         print(f"jfa fuzz: {exc}", file=sys.stderr)
         return 2
+    from jfa.fuzz.cores import share_cores
+    from jfa.fuzz.report import LogStats, failure_files, write_reports
     from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 
+    mix = args.mix if args.mix != "auto" else ("production" if device == "cuda" else "all")
+    oracle_name = args.oracle if args.oracle != "auto" else ("twin" if device == "cuda" else "numpy")
     max_tokens = args.max_tokens or (CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS)
     out_dir = Path(args.out)
-    seed = args.seed if args.seed is not None else random.randrange(2 ** 31)
-    if args.worker is not None:  # a child process
-        _prepare_process(device)
-        run_worker(args.worker, out_dir, args.deadline, args.backend, device, max_tokens, args.round_examples, seed)
-        return 0
-
     out_dir.mkdir(parents=True, exist_ok=True)
+    seed = args.seed if args.seed is not None else random.randrange(2 ** 31)
+    gpus = 0
     if device == "cuda":
         import torch
 
         gpus = torch.cuda.device_count()
-        workers = gpus if args.workers == "auto" else int(args.workers)
-    else:
-        workers = max(1, (os.cpu_count() or 2) // 2) if args.workers == "auto" else int(args.workers)
+    workers = _default_workers(device, gpus) if args.workers == "auto" else int(args.workers)
+    env = dict(os.environ)
+    threads = share_cores(env, workers)
+    if device == "cuda":
+        env.pop("TRITON_INTERPRET", None)
     start = time.time()
     deadline = start + args.minutes * 60
-    children = []
-    for i in range(workers):
-        env = dict(os.environ)
-        if device == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(i % max(1, gpus))  # one worker pinned to each GPU
-            env.pop("TRITON_INTERPRET", None)
-        cmd = [sys.executable, "-m", "jfa.cli", "fuzz", "--worker", str(i), "--deadline", str(deadline),
-               "--backend", args.backend, "--device", device, "--out", str(out_dir), "--seed", str(seed),
-               "--max-tokens", str(max_tokens), "--round-examples", str(args.round_examples)]
-        children.append(subprocess.Popen(cmd, env=env))
-    print(f"jfa fuzz: {workers} worker(s) on {device}, backend {args.backend}, {args.minutes:g} min, seed {seed}, "
-          f"out {out_dir}", flush=True)
+    base = WorkerSettings(out_dir=str(out_dir), deadline=deadline, backend=args.backend, device=device, mix=mix,
+                          oracle=oracle_name, recheck_fraction=args.recheck if oracle_name == "twin" else 0.0,
+                          max_tokens=max_tokens, round_examples=args.round_examples, seed=seed, shard=shard,
+                          mutant=args.mutant)
+    slots = [_Slot(i, i % gpus if gpus else None) for i in range(workers)]
+    restarts, crashes = 0, []
+
+    def launch(slot: _Slot) -> None:
+        worker_env = dict(env)
+        if slot.gpu is not None:
+            worker_env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)  # workers round-robin over the GPUs
+        cmd = worker_command(dataclasses.replace(base, slot=slot.index, restart=slot.restart))
+        with open(out_dir / f"worker-{slot.index}.log", "a") as output:  # tracebacks, hypothesis's own report
+            slot.proc = subprocess.Popen(cmd, env=worker_env, stdout=output, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        slot.started, slot.hung = time.time(), False
+
+    for slot in slots:
+        launch(slot)
+    print(f"jfa fuzz: {workers} worker(s) x {threads} CPU thread(s) on {device}"
+          f"{f' ({gpus} GPU(s))' if gpus else ''}, backend {args.backend}, mix {mix}, oracle {oracle_name}, "
+          f"{args.minutes:g} min, seed {seed}, shard {shard}/{shards}"
+          f"{f', mutant {args.mutant}' if args.mutant else ''}, out {out_dir}", flush=True)
+    stats = LogStats()
     tty = sys.stdout.isatty()
     last_print = 0.0
 
-    def progress(now: float) -> None:
-        nonlocal last_print
+    def tick(now: float) -> bool:
+        """Read new log lines; kill hung workers (writing their case); restart dead ones; print progress.
+        True: stop the campaign (--until-found and a failure was found)."""
+        nonlocal last_print, restarts
+        stats.update(sorted(out_dir.glob("worker-*.jsonl")))
+        for slot in slots:
+            log_path = out_dir / f"worker-{slot.index}.jsonl"
+            last = stats.last_row.get(log_path, {})
+            mid_example = any(key in last for key in ("start", "compiling", "compiled"))
+            limit = max(COMPILE_SECONDS, args.hang_seconds) if "compiling" in last else args.hang_seconds
+            started = stats.last_start.get(log_path)
+            if (slot.proc.poll() is None and mid_example and started and last["t"] >= slot.started - 1
+                    and now - last["t"] > limit):
+                stack = _stack_of(slot, out_dir)
+                _stop(slot.proc)
+                slot.hung = True
+                case = _case_from_fields(started["start"])
+                what = f"compiling {last['compiling']}" if "compiling" in last else (
+                    f"after compiling {last['compiled']}" if "compiled" in last else "running")
+                record = case_record(case, backend=args.backend, device=device,
+                                     note=f"hang: no sign of life for {limit:g} s ({what}); worker {slot.index}, "
+                                          f"restart {slot.restart}, killed by jfa fuzz")
+                record.update(kind="hang", stack=stack)
+                if args.mutant:
+                    record["mutant"] = args.mutant
+                path = out_dir / "failures" / case_filename(case)
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(json.dumps(record, indent=2) + "\n")
+                with open(log_path, "a") as f:
+                    f.write(json.dumps({"t": round(now, 3), "failure": str(path), "case": case.id, "kind": "hang"}) + "\n")
+            code = slot.proc.poll()
+            if code is not None and now < deadline - 5 and not (args.until_found and stats.first_failure_t):
+                # finished early: the context died, a hang was killed, or it crashed; start it again
+                if code not in (0, EXIT_CONTEXT_LOST) and not slot.hung:
+                    crashes.append((slot.index, slot.restart, code))
+                slot.quick_failures = slot.quick_failures + 1 if now - slot.started < 15 else 0
+                if slot.quick_failures < 3 and slot.restart + 1 < 1 << 16:
+                    slot.restart += 1
+                    restarts += 1
+                    launch(slot)
         if tty or now - last_print >= 30:
-            s = _read_logs(out_dir)
-            line = (f"{now - start:6.0f}s  examples {s['examples']:6d}  rate {s['examples'] / (now - start):6.2f}/s  "
-                    f"worst err/allowed {s['worst']:.3f}  failures {s['failures']}")
+            s = stats
+            line = (f"{now - start:6.0f}s  examples {s.examples:6d}  {60 * s.examples / max(now - start, 1e-9):7.0f}/min  "
+                    f"production {100 * s.production / max(s.examples, 1):3.0f}%  worst err/allowed {s.worst:.3f}  "
+                    f"failures {len(failure_files(out_dir))}")
             print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
             last_print = now
+        return bool(args.until_found and stats.first_failure_t is not None)
 
-    stopped = wait_for_workers(children, deadline, grace=max(20.0, 0.05 * args.minutes * 60), on_tick=progress)
+    grace = max(20.0, 0.05 * args.minutes * 60)
+    stopped = []
+    while True:  # the slots' processes change as workers restart: wait on the current ones
+        stopped += wait_for_workers([s.proc for s in slots], deadline, grace, on_tick=tick)
+        if all(s.proc.poll() is not None for s in slots):
+            tick(time.time())  # a last read (and restarts, when time remains)
+            if all(s.proc.poll() is not None for s in slots):
+                break
     if tty:
         print()
     seconds = time.time() - start
-    stats = _read_logs(out_dir)
-    meta = {"backend": args.backend, "device": device, "workers": workers, "seconds": seconds, "seed": seed,
-            "max_tokens": max_tokens, "exit_codes": [c.returncode for c in children],
-            "stopped_at_deadline": stopped}
-    _write_reports(out_dir, stats, meta)
+    stats.update(sorted(out_dir.glob("worker-*.jsonl")))
+    for slot in slots:
+        code = slot.proc.returncode
+        crash = (slot.index, slot.restart, code)
+        if slot.index not in stopped and code not in (0, EXIT_CONTEXT_LOST) and not slot.hung and crash not in crashes:
+            crashes.append(crash)
+    meta = {"backend": args.backend, "device": device, "mix": mix, "oracle": oracle_name,
+            "recheck_fraction": base.recheck_fraction, "workers": workers, "threads": threads, "gpus": gpus,
+            "seconds": seconds, "start": start, "seed": seed, "shard": f"{shard}/{shards}", "shards": shards,
+            "max_tokens": max_tokens, "round_examples": args.round_examples, "mutant": args.mutant,
+            "hang_seconds": args.hang_seconds, "until_found": args.until_found, "restarts": restarts,
+            "crashes": crashes, "stopped_at_deadline": sorted(set(stopped))}
+    write_reports(out_dir, stats.as_dict(), meta)
     print((out_dir / "summary.md").read_text())
-    crashed = any(c.returncode != 0 for i, c in enumerate(children) if i not in stopped)
-    if stats["failures"] or crashed:
+    if failure_files(out_dir) or stats.failures or crashes:
         return 1
-    if stats["examples"] == 0:
+    if stats.examples == 0:
         print(f"jfa fuzz: no example ran in {seconds:.0f} s ({workers} worker(s)): nothing was checked", file=sys.stderr)
         return 2
     return 0
+
+
+def _case_from_fields(fields: dict):
+    from jfa.fuzz.cases import Case
+
+    fields = dict(fields)
+    for key in ("lengths_q", "lengths_k", "window"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    return Case(**fields)

@@ -125,3 +125,24 @@ def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 
         offsets_dtype=draw(st.sampled_from(["int32", "int64"])),
         seed=draw(st.integers(0, 2 ** 16)),
     )
+
+
+PRODUCTION_SHARE = 0.85  # of the "production" mix: draws the TLX kernels take (the rest: everything else)
+# the rest of the production mix: every head dim, the padded one (40, no power of two: the portable kernels
+# mask the head dim, code no TLX draw reaches) three times as often
+PORTABLE_HEAD_DIMS = (40, 32, 16, 40, 64, 40, 128, 256)
+MIXES = ("all", "production")
+
+
+@st.composite
+def mixed_problems(draw, mix: str = "all", max_tokens: int = CPU_MAX_TOKENS):
+    """Problems in a fuzzing mix: "all" draws :func:`problems` over every dtype and head dim; "production"
+    draws PRODUCTION_SHARE of them from what the TLX kernels take (bf16/fp16, head dim 64/128: what users
+    run on Hopper) and the rest from everything (PORTABLE_HEAD_DIMS). Shrinks toward the production side."""
+    if mix not in MIXES:
+        raise ValueError(f"mix: expected one of {MIXES}, got {mix!r}")
+    if mix == "all":
+        return draw(problems(max_tokens=max_tokens))
+    if draw(st.integers(0, 99)) < round(100 * PRODUCTION_SHARE):
+        return draw(problems(max_tokens=max_tokens, **TLX_ONLY))
+    return draw(problems(max_tokens=max_tokens, head_dims=PORTABLE_HEAD_DIMS))

@@ -232,12 +232,18 @@ def run_worker(ws: WorkerSettings) -> None:
     writing a case file for every failure (with ``ws.mutant``: against that mutant of the kernels)."""
     import contextlib
 
-    ctx = contextlib.nullcontext()
-    if ws.mutant:
-        from jfa.fuzz.mutants import BY_NAME, applied
+    with contextlib.ExitStack() as cleanups:
+        # the parent stops workers with SIGTERM: undo the mutant (its temporary module files) and leave at
+        # once (hypothesis would take a SystemExit raised mid-example for a failure and go on)
+        def stop(signum, frame):
+            cleanups.close()
+            os._exit(128 + signum)
 
-        ctx = applied(BY_NAME[ws.mutant])
-    with ctx:
+        signal.signal(signal.SIGTERM, stop)
+        if ws.mutant:
+            from jfa.fuzz.mutants import BY_NAME, applied
+
+            cleanups.enter_context(applied(BY_NAME[ws.mutant]))
         _run_rounds(ws)
 
 
@@ -529,15 +535,10 @@ def cmd_fuzz(argv=None) -> int:
         print(f"jfa fuzz: {exc}", file=sys.stderr)
         return 2
     from jfa.fuzz.cores import share_cores
-    from jfa.fuzz.report import LogStats, failure_files, write_reports
+    from jfa.fuzz.report import failure_files, write_reports
     from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 
-    mix = args.mix if args.mix != "auto" else ("production" if device == "cuda" else "all")
     oracle_name = args.oracle if args.oracle != "auto" else ("twin" if device == "cuda" else "numpy")
-    max_tokens = args.max_tokens or (CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seed = args.seed if args.seed is not None else random.randrange(2 ** 31)
     gpus = 0
     if device == "cuda":
         import torch
@@ -549,114 +550,146 @@ def cmd_fuzz(argv=None) -> int:
     if device == "cuda":
         env.pop("TRITON_INTERPRET", None)
     start = time.time()
-    deadline = start + args.minutes * 60
-    base = WorkerSettings(out_dir=str(out_dir), deadline=deadline, backend=args.backend, device=device, mix=mix,
-                          oracle=oracle_name, recheck_fraction=args.recheck if oracle_name == "twin" else 0.0,
-                          max_tokens=max_tokens, round_examples=args.round_examples, seed=seed, shard=shard,
-                          mutant=args.mutant)
-    slots = [_Slot(i, i % gpus if gpus else None) for i in range(workers)]
-    restarts, crashes = 0, []
+    base = WorkerSettings(
+        out_dir=args.out, deadline=start + args.minutes * 60, backend=args.backend, device=device,
+        mix=args.mix if args.mix != "auto" else ("production" if device == "cuda" else "all"), oracle=oracle_name,
+        recheck_fraction=args.recheck if oracle_name == "twin" else 0.0,
+        max_tokens=args.max_tokens or (CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS),
+        round_examples=args.round_examples, seed=args.seed if args.seed is not None else random.randrange(2 ** 31),
+        shard=shard, mutant=args.mutant)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"jfa fuzz: {workers} worker(s) x {threads} CPU thread(s) on {device}"
+          f"{f' ({gpus} GPU(s))' if gpus else ''}, backend {args.backend}, mix {base.mix}, oracle {oracle_name}, "
+          f"{args.minutes:g} min, seed {base.seed}, shard {shard}/{shards}"
+          f"{f', mutant {args.mutant}' if args.mutant else ''}, out {out_dir}", flush=True)
+    campaign = Campaign(base, workers, gpus, env, hang_seconds=args.hang_seconds, until_found=args.until_found)
+    campaign.run(grace=max(20.0, 0.05 * args.minutes * 60))
+    meta = {"backend": args.backend, "device": device, "mix": base.mix, "oracle": oracle_name,
+            "recheck_fraction": base.recheck_fraction, "workers": workers, "threads": threads, "gpus": gpus,
+            "seconds": time.time() - start, "start": start, "seed": base.seed, "shard": f"{shard}/{shards}",
+            "shards": shards, "max_tokens": base.max_tokens, "round_examples": args.round_examples,
+            "mutant": args.mutant, "hang_seconds": args.hang_seconds, "until_found": args.until_found,
+            "restarts": campaign.restarts, "crashes": campaign.crashes, "stopped_at_deadline": campaign.stopped}
+    stats = campaign.stats
+    write_reports(out_dir, stats.as_dict(), meta)
+    print((out_dir / "summary.md").read_text())
+    if failure_files(out_dir) or stats.failures or campaign.crashes:
+        return 1
+    if stats.examples == 0:
+        print(f"jfa fuzz: no example ran in {meta['seconds']:.0f} s ({workers} worker(s)): nothing was checked",
+              file=sys.stderr)
+        return 2
+    return 0
 
-    def launch(slot: _Slot) -> None:
-        worker_env = dict(env)
+
+class Campaign:
+    """The parent of one ``jfa fuzz`` run: a slot per worker, each started, watched and restarted. A worker
+    whose example shows no sign of life for ``hang_seconds`` is killed and its example written as a
+    "hang" case file; a worker that died (a dead CUDA context, a crash, a killed hang) starts again while
+    time remains, unless it died three times within 15 s of starting; a crash (any exit but 0 and
+    EXIT_CONTEXT_LOST) is reported."""
+
+    def __init__(self, base: WorkerSettings, workers: int, gpus: int, env: dict, *, hang_seconds: float,
+                 until_found: bool):
+        from jfa.fuzz.report import LogStats
+
+        self.base, self.env, self.hang_seconds, self.until_found = base, env, hang_seconds, until_found
+        self.out_dir = Path(base.out_dir)
+        self.slots = [_Slot(i, i % gpus if gpus else None) for i in range(workers)]
+        self.stats = LogStats()
+        self.restarts, self.crashes, self.stopped = 0, [], []
+        self.start, self.last_print, self.tty = time.time(), 0.0, sys.stdout.isatty()
+
+    def launch(self, slot: _Slot) -> None:
+        env = dict(self.env)
         if slot.gpu is not None:
-            worker_env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)  # workers round-robin over the GPUs
-        cmd = worker_command(dataclasses.replace(base, slot=slot.index, restart=slot.restart))
-        with open(out_dir / f"worker-{slot.index}.log", "a") as output:  # tracebacks, hypothesis's own report
-            slot.proc = subprocess.Popen(cmd, env=worker_env, stdout=output, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)  # workers round-robin over the GPUs
+        cmd = worker_command(dataclasses.replace(self.base, slot=slot.index, restart=slot.restart))
+        with open(self.out_dir / f"worker-{slot.index}.log", "a") as output:  # tracebacks, hypothesis's report
+            slot.proc = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         slot.started, slot.hung = time.time(), False
 
-    for slot in slots:
-        launch(slot)
-    print(f"jfa fuzz: {workers} worker(s) x {threads} CPU thread(s) on {device}"
-          f"{f' ({gpus} GPU(s))' if gpus else ''}, backend {args.backend}, mix {mix}, oracle {oracle_name}, "
-          f"{args.minutes:g} min, seed {seed}, shard {shard}/{shards}"
-          f"{f', mutant {args.mutant}' if args.mutant else ''}, out {out_dir}", flush=True)
-    stats = LogStats()
-    tty = sys.stdout.isatty()
-    last_print = 0.0
+    def run(self, grace: float) -> None:
+        """Start every worker and wait until all ended: at the deadline (those still running ``grace``
+        seconds past it are stopped), or at the first failure with ``until_found``."""
+        for slot in self.slots:
+            self.launch(slot)
+        while True:  # the slots' processes change as workers restart: wait on the current ones
+            self.stopped += wait_for_workers([s.proc for s in self.slots], self.base.deadline, grace, on_tick=self.tick)
+            if all(s.proc.poll() is not None for s in self.slots):
+                self.tick(time.time())  # a last read (and restarts, when time remains)
+                if all(s.proc.poll() is not None for s in self.slots):
+                    break
+        if self.tty:
+            print()
+        self.stopped = sorted(set(self.stopped))
+        self.stats.update(sorted(self.out_dir.glob("worker-*.jsonl")))
+        for slot in self.slots:
+            if slot.index not in self.stopped:
+                self._note_exit(slot)
 
-    def tick(now: float) -> bool:
-        """Read new log lines; kill hung workers (writing their case); restart dead ones; print progress.
-        True: stop the campaign (--until-found and a failure was found)."""
-        nonlocal last_print, restarts
-        stats.update(sorted(out_dir.glob("worker-*.jsonl")))
-        for slot in slots:
-            log_path = out_dir / f"worker-{slot.index}.jsonl"
-            last = stats.last_row.get(log_path, {})
-            mid_example = any(key in last for key in ("start", "compiling", "compiled"))
-            limit = max(COMPILE_SECONDS, args.hang_seconds) if "compiling" in last else args.hang_seconds
-            started = stats.last_start.get(log_path)
-            if (slot.proc.poll() is None and mid_example and started and last["t"] >= slot.started - 1
-                    and now - last["t"] > limit):
-                stack = _stack_of(slot, out_dir)
-                _stop(slot.proc)
-                slot.hung = True
-                case = _case_from_fields(started["start"])
-                what = f"compiling {last['compiling']}" if "compiling" in last else (
-                    f"after compiling {last['compiled']}" if "compiled" in last else "running")
-                record = case_record(case, backend=args.backend, device=device,
-                                     note=f"hang: no sign of life for {limit:g} s ({what}); worker {slot.index}, "
-                                          f"restart {slot.restart}, killed by jfa fuzz")
-                record.update(kind="hang", stack=stack)
-                if args.mutant:
-                    record["mutant"] = args.mutant
-                path = out_dir / "failures" / case_filename(case)
-                path.parent.mkdir(exist_ok=True)
-                path.write_text(json.dumps(record, indent=2) + "\n")
-                with open(log_path, "a") as f:
-                    f.write(json.dumps({"t": round(now, 3), "failure": str(path), "case": case.id, "kind": "hang"}) + "\n")
-            code = slot.proc.poll()
-            if code is not None and now < deadline - 5 and not (args.until_found and stats.first_failure_t):
-                # finished early: the context died, a hang was killed, or it crashed; start it again
-                if code not in (0, EXIT_CONTEXT_LOST) and not slot.hung:
-                    crashes.append((slot.index, slot.restart, code))
+    def tick(self, now: float) -> bool:
+        """Read new log lines, kill hung workers, restart dead ones, show progress. True: stop the campaign
+        (``until_found`` and a failure was found)."""
+        self.stats.update(sorted(self.out_dir.glob("worker-*.jsonl")))
+        found = self.until_found and self.stats.first_failure_t is not None
+        for slot in self.slots:
+            self._watch(slot, now)
+            if slot.proc.poll() is not None and now < self.base.deadline - 5 and not found:
+                self._note_exit(slot)
                 slot.quick_failures = slot.quick_failures + 1 if now - slot.started < 15 else 0
                 if slot.quick_failures < 3 and slot.restart + 1 < 1 << 16:
                     slot.restart += 1
-                    restarts += 1
-                    launch(slot)
-        if tty or now - last_print >= 30:
-            s = stats
-            line = (f"{now - start:6.0f}s  examples {s.examples:6d}  {60 * s.examples / max(now - start, 1e-9):7.0f}/min  "
-                    f"production {100 * s.production / max(s.examples, 1):3.0f}%  worst err/allowed {s.worst:.3f}  "
-                    f"failures {len(failure_files(out_dir))}")
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
-            last_print = now
-        return bool(args.until_found and stats.first_failure_t is not None)
+                    self.restarts += 1
+                    self.launch(slot)
+        self._progress(now)
+        return found
 
-    grace = max(20.0, 0.05 * args.minutes * 60)
-    stopped = []
-    while True:  # the slots' processes change as workers restart: wait on the current ones
-        stopped += wait_for_workers([s.proc for s in slots], deadline, grace, on_tick=tick)
-        if all(s.proc.poll() is not None for s in slots):
-            tick(time.time())  # a last read (and restarts, when time remains)
-            if all(s.proc.poll() is not None for s in slots):
-                break
-    if tty:
-        print()
-    seconds = time.time() - start
-    stats.update(sorted(out_dir.glob("worker-*.jsonl")))
-    for slot in slots:
-        code = slot.proc.returncode
-        crash = (slot.index, slot.restart, code)
-        if slot.index not in stopped and code not in (0, EXIT_CONTEXT_LOST) and not slot.hung and crash not in crashes:
-            crashes.append(crash)
-    meta = {"backend": args.backend, "device": device, "mix": mix, "oracle": oracle_name,
-            "recheck_fraction": base.recheck_fraction, "workers": workers, "threads": threads, "gpus": gpus,
-            "seconds": seconds, "start": start, "seed": seed, "shard": f"{shard}/{shards}", "shards": shards,
-            "max_tokens": max_tokens, "round_examples": args.round_examples, "mutant": args.mutant,
-            "hang_seconds": args.hang_seconds, "until_found": args.until_found, "restarts": restarts,
-            "crashes": crashes, "stopped_at_deadline": sorted(set(stopped))}
-    write_reports(out_dir, stats.as_dict(), meta)
-    print((out_dir / "summary.md").read_text())
-    if failure_files(out_dir) or stats.failures or crashes:
-        return 1
-    if stats.examples == 0:
-        print(f"jfa fuzz: no example ran in {seconds:.0f} s ({workers} worker(s)): nothing was checked", file=sys.stderr)
-        return 2
-    return 0
+    def _note_exit(self, slot: _Slot) -> None:
+        crash = (slot.index, slot.restart, slot.proc.returncode)
+        if slot.proc.returncode not in (0, EXIT_CONTEXT_LOST) and not slot.hung and crash not in self.crashes:
+            self.crashes.append(crash)
+
+    def _watch(self, slot: _Slot, now: float) -> None:
+        """Kill ``slot``'s worker when its example shows no sign of life for too long, writing the case."""
+        log_path = self.out_dir / f"worker-{slot.index}.jsonl"
+        last = self.stats.last_row.get(log_path, {})
+        started = self.stats.last_start.get(log_path)
+        limit = max(COMPILE_SECONDS, self.hang_seconds) if "compiling" in last else self.hang_seconds
+        mid_example = any(key in last for key in ("start", "compiling", "compiled"))
+        if not (slot.proc.poll() is None and mid_example and started and last["t"] >= slot.started - 1
+                and now - last["t"] > limit):
+            return
+        stack = _stack_of(slot, self.out_dir)
+        _stop(slot.proc)
+        slot.hung = True
+        case = _case_from_fields(started["start"])
+        what = (f"compiling {last['compiling']}" if "compiling" in last else
+                f"after compiling {last['compiled']}" if "compiled" in last else "running")
+        record = case_record(case, backend=self.base.backend, device=self.base.device,
+                             note=f"hang: no sign of life for {limit:g} s ({what}); worker {slot.index}, "
+                                  f"restart {slot.restart}, killed by jfa fuzz")
+        record.update(kind="hang", stack=stack)
+        if self.base.mutant:
+            record["mutant"] = self.base.mutant
+        path = self.out_dir / "failures" / case_filename(case)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        with open(log_path, "a") as f:
+            f.write(json.dumps({"t": round(now, 3), "failure": str(path), "case": case.id, "kind": "hang"}) + "\n")
+
+    def _progress(self, now: float) -> None:
+        from jfa.fuzz.report import failure_files
+
+        if not (self.tty or now - self.last_print >= 30):
+            return
+        s, elapsed = self.stats, max(now - self.start, 1e-9)
+        line = (f"{elapsed:6.0f}s  examples {s.examples:6d}  {60 * s.examples / elapsed:7.0f}/min  "
+                f"production {100 * s.production / max(s.examples, 1):3.0f}%  worst err/allowed {s.worst:.3f}  "
+                f"failures {len(failure_files(self.out_dir))}")
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", flush=True)
+        self.last_print = now
 
 
 def _case_from_fields(fields: dict):

@@ -205,3 +205,22 @@ def test_cores_are_shared_between_workers_and_explicit_settings_win():
     assert env == {"OMP_NUM_THREADS": "5"} | {name: "4" for name in THREAD_VARIABLES[1:]}
     with pytest.raises(ValueError, match="workers"):
         threads_per_worker(0)
+
+
+def test_kill_speed_reports_the_time_to_find_each_mutant(tmp_path, cpu_only):
+    from jfa.fuzz import kill_speed
+
+    code = kill_speed.main(["--minutes", "1", "--parallel", "2", "--workers", "1", "--device", "cpu",
+                            "--mutants", "fwd-lse-base2,bwd-dq-overwritten", "--out", str(tmp_path)])
+    results = {r["mutant"]: r for r in json.loads((tmp_path / "kill-speed.json").read_text())["results"]}
+    assert code == 0 and set(results) == {"fwd-lse-base2", "bwd-dq-overwritten"}
+    for r in results.values():
+        assert r["found"] and 0 < r["seconds_to_find"] < 60 and r["how"] == "rule" and r["case"]
+    assert "2 of 2 within 1 min" in (tmp_path / "kill-speed.md").read_text()
+
+
+def test_kill_speed_refuses_an_unknown_mutant(tmp_path):
+    from jfa.fuzz import kill_speed
+
+    with pytest.raises(SystemExit):
+        kill_speed.main(["--mutants", "no-such-bug", "--out", str(tmp_path)])

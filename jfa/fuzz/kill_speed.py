@@ -32,8 +32,8 @@ def _campaign(name: str, args, out: Path) -> subprocess.Popen:
         cmd += ["--max-tokens", str(args.max_tokens)]
     env = dict(os.environ)
     share_cores(env, args.parallel * args.workers)  # every campaign's workers share the one machine
-    log = open(out / f"{name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    with open(out / f"{name}.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _result(name: str, out: Path, wall: float, code: int) -> dict:

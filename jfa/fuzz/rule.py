@@ -21,9 +21,10 @@ and judges outputs and gradients against the float64 oracle:
 - for dq and dk, ``eps(t) / 2 * terms``: the rounding of dS to t before the dQ and dK products (the
   jfa kernels, FlashAttention and the reference all feed dS to that product in t), bounded by t's unit
   roundoff at the magnitude of the summed terms ``|scale| sum_j |dS_ij| |K_j|`` (the oracle's
-  magnitudes, not the cruder bound of the fp32 term). Since each row of dS sums to zero, dq is a difference of such terms: with near-tied keys
-  the rounding is all that is left of it, and the reference's own realisation of the same rounding can
-  be several times smaller (found by jfa fuzz: the kernels' dq was 1.18x the rule without this term).
+  magnitudes, not the cruder bound of the fp32 term). Each row of dS sums to zero, so dq is a
+  difference of such terms: with near-tied keys the rounding is all that is left of it, and the
+  reference's own realisation of the same rounding can be several times smaller (found by jfa fuzz:
+  the kernels' dq was 1.18x the rule without this term).
 
 lse must be -inf exactly where the oracle's is, and nothing may be NaN.
 """

@@ -49,9 +49,9 @@ def _result(name: str, out: Path, wall: float, code: int) -> dict:
 
 
 def _describe(fields: dict) -> str:
-    from jfa.fuzz.runner import _case_from_fields
+    from jfa.fuzz.runner import case_from_fields
 
-    return _case_from_fields(fields).id
+    return case_from_fields(fields).id
 
 
 def _write(results: list, names: list, args, out: Path, quiet: bool = False) -> list:

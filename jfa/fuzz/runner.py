@@ -52,13 +52,38 @@ def case_record(case, report=None, *, backend="auto", device="cpu", note="") -> 
     return record
 
 
+def case_from_fields(fields: dict):
+    """The :class:`jfa.fuzz.cases.Case` of a record's ``"case"`` fields (JSON lists back to tuples)."""
+    from jfa.fuzz.cases import Case
+
+    fields = dict(fields)
+    for key in ("lengths_q", "lengths_k", "window"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    return Case(**fields)
+
+
+def write_failure(failures: Path, case, report=None, *, backend: str, device: str, note: str, kind: str,
+                  mutant: str = "", **extra) -> Path:
+    """Write ``case`` as ``failures/case-<hash>.json`` (kind: rule, crash, context-lost, hang; the mutant
+    it ran against, if any; ``extra`` fields such as a hang's stacks). Returns the file's path."""
+    record = case_record(case, report, backend=backend, device=device, note=note)
+    record.update(kind=kind, **extra)
+    if mutant:
+        record["mutant"] = mutant
+    failures.mkdir(parents=True, exist_ok=True)
+    path = failures / case_filename(case)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
 def load_case(path):
     """The :class:`jfa.fuzz.cases.Case` stored in a case file, and the whole record. Raises
     FileNotFoundError, json.JSONDecodeError, or ValueError/KeyError/TypeError for what is no case file."""
     record = json.loads(Path(path).read_text())
     if not isinstance(record, dict) or record.get("format") != CASE_FORMAT:
         raise ValueError(f"{path}: unknown case format {record.get('format') if isinstance(record, dict) else record!r}")
-    return _case_from_fields(record["case"]), record
+    return case_from_fields(record["case"]), record
 
 
 def case_filename(case) -> str:
@@ -284,13 +309,8 @@ def _run_rounds(ws: WorkerSettings) -> None:
     state = {"first": None, "last": None}
 
     def write_case(case, report, note: str, kind: str) -> Path:
-        record = case_record(case, report, backend=backend, device=device, note=note)
-        record["kind"] = kind
-        if ws.mutant:
-            record["mutant"] = ws.mutant
-        path = failures / case_filename(case)
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        return path
+        return write_failure(failures, case, report, backend=backend, device=device, note=note, kind=kind,
+                             mutant=ws.mutant)
 
     def failed(case, report, crash: str) -> None:
         state["last"] = (case, report, crash)
@@ -664,18 +684,13 @@ class Campaign:
         stack = _stack_of(slot, self.out_dir)
         _stop(slot.proc)
         slot.hung = True
-        case = _case_from_fields(started["start"])
+        case = case_from_fields(started["start"])
         what = (f"compiling {last['compiling']}" if "compiling" in last else
                 f"after compiling {last['compiled']}" if "compiled" in last else "running")
-        record = case_record(case, backend=self.base.backend, device=self.base.device,
+        path = write_failure(self.out_dir / "failures", case, backend=self.base.backend, device=self.base.device,
                              note=f"hang: no sign of life for {limit:g} s ({what}); worker {slot.index}, "
-                                  f"restart {slot.restart}, killed by jfa fuzz")
-        record.update(kind="hang", stack=stack)
-        if self.base.mutant:
-            record["mutant"] = self.base.mutant
-        path = self.out_dir / "failures" / case_filename(case)
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+                                  f"restart {slot.restart}, killed by jfa fuzz",
+                             kind="hang", mutant=self.base.mutant, stack=stack)
         with open(log_path, "a") as f:
             f.write(json.dumps({"t": round(now, 3), "failure": str(path), "case": case.id, "kind": "hang"}) + "\n")
 
@@ -690,13 +705,3 @@ class Campaign:
                 f"failures {len(failure_files(self.out_dir))}")
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", flush=True)
         self.last_print = now
-
-
-def _case_from_fields(fields: dict):
-    from jfa.fuzz.cases import Case
-
-    fields = dict(fields)
-    for key in ("lengths_q", "lengths_k", "window"):
-        if key in fields:
-            fields[key] = tuple(fields[key])
-    return Case(**fields)

@@ -157,6 +157,16 @@ def test_until_found_stops_at_the_first_failure_and_times_it(tmp_path, cpu_only)
     assert record["mutant"] == "fwd-lse-base2" and record["ok"] is False
 
 
+@pytest.mark.parametrize("argument, value, message", [
+    ("--max-tokens", "-5", "must be >= 0"), ("--round-examples", "0", "must be >= 1"),
+    ("--round-examples", "many", "expected an integer")], ids=["negative-tokens", "no-examples", "not-a-number"])
+def test_sizes_that_cannot_run_are_usage_errors(capsys, argument, value, message):
+    with pytest.raises(SystemExit) as exit_:
+        runner.cmd_fuzz(["--device", "cpu", argument, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and argument in err and message in err
+
+
 def test_an_unknown_mutant_is_a_usage_error(capsys):
     assert runner.cmd_fuzz(["--device", "cpu", "--mutant", "no-such-bug", "--minutes", "1"]) == 2
     assert "--mutant: no mutant 'no-such-bug'" in capsys.readouterr().err

@@ -105,6 +105,19 @@ def _positive_minutes(text: str) -> float:
     return value
 
 
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _device(requested: str) -> str:
     """``requested`` ("auto", "cpu", "cuda") as the device this machine runs; UsageError for a missing GPU."""
     import torch
@@ -515,8 +528,8 @@ def fuzz_parser() -> argparse.ArgumentParser:
     parser.add_argument("--until-found", action="store_true",
                         help="stop at the first failing example (measures the time to find a bug)")
     parser.add_argument("--mutant", default="", help="fuzz this mutant of the kernels (jfa.fuzz.mutants) instead")
-    parser.add_argument("--max-tokens", type=int, default=0, help="tokens per side (0: 640 on a CPU, 24000 on a GPU)")
-    parser.add_argument("--round-examples", type=int, default=25, help="examples per hypothesis round")
+    parser.add_argument("--max-tokens", type=_count(0), default=0, help="tokens per side (0: 640 on a CPU, 24000 on a GPU)")
+    parser.add_argument("--round-examples", type=_count(1), default=25, help="examples per hypothesis round")
     parser.add_argument("--seed", type=int, default=None, help="the campaign's seed (None: random; give "
                         "every shard the same)")
     parser.add_argument("--worker-settings", default=None, help=argparse.SUPPRESS)

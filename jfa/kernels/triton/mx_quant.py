@@ -1,0 +1,197 @@
+"""MXFP8 quantize kernels (portable Triton: compiled on CUDA, interpreted on CPU tensors).
+
+The rules are docs/mxfp8.md's "Quantizer": blocks of 32 share one E8M0 scale byte (FLOOR or RCEIL rule,
+exponent clamped to [-127, 127], 0x00 for an all-zero block, 0xFF and all-NaN elements for a block
+holding a NaN or Inf); elements are E4M3, round-to-nearest-even, saturating at 448.
+
+Every step is integer arithmetic on the fp32 bit pattern of the input, so the bytes are exact by
+construction and equal on the GPU and the interpreter: no float multiply (fp32 subnormals, which the
+scaled values and inputs can be, would meet flush-to-zero), no hardware fp8 conversion. The loads take
+fp32 as int32 bits and bf16 as int16 bits (widened by a shift: Triton 3.8's interpreter flushes bf16
+subnormals in its bf16 -> fp32 cast); fp16 converts to fp32 exactly (its subnormals are fp32 normals).
+
+A value with fp32 bits ``u = |x|`` is ``sig * 2^ee``: ``sig`` the 24-bit significand (implicit bit
+included; the bare mantissa for a subnormal) and ``ee = max(exp_field, 1) - 150``. Its floor(log2) ``L``
+comes from the exponent field, for a subnormal from the exponent of ``float(mantissa)`` (an exact
+int -> float conversion). Encoding ``x * 2^-s`` keeps ``L - s`` as the E4M3 exponent (never below the
+subnormal exponent -6) and rounds ``sig`` right by ``max(L, s - 6) - 3 - ee`` bits (13..26 for every
+fp32 and every s in [-127, 127]), ties to even.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from jfa.kernels import alloc
+
+BLOCK = 32
+DIM_BLOCKS_PER_PROGRAM = 64  # 32-element blocks one program of the D-axis kernel quantizes (2048 elements)
+MAX_TOKEN_COLUMNS = 128  # (head, dim) columns one program of the token-axis kernel quantizes (x 32 tokens)
+
+
+@triton.jit
+def _fp32_bits(raw, SRC: tl.constexpr):
+    """int32 fp32 bit patterns of the loaded values: ``raw`` is int32 bits (fp32), int16 bits (bf16) or fp16."""
+    if SRC == "bf16":
+        bits = raw.to(tl.int32) << 16  # the sign-extended int16 shifted is the bf16 pattern in the top half
+    elif SRC == "fp16":
+        bits = raw.to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        bits = raw
+    return bits
+
+
+@triton.jit
+def _log2_split(mag):
+    """(floor(log2 v), the 23 fraction bits of v's normalised significand) for fp32 bits ``mag`` of a
+    finite v >= 0 (v = 0 gives a floor below -270 and fraction 0)."""
+    e = mag >> 23
+    m = mag & 0x7FFFFF
+    top = (m.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127  # msb of m (-127 for m = 0)
+    log2 = tl.where(e > 0, e - 127, top - 149)
+    frac = tl.where(e > 0, m, (m << tl.minimum(23 - top, 23)) & 0x7FFFFF)  # m < 2^(top+1): no overflow
+    return log2, frac
+
+
+@triton.jit
+def _scale_exponent(amax, RCEIL: tl.constexpr):
+    """Clamped scale exponent of blocks whose largest |x| has fp32 bits ``amax`` (finite or not)."""
+    log2, frac = _log2_split(amax)
+    s = log2 - 8  # FLOOR: floor(log2 amax) - emax(E4M3)
+    if RCEIL:
+        s += (frac > 0x600000).to(tl.int32)  # amax > 1.75 * 2^log2 = 448 * 2^s needs one more
+    return tl.minimum(tl.maximum(s, -127), 127)
+
+
+@triton.jit
+def _encode_e4m3(bits, s):
+    """E4M3 bytes (int32 0..255) of ``x * 2^-s`` for finite x with fp32 bits ``bits``, s in [-127, 127]."""
+    sign = (bits >> 31) & 1
+    mag = bits & 0x7FFFFFFF
+    e = mag >> 23
+    sig = tl.where(e > 0, (mag & 0x7FFFFF) | 0x800000, mag)
+    ee = tl.maximum(e, 1) - 150
+    log2, _ = _log2_split(mag)
+    top = tl.maximum(log2, s - 6)  # exponent of the result (clamped at the subnormal one) plus s
+    shift = tl.minimum(top - 3 - ee, 26)  # >= 13; from 26 on everything rounds to 0 (sig < 2^24)
+    q = sig >> shift
+    rem = sig - (q << shift)
+    half = 1 << (shift - 1)
+    n = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)  # RNE: 0..8 subnormal, 8..16 normal
+    code = ((top - s + 7) << 3) + n - 8  # exponent field * 8 + mantissa; n = 16 carries into the exponent
+    return tl.minimum(code, 0x7E) | (sign << 7)  # saturate (a result past 448 would be 0x7F, NaN)
+
+
+@triton.jit
+def _quantize_tile(bits, AXIS: tl.constexpr, RCEIL: tl.constexpr):
+    """(element bytes, scale bytes) of a tile whose blocks lie along ``AXIS``; masked-off entries must be 0."""
+    mag = bits & 0x7FFFFFFF
+    amax = tl.max(mag, axis=AXIS)  # fp32 bit patterns of non-negatives order like the values; NaN/Inf on top
+    not_finite = amax >= 0x7F800000
+    s = _scale_exponent(amax, RCEIL)
+    codes = _encode_e4m3(bits, tl.expand_dims(s, AXIS))
+    codes = tl.where(tl.expand_dims(not_finite, AXIS), 0x7F, codes)
+    scales = tl.where(not_finite, 0xFF, s + 127)
+    return codes.to(tl.uint8), scales.to(tl.uint8)
+
+
+@triton.jit
+def mx_quant_dim_kernel(X, DATA, SCALES, num_blocks, num_heads, head_dim, dim_blocks,
+                        stride_t, stride_h, stride_d,
+                        SRC: tl.constexpr, RCEIL: tl.constexpr, BLOCKS: tl.constexpr):
+    """Blocks along D: program p quantizes blocks ``p*BLOCKS ..`` of the flattened (token, head, d-block)
+    order; DATA is contiguous ``[T, H, D]`` uint8, SCALES contiguous ``[T, H, dim_blocks]`` uint8."""
+    blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    row = blk // dim_blocks  # token * H + head
+    d = (blk % dim_blocks)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    mask = (blk < num_blocks)[:, None] & (d < head_dim)
+    src = X + (row // num_heads)[:, None] * stride_t + (row % num_heads)[:, None] * stride_h + d * stride_d
+    bits = _fp32_bits(tl.load(src, mask=mask, other=0), SRC)
+    codes, scales = _quantize_tile(bits, 1, RCEIL)
+    tl.store(DATA + row[:, None] * head_dim + d, codes, mask=mask)
+    tl.store(SCALES + blk, scales, mask=blk < num_blocks)
+
+
+@triton.jit
+def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs, num_cols, head_dim,
+                           stride_t, stride_h, stride_d,
+                           SRC: tl.constexpr, RCEIL: tl.constexpr, COLS: tl.constexpr):
+    """Blocks along tokens: program (r, c) quantizes scale row r (block i of sequence ``ROW_SEQ[r]``,
+    ``i = r - BLOCK_OFFSETS[seq]``) for columns ``c*COLS ..`` of the flattened (head, d) pairs. Rows past
+    the real block count (``ROW_SEQ[r] == num_seqs``) are left as they are. DATA is contiguous
+    ``[T, H, D]``, SCALES contiguous ``[rows, H, D]``."""
+    r = tl.program_id(0)
+    seq = tl.load(ROW_SEQ + r)
+    if seq >= num_seqs:
+        return
+    i = (r - tl.load(BLOCK_OFFSETS + seq)).to(tl.int64)
+    t0 = tl.load(CU + seq).to(tl.int64) + 32 * i
+    t_end = tl.load(CU + seq + 1).to(tl.int64)
+    t = t0 + tl.arange(0, 32)
+    col = tl.program_id(1).to(tl.int64) * COLS + tl.arange(0, COLS)
+    col_mask = col < num_cols
+    mask = (t < t_end)[:, None] & col_mask[None, :]
+    src = X + t[:, None] * stride_t + ((col // head_dim) * stride_h + (col % head_dim) * stride_d)[None, :]
+    bits = _fp32_bits(tl.load(src, mask=mask, other=0), SRC)
+    codes, scales = _quantize_tile(bits, 0, RCEIL)
+    tl.store(DATA + t[:, None] * num_cols + col[None, :], codes, mask=mask)
+    tl.store(SCALES + r.to(tl.int64) * num_cols + col, scales, mask=col_mask)
+
+
+def _bytes(shape, poison: int, device) -> torch.Tensor:
+    """A uint8 output; inside ``alloc.poisoned_outputs`` filled with ``poison`` (a NaN byte), so an entry
+    the kernel never wrote shows up in the comparison."""
+    if alloc.poisoning():
+        return torch.full(shape, poison, dtype=torch.uint8, device=device)
+    return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
+def _source(x: torch.Tensor):
+    """(the tensor the kernel loads, its SRC tag): fp32 and bf16 travel as their integer bits."""
+    if x.dtype == torch.float32:
+        return x.view(torch.int32), "fp32"
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16), "bf16"
+    if x.dtype == torch.float16:
+        return x, "fp16"
+    raise TypeError(f"x: dtype must be float16, bfloat16 or float32, got {x.dtype}")
+
+
+def quantize_dim(x: torch.Tensor, rceil: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks along D of ``x`` ``[T, H, D]`` (any strides; a short tail block is zero-filled). Returns
+    (element bytes ``[T, H, D]``, scale bytes ``[T, H, ceil(D/32)]``), both contiguous uint8."""
+    T, H, D = x.shape
+    dim_blocks = triton.cdiv(D, BLOCK)
+    data = _bytes((T, H, D), 0x7F, x.device)
+    scales = _bytes((T, H, dim_blocks), 0xFF, x.device)
+    num_blocks = T * H * dim_blocks
+    if num_blocks == 0:
+        return data, scales
+    src, tag = _source(x)
+    grid = (triton.cdiv(num_blocks, DIM_BLOCKS_PER_PROGRAM),)
+    mx_quant_dim_kernel[grid](src, data, scales, num_blocks, H, D, dim_blocks, *x.stride(),
+                              SRC=tag, RCEIL=rceil, BLOCKS=DIM_BLOCKS_PER_PROGRAM)
+    return data, scales
+
+
+def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: torch.Tensor, rows: int, rceil: bool):
+    """Blocks along the tokens of each sequence of packed ``x`` ``[T, H, D]`` (any strides): block i of
+    sequence b goes to scale row ``block_offsets[b] + i`` (``block_offsets``: ``[B+1]``, the prefix sum of
+    ``ceil(L_b / 32)``; ``rows``: at least ``block_offsets[B]``, which is never read on the host). Returns
+    (element bytes ``[T, H, D]``, scale bytes ``[rows, H, D]`` whose rows past the real count hold 0xFF)."""
+    T, H, D = x.shape
+    num_seqs = cu_seqlens.numel() - 1
+    data = _bytes((T, H, D), 0x7F, x.device)
+    scales = torch.full((rows, H, D), 0xFF, dtype=torch.uint8, device=x.device)
+    if rows == 0 or H * D == 0:
+        return data, scales
+    # the sequence of every scale row (num_seqs past the real count): the last b with offsets[b] <= r
+    r = torch.arange(rows, device=x.device, dtype=block_offsets.dtype)
+    row_seq = (torch.searchsorted(block_offsets, r, right=True) - 1).to(torch.int32)
+    src, tag = _source(x)
+    cols = min(MAX_TOKEN_COLUMNS, triton.next_power_of_2(H * D))
+    grid = (rows, triton.cdiv(H * D, cols))
+    mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D,
+                                 *x.stride(), SRC=tag, RCEIL=rceil, COLS=cols)
+    return data, scales

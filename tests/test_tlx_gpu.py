@@ -65,7 +65,8 @@ def test_tlx_kernels_meet_the_oracle(case, dq, monkeypatch, record_property):
     launches = _spy_on_fused_dq(monkeypatch)
     with knobs.scope(tlx_fused_dq=dq == "fused-dq"):
         report = run_case(case, backend="tlx", device="cuda", backward=True)
-    assert (report.kernel, report.backward_kernel) == ("tlx-hopper", "tlx-hopper"), report.ran
+    tlx = "tlx-hopper-block-sparse" if case.sparse else "tlx-hopper"
+    assert (report.kernel, report.backward_kernel) == (tlx, tlx), report.ran
     if case.lengths_k and case.lengths_q and sum(case.lengths_k) and sum(case.lengths_q):
         # the fused dQ runs where the knob asks for it and its build takes the call's head grouping
         grouped = bool(case.kv_heads) and case.kv_heads != case.heads

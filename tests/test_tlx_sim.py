@@ -25,11 +25,15 @@ CATALOGUE = tlx_cases("sim")
 CORE_FAMILIES = ("empty-run-middle", "all-empty", "q-empty-or-k-empty", "causal-lq-gt-lk", "multi-tile-causal",
                  "bcastq-causal", "bcastq-lq129-causal", "strided-fused-qkv", "scale-neg1.7", "tlx-tails-64",
                  "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items",
-                 "gqa-causal", "window-both", "window-left-only-masked-rows", "mqa-window-bcastq-causal")
+                 "gqa-causal", "window-both", "window-left-only-masked-rows", "mqa-window-bcastq-causal",
+                 "tlx-sparse")
 CORE = [c for c in CATALOGUE if c.name.startswith(CORE_FAMILIES) and (c.dtype == "bf16" or "tails" in c.name)]
 SEEDED_CORE = [c for c in CORE if c.name.startswith(("tlx-many-items-causal-bf16", "tlx-long-items", "tlx-keyless",
                                                      "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128",
-                                                     "mqa-window-bcastq-causal-bf16-D128"))]
+                                                     "mqa-window-bcastq-causal-bf16-D128",
+                                                     "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D128",
+                                                     "tlx-sparse-gqa-causal-random0.5-bs128-bf16-D64",
+                                                     "tlx-sparse-bcastq-causal-topk2-bs128-bf16-D64"))]
 BACKWARDS = ("fused-dq", "deterministic")
 
 
@@ -53,8 +57,9 @@ def _run_on_simulator(case, schedule, dq: str):
     with sim.simulated(arch=(9, 0), sm_count=SM_COUNT, schedule=schedule) as session, \
             knobs.scope(tlx_fused_dq=dq == "fused-dq"):
         report = run_case(case, backend="tlx", device="cpu", backward=True)
-    assert (report.kernel, report.backward_kernel) == ("tlx-hopper", "tlx-hopper"), report.ran
-    assert all(where == "tlx-sim" for _pass, kernel, where in report.ran if kernel == "tlx-hopper"), report.ran
+    tlx = "tlx-hopper-block-sparse" if case.sparse else "tlx-hopper"
+    assert (report.kernel, report.backward_kernel) == (tlx, tlx), report.ran
+    assert all(where == "tlx-sim" for _pass, kernel, where in report.ran if kernel == tlx), report.ran
     launched = set(session.kernels())
     rows = sum(case.lengths_q) if not case.broadcast_q else case.lengths_q[0]
     if rows and sum(case.lengths_k):

@@ -35,6 +35,8 @@ class Case:
     strided: bool = False  # q/k/v are slices of one fused [T, 3, H, D] tensor
     dout_layout: str = "contiguous"  # one of DOUT_LAYOUTS: the memory layout the gradient of out arrives in
     offsets_dtype: str = "int32"
+    # block-sparse attention: (rule, value, block_size), rule one of SPARSE_RULES; () is dense attention
+    sparse: tuple = ()
     seed: int = 0
     name: str = ""
 
@@ -61,6 +63,9 @@ def describe(case: Case) -> str:
         bits.append(f"scale{case.softmax_scale:g}")
     if tuple(case.window) != (-1, -1):
         bits.append(f"win{case.window[0]}_{case.window[1]}")
+    if case.sparse:
+        rule, value, block_size = case.sparse
+        bits.append(f"sparse-{rule}{value:g}-bs{block_size}")
     return "-".join(bits)
 
 
@@ -164,6 +169,45 @@ def make_inputs(case: Case, device="cpu") -> Inputs:
     dout = dout_in_layout(randn(rows, H, D).to(dtype).to(device), case.dout_layout)
     dlse = randn(rows, H).to(device)
     return Inputs(q, k, v, cu_q, cu_k, dout, dlse)
+
+
+# How a block-sparse case gets its lists: "random": each (head, query block) lists each key block it can
+# see (causal: none wholly in its future) with probability ``value``, drawn from the case's seed; "topk" and
+# "ratio": jfa.select_kv_blocks with topk=value / keep_ratio=value on the case's q and k; "none": no list
+# names any block (every row sees nothing).
+SPARSE_RULES = ("random", "topk", "ratio", "none")
+
+
+def block_lists_for(case: Case, inp: Inputs) -> tuple:
+    """The exact CSR ``(offsets, indices)`` (int64, on the inputs' device) of a block-sparse case."""
+    import jfa
+    from jfa.kernels.block_lists import exact_csr
+
+    rule, value, block_size = case.sparse
+    device = inp.k.device
+    if rule in ("topk", "ratio"):
+        selection = dict(topk=int(value)) if rule == "topk" else dict(keep_ratio=float(value))
+        lists = jfa.select_kv_blocks(inp.q, inp.k, inp.cu_q, inp.cu_k, block_size=block_size, causal=case.causal,
+                                     broadcast_q=case.broadcast_q, **selection)
+        len_q = case.lengths_q[0] if case.broadcast_q else 0
+        return tuple(t.to(device) for t in exact_csr(lists, inp.cu_q, inp.cu_k, case.broadcast_q, len_q))
+    if rule not in SPARSE_RULES:
+        raise ValueError(f"sparse: unknown rule {rule!r}, expected one of {SPARSE_RULES}")
+    rng = np.random.default_rng(case.seed)
+    lengths_q = [case.lengths_q[0]] * len(case.lengths_k) if case.broadcast_q else list(case.lengths_q)
+    offsets, indices = [0], []
+    for _head in range(case.heads):
+        for lq, lk in zip(lengths_q, case.lengths_k):
+            for t in range(-(-lq // block_size)):
+                visible = -(-lk // block_size)
+                if case.causal:
+                    last_key = min((t + 1) * block_size, lq) - 1 + lk - lq
+                    visible = min(visible, last_key // block_size + 1) if last_key >= 0 else 0
+                if rule == "random":
+                    indices += np.nonzero(rng.random(visible) < value)[0].tolist()
+                offsets.append(len(indices))
+    return (torch.tensor(offsets, dtype=torch.int64, device=device),
+            torch.tensor(indices, dtype=torch.int64, device=device))
 
 
 def replace(case: Case, **changes) -> Case:

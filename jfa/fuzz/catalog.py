@@ -7,7 +7,10 @@ suite follows the configs), Lq != Lk both ways with causal (fully masked rows), 
 head dim and dtype, saturated softmax, strided views, int64 offsets, explicit scales. The TLX kernels
 get their own tile edges (per consumer, per work item, per key block, per query step), many work items
 per CTA (ring and phase wrap-around, the persistent stride) and the items between which a consumer has
-no key or no row; ``sanitize_cases`` are the small shapes compute-sanitizer runs.
+no key or no row; ``sanitize_cases`` are the small shapes compute-sanitizer runs. Block-sparse attention
+(``sparse_cases``) gets every way of making lists (random, none, one block, top-k, ratios up to dense)
+over the same edges: empty sequences, sequences shorter than a block, block tails, Lq != Lk under causal,
+grouped heads, broadcast Q, score ties.
 """
 from __future__ import annotations
 
@@ -84,12 +87,48 @@ def head_dim_cases(dtype: str) -> list:
             for d in HEAD_DIMS + (40,)]
 
 
+def sparse_cases(block_size: int, dtype: str = "bf16", head_dim: int = 32, *, heads: int = 2,
+                 prefix: str = "sparse") -> list:
+    """Block-sparse attention at ``block_size``: each shape family under the list rules that reach its code
+    paths (``jfa.fuzz.cases.SPARSE_RULES``; ratio 1.0 keeps every visible block, which is dense attention)."""
+    bs = block_size
+    base = Case((), (), heads=heads, head_dim=head_dim, dtype=dtype)
+    tag = f"bs{bs}-{dtype}-D{head_dim}"
+    families = [
+        # empty and short sequences, block tails, a sequence with no key, one with no query
+        ("mixed", dict(lengths_q=(3 * bs + 5, 0, bs - 1, 2 * bs), lengths_k=(2 * bs + 1, bs, 0, 4 * bs)),
+         (("random", 0.5), ("none", 0), ("topk", 1), ("ratio", 1.0))),
+        ("causal-lq-gt-lk", dict(lengths_q=(3 * bs + 7, 2 * bs), lengths_k=(bs + 3, 2 * bs), causal=True),
+         (("random", 0.6), ("topk", 2), ("ratio", 0.5), ("ratio", 1.0))),
+        ("causal-lq-lt-lk", dict(lengths_q=(bs + 1, 5), lengths_k=(4 * bs - 1, 3 * bs), causal=True),
+         (("random", 0.4), ("topk", 1), ("ratio", 0.3))),
+        ("gqa-causal", dict(lengths_q=(2 * bs + 3, bs), lengths_k=(2 * bs + 3, 3 * bs), heads=2 * heads,
+                            kv_heads=heads // 2 or 1, causal=True),
+         (("random", 0.5), ("ratio", 0.5))),
+        ("bcastq-causal", dict(lengths_q=(2 * bs + 3,), lengths_k=(3 * bs, 5, 0, bs + 1), broadcast_q=True,
+                               causal=True), (("random", 0.5), ("topk", 2))),
+        ("bcastq", dict(lengths_q=(bs + 9,), lengths_k=(2 * bs + 1, bs), broadcast_q=True), (("ratio", 0.5),)),
+        ("all-empty", dict(lengths_q=(0, 0), lengths_k=(0, bs)), (("random", 1.0),)),
+        # equal keys: every score ties and the selection takes the lowest blocks
+        ("score-ties", dict(lengths_q=(2 * bs,), lengths_k=(4 * bs,), values="constant-keys"),
+         (("topk", 2), ("ratio", 0.5))),
+    ]
+    cases = []
+    for family, shape, rules in families:
+        for rule, value in rules:
+            cases.append(replace(base, **shape, sparse=(rule, value, bs),
+                                 name=f"{prefix}-{family}-{rule}{value:g}-{tag}"))
+    return cases
+
+
 def default_suite() -> list:
-    """The full fixed suite: structure in bf16 and fp32 (and a slice in fp16), every head dim per dtype."""
+    """The full fixed suite: structure in bf16 and fp32 (and a slice in fp16), every head dim per dtype,
+    block-sparse attention at small blocks in each dtype."""
     cases = structural_cases("bf16", 32) + structural_cases("fp32", 64)
     cases += [c for c in structural_cases("fp16", 128) if "tails" in c.name or "causal" in c.name]
     for dtype in DTYPES:
         cases += head_dim_cases(dtype)
+    cases += sparse_cases(16, "bf16", 32) + sparse_cases(32, "fp32", 64) + sparse_cases(64, "fp16", 16)
     return cases
 
 
@@ -157,13 +196,17 @@ def tlx_cases(scale: str = "gpu") -> list:
     for values in ("near-ties", "dominant-key", "constant-keys"):
         out.append(Case((300, 77, 513), (300, 513, 77), heads=2, head_dim=128, dtype="bf16", causal=True,
                         values=values, name=f"tlx-values-{values}"))
+    # block-sparse: the TLX build's block is one work item's rows (128)
+    for dtype in TLX_DTYPES:
+        for head_dim in TLX_HEAD_DIMS:
+            out += sparse_cases(128, dtype, head_dim, prefix="tlx-sparse")
     return out
 
 
 def sanitize_cases() -> list:
     """Small adversarial shapes for compute-sanitizer (memcheck, racecheck): empty sequences, length 1,
     tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q, grouped heads
-    under sliding windows (tiles the band skips)."""
+    under sliding windows (tiles the band skips), block-sparse lists."""
     out = []
     for head_dim in TLX_HEAD_DIMS:
         base = dict(heads=2, head_dim=head_dim, dtype="bf16")
@@ -174,5 +217,10 @@ def sanitize_cases() -> list:
                 Case((130, 7, 200), (200, 64, 129), heads=4, kv_heads=2, head_dim=head_dim, dtype="bf16", causal=True,
                      window=(64, 0), name=f"san-gqa-window-causal-D{head_dim}"),
                 Case((150, 0, 90), (20, 3, 200), heads=2, kv_heads=1, head_dim=head_dim, dtype="bf16",
-                     window=(16, 40), name=f"san-mqa-window-D{head_dim}")]
+                     window=(16, 40), name=f"san-mqa-window-D{head_dim}"),
+                # block-sparse: listed blocks out of order of length, tails, a causal diagonal, a broadcast Q
+                Case((300, 0, 129), (260, 90, 400), causal=True, sparse=("random", 0.6, 128),
+                     name=f"san-sparse-causal-D{head_dim}", **base),
+                Case((77,), (0, 300, 129), broadcast_q=True, sparse=("topk", 2, 128),
+                     name=f"san-sparse-bcastq-D{head_dim}", **base)]
     return out

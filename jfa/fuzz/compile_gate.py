@@ -50,6 +50,7 @@ class Target:
     profile: bool = False  # tlx: the timeline (profiling) build
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
+    sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
 
     def window_size(self) -> tuple:
         """The ``window_size`` a launch of this target passes (the band's values do not change the build)."""
@@ -103,7 +104,19 @@ def tlx_targets() -> list:
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
                           backend="tlx", variant="schedule=dynamic", profile=True))
     targets += _window_and_group_targets("forward", "")
+    targets += _sparse_targets("forward", "")
     return targets + tlx_backward_targets()
+
+
+def _sparse_targets(kernel: str, variant: str) -> list:
+    """The block-sparse builds: bf16 at both head dims, causal and not, fp16 at D 128 causal, broadcast Q at
+    D 128 (the dK/dV kernel's build per ``variant``)."""
+    suffix = f"[{variant}]" if variant else ""
+    prefix = "tlx-forward" if kernel == "forward" else "tlx-dkdv"
+    combos = [("bf16", d, c, False) for d in (64, 128) for c in (False, True)]
+    combos += [("fp16", 128, True, False), ("bf16", 128, False, True)]
+    return [Target(f"{prefix}-{dtype}-D{d}{'-causal' if c else ''}{'-bcastq' if b else ''}-sparse{suffix}", kernel,
+                   dtype, d, c, b, backend="tlx", variant=variant, sparse=True) for dtype, d, c, b in combos]
 
 
 def _window_and_group_targets(kernel: str, variant: str, gqa_head_dim: int = 128) -> list:
@@ -137,6 +150,7 @@ def tlx_backward_targets() -> list:
     targets += _window_and_group_targets("dkdv", "")
     # the fused dQ takes grouped heads at D 64 only (HopperDkDvConfig.grouped)
     targets += _window_and_group_targets("dkdv", "fused-dq", gqa_head_dim=64)
+    targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
     return targets
 
 
@@ -346,6 +360,32 @@ def _launch_inputs(target: Target):
     return q, k, v, virtual_cu_seqlens(len(lengths), len_q, "cpu"), cu_k, len_q
 
 
+def _every_block(out_cu, cu_k, heads: int, causal: bool):
+    """Block lists naming every key block each query block sees (blocks of the sparse build's 128 rows),
+    made on the host: what a sparse launch of the target takes."""
+    import torch
+
+    from jfa.kernels.block_lists import from_csr
+    from jfa.kernels.schedule import num_tile_slots
+
+    block = 128
+    lq = (out_cu[1:] - out_cu[:-1]).tolist()
+    lk = (cu_k[1:] - cu_k[:-1]).tolist()
+    offsets, indices = [0], []
+    for _head in range(heads):
+        for a, b in zip(lq, lk):
+            for t in range(-(-a // block)):
+                n = -(-b // block)
+                if causal:
+                    last = min((t + 1) * block, a) - 1 + b - a
+                    n = min(n, last // block + 1) if last >= 0 else 0
+                indices += range(n)
+                offsets.append(len(indices))
+    nqb = (len(offsets) - 1) // heads
+    return from_csr(torch.tensor(offsets), torch.tensor(indices), block_size=block, num_heads=heads,
+                    num_q_blocks=nqb, num_q_slots=num_tile_slots(int(out_cu[-1]), len(lq), block), causal=causal)
+
+
 def tlx_launch_binding(target: Target) -> dict:
     """Bind the arguments the TLX forward's launcher builds (``kernel_arguments``) to the kernel on CPU
     tensors, stopping before the compile, and return the specialisation a real launch would compile
@@ -362,14 +402,18 @@ def tlx_launch_binding(target: Target) -> dict:
     out = torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype)
     lse = torch.empty(rows, q.shape[1])
     cfg = tlx_forward.config_for(target.head_dim)
-    tiles = build_tile_list(out_cu, rows, tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
+    lists = _every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse else None
+    if lists is not None:
+        tiles = tlx_forward.sparse_tiles(lists, out_cu, rows)
+    else:
+        tiles = build_tile_list(out_cu, rows, tlx_forward.NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
     counter = torch.zeros(2, dtype=torch.int32)
     timeline = torch.zeros(1, 4, dtype=torch.int64)
     args, kwargs, _ = tlx_forward.kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                    causal=target.causal, softmax_scale=target.head_dim ** -0.5,
                                                    broadcast_q=target.broadcast_q, num_seqs=num_seqs,
                                                    len_q_bcast=len_q, window=target.window_size(),
-                                                   variant=_variant(target), profile=target.profile)
+                                                   variant=_variant(target), profile=target.profile, lists=lists)
     with _offline_launches() as seen:
         tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
     return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
@@ -413,7 +457,9 @@ def dkdv_launch_binding(target: Target) -> dict:
                                      torch.empty_like(k), torch.empty_like(v), out_cu, cu_k, causal=target.causal,
                                      softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
                                      num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
-                                     outputs=(out, dout, None) if fused else None, window=target.window_size())
+                                     outputs=(out, dout, None) if fused else None, window=target.window_size(),
+                                     lists=_every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse
+                                     else None)
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
@@ -484,7 +530,7 @@ def _check_tlx(target: Target) -> Result:
         fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
-                                         group=target.group)
+                                         group=target.group, sparse=target.sparse)
         cfg = tlx_backward.config_for(target.head_dim, fused)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
@@ -500,7 +546,7 @@ def _check_tlx(target: Target) -> Result:
     variant = _variant(target)
     spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                     broadcast_q=target.broadcast_q, window=target.window, group=target.group,
-                                    variant=variant, profile=target.profile)
+                                    variant=variant, profile=target.profile, sparse=target.sparse)
     _, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
     expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])

@@ -1,7 +1,8 @@
 """Mutation check: proof that the verification harness catches real kernel bugs.
 
 Each :class:`Mutant` is one realistic bug, written as a single textual replacement in the source of
-one of the portable kernel modules (the tile schedule, the Triton forward, the Triton backward).
+one of the kernel modules (the tile schedule, the portable forward, backward and block-sparse kernels, the
+TLX kernels).
 :func:`applied` makes the public op ``jfa.jagged_attention`` run the mutated kernels for the duration
 of a ``with`` block; :func:`kill` runs problems (a list of :class:`jfa.fuzz.cases.Case`, or a hypothesis
 strategy of them) against the mutant and says whether, and how fast, the harness noticed.
@@ -10,7 +11,7 @@ A mutant's ``find`` text must occur exactly once in the current source of its mo
 mutant whose text is gone or ambiguous raises :class:`MutantError`, so the list cannot silently rot
 when the kernels change (the test suite applies every mutant).
 
-How a mutant is applied (and why through temporary files): the three modules are executed afresh, in
+How a mutant is applied (and why through temporary files): the modules are executed afresh, in
 dependency order (schedule, forward, backward), from a snapshot of their current source, the target's
 with the replacement applied, and registered in ``sys.modules`` (and on their parent packages) under
 their real names; the API imports the launchers lazily inside its custom ops, so it picks the fresh
@@ -39,11 +40,12 @@ from typing import Iterable, NamedTuple, Optional
 SCHEDULE = "jfa.kernels.schedule"
 FORWARD = "jfa.kernels.triton.forward"
 BACKWARD = "jfa.kernels.triton.backward"
+BLOCK_SPARSE = "jfa.kernels.triton.block_sparse"
 TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 # dependency order: each may import from the ones before it
-MODULES = (SCHEDULE, FORWARD, BACKWARD, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
+MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
 TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
@@ -153,6 +155,19 @@ MUTANTS: tuple = (
            "mask = offs_d < HEAD_DIM",
            "mask = offs_d <= HEAD_DIM",
            "padded head dims read one element past the head (into the next head's data)"),
+    # --- block-sparse (portable) ------------------------------------------------------------------------
+    Mutant("sparse-bulk-bound-of-last-row", BLOCK_SPARSE,
+           "full_limit = tl.minimum(len_k, tl.maximum(m_start + shift + 1, 0))",
+           "full_limit = tl.minimum(len_k, tl.maximum(m_start + BLOCK_M + shift, 0))",
+           "the unmasked bound taken from the sub-tile's last row: its first rows see keys past their diagonal"),
+    Mutant("sparse-dkdv-skips-partly-visible-chunks", BLOCK_SPARSE,
+           "live = live & (m_start + BLOCK_M - 1 + causal_shift >= n_start)",
+           "live = live & (m_start + causal_shift >= n_start)",
+           "dK/dV skip a query chunk whose first row misses the key tile though its later rows see it"),
+    Mutant("sparse-dkdv-tail-chunk-unmasked", BLOCK_SPARSE,
+           "full = m_start + BLOCK_M <= len_q\n",
+           "full = m_start < len_q\n",
+           "dK/dV run a sequence's last partial query chunk unmasked: rows past the sequence add to dK, dV"),
     # --- TLX forward (run on the simulator: protocol bugs show as deadlocks, races, bounds errors) --------
     Mutant("tlx-fwd-empty-wait-wrong-parity", TLX_FORWARD,
            "tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)",
@@ -194,6 +209,10 @@ MUTANTS: tuple = (
            "k_col = (head // GROUP) * col_stride_k",
            "k_col = head * col_stride_k",
            "grouped-query attention reads the key head numbered like the query head (not its group's)"),
+    Mutant("tlx-sparse-bulk-miscounted", TLX_FORWARD,
+           "for back in tl.static_range(3):",
+           "for back in tl.static_range(1):",
+           "block-sparse: only the last listed block counted as masked; a second diagonal block runs unmasked"),
     Mutant("tlx-wrong-sequence-offsets", TLX_COMMON,
            "k_row0 = tl.load(CU_K + s).to(tl.int32)",
            "k_row0 = tl.load(CU_Q + s).to(tl.int32)",
@@ -235,6 +254,10 @@ MUTANTS: tuple = (
            "first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M",
            "first = tl.minimum(tl.maximum(n_start - hi, 0) + BLOCK_M, len_q) // BLOCK_M",
            "a sliding window's dK/dV start one query tile late: the band's first rows never reach dK and dV"),
+    Mutant("tlx-sparse-bwd-diagonal-unmasked", TLX_BACKWARD,
+           "masked = masked | (m_start + causal_shift < n_start + TILE_N - 1)",
+           "masked = masked | (m_start + causal_shift < n_start)",
+           "block-sparse dK/dV: a step on the causal diagonal runs the unmasked step"),
     Mutant("tlx-bwd-gqa-group-not-summed", TLX_BACKWARD,
            "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))",
            "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim)[:, :, 0])",
@@ -403,7 +426,8 @@ def kill(mutant: Mutant, cases_or_strategy, settings=None, *, backend: str = "tr
 
 TLX_SENTINELS = ("tlx-many-items-causal-bf16-D64", "tlx-many-items-causal-bf16-D128", "tlx-long-items-causal-D128",
                  "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items",
-                 "mqa-window-bcastq-causal-bf16-D128", "gqa-causal-bf16-D64", "window-both-bf16-D64")
+                 "mqa-window-bcastq-causal-bf16-D128", "gqa-causal-bf16-D64", "window-both-bf16-D64",
+                 "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D64", "tlx-sparse-causal-lq-lt-lk-random0.4-bs128-bf16-D128")
 
 
 def tlx_kill_set() -> list:

@@ -38,7 +38,7 @@ import torch
 
 from jfa import oracle
 from jfa.api import recording_dispatch
-from jfa.fuzz.cases import DTYPES, Case, make_inputs
+from jfa.fuzz.cases import DTYPES, Case, block_lists_for, make_inputs
 from jfa.kernels.alloc import poisoned_outputs
 from jfa.reference import attention_reference
 
@@ -194,8 +194,10 @@ class OutputJudge:
     benchmarks judge every implementation with it before timing."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q, cu_k, *, causal: bool,
-                 softmax_scale=None, broadcast_q: bool = False, window=(-1, -1)):
-        kwargs = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, window=window)
+                 softmax_scale=None, broadcast_q: bool = False, window=(-1, -1), kv_blocks=None):
+        # kv_blocks: block-sparse attention's exact CSR (offsets, indices, block_size), host tensors
+        kwargs = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, window=window,
+                      kv_blocks=kv_blocks)
         cu_q_np = None if broadcast_q else _np(cu_q).astype(np.int64)
         cu_k_np = _np(cu_k).astype(np.int64)
         self.exact, _ = oracle.attention_forward(_np(q), _np(k), _np(v), cu_q_np, cu_k_np, **kwargs)
@@ -301,7 +303,8 @@ def cannot_run(case: Case, backend: str, device="cpu") -> str:
     inp = make_inputs(case, device)
     try:
         jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend,
-                          window_size=(case.window[0], 0 if case.causal else case.window[1]))
+                          window_size=(case.window[0], 0 if case.causal else case.window[1]),
+                          block_size=case.sparse[2] if case.sparse else None)
     except ValueError as exc:
         return str(exc)
     return ""
@@ -324,10 +327,20 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     window = (case.window[0], 0 if case.causal else case.window[1])
     kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q, window=window)
     q, k, v = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))  # keeps strides
+    block_size = None
+    if case.sparse:
+        block_size = case.sparse[2]
+        lists = block_lists_for(case, inp)
+        kwargs["kv_blocks"] = tuple(t.cpu() for t in lists) + (block_size,)
     with poisoned_outputs(), recording_dispatch() as ran:
-        out, lse = jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, causal=case.causal,
-                                        softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q,
-                                        window_size=tuple(case.window), backend=backend, return_lse=True)
+        if case.sparse:
+            out, lse = jfa.block_sparse_attention(q, k, v, inp.cu_q, inp.cu_k, kv_blocks=lists, block_size=block_size,
+                                                  causal=case.causal, softmax_scale=case.softmax_scale,
+                                                  broadcast_q=case.broadcast_q, backend=backend, return_lse=True)
+        else:
+            out, lse = jfa.jagged_attention(q, k, v, inp.cu_q, inp.cu_k, causal=case.causal,
+                                            softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q,
+                                            window_size=tuple(case.window), backend=backend, return_lse=True)
         if backward:
             torch.autograd.backward([out, lse], [inp.dout, inp.dlse])
 
@@ -335,7 +348,8 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     rq, rk, rv = (t.detach().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
     report = Report(case, backend, kernel=_ran(ran, "forward"), ran=list(ran),
-                    dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend, window_size=window))
+                    dispatched=jfa.which_kernels(inp.q, inp.k, inp.v, backend=backend, window_size=window,
+                                                 block_size=block_size))
     if backward:  # (the reference's backward is autograd's own: no kernel dispatch to record)
         report.backward_kernel = "torch" if report.kernel == "torch" else _ran(ran, "backward")
     noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)

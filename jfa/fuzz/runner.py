@@ -57,7 +57,7 @@ def case_from_fields(fields: dict):
     from jfa.fuzz.cases import Case
 
     fields = dict(fields)
-    for key in ("lengths_q", "lengths_k", "window"):
+    for key in ("lengths_q", "lengths_k", "window", "sparse"):
         if key in fields:
             fields[key] = tuple(fields[key])
     return Case(**fields)
@@ -86,8 +86,20 @@ def load_case(path):
     return case_from_fields(record["case"]), record
 
 
+# fields added to Case after cases were first named, at their defaults: left out of a case's key so that
+# every earlier case keeps its name (corpus files, failure records)
+_LATER_DEFAULTS = {"sparse": ()}
+
+
+def case_key(case) -> str:
+    """The canonical text of ``case`` its file name and sampling hash are taken from."""
+    fields = {name: value for name, value in dataclasses.asdict(case).items()
+              if not (name in _LATER_DEFAULTS and tuple(value) == _LATER_DEFAULTS[name])}
+    return json.dumps(fields, sort_keys=True)
+
+
 def case_filename(case) -> str:
-    digest = hashlib.sha1(json.dumps(dataclasses.asdict(case), sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(case_key(case).encode()).hexdigest()[:10]
     return f"case-{digest}.json"
 
 
@@ -215,7 +227,7 @@ def attention_cost(case) -> int:
 def _sampled(case, seed: int, fraction: float) -> bool:
     """Whether ``case`` is in the re-judged sample: decided by its hash, so a replay while shrinking
     decides the same way."""
-    digest = hashlib.sha1(f"{seed}:{json.dumps(dataclasses.asdict(case), sort_keys=True)}".encode()).digest()
+    digest = hashlib.sha1(f"{seed}:{case_key(case)}".encode()).digest()
     return int.from_bytes(digest[:4], "big") < fraction * 2 ** 32
 
 

@@ -32,7 +32,8 @@ def main(argv=None) -> int:
             return 2
         report = run_case(case, backend="tlx", device="cuda", backward=args.backward)
         torch.cuda.synchronize()
-        ran_tlx = report.kernel == "tlx-hopper" and (not args.backward or report.backward_kernel == "tlx-hopper")
+        tlx = "tlx-hopper-block-sparse" if case.sparse else "tlx-hopper"
+        ran_tlx = report.kernel == tlx and (not args.backward or report.backward_kernel == tlx)
         ok = report.ok and ran_tlx
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {case.id}: {report.worst} ({report.kernel}/{report.backward_kernel or '-'})",

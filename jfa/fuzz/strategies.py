@@ -20,12 +20,13 @@ import math
 from hypothesis import strategies as st
 
 from jfa.kernels.triton.configs import tile_sizes
-from jfa.fuzz.cases import DOUT_LAYOUTS, DTYPES, VALUE_RECIPES, Case
+from jfa.fuzz.cases import DOUT_LAYOUTS, DTYPES, VALUE_RECIPES, Case, replace
 
 CPU_MAX_TOKENS = 640
 GPU_MAX_TOKENS = 24_000
 TLX_HEAD_DIMS = (64, 128)  # what the TLX kernels take: problems(**TLX_ONLY) draws nothing they refuse
-TLX_ONLY = dict(head_dims=TLX_HEAD_DIMS, dtypes=("bf16", "fp16"))
+# block-sparse draws at the TLX kernels' block (128) only
+TLX_ONLY = dict(head_dims=TLX_HEAD_DIMS, dtypes=("bf16", "fp16"), sparse_blocks=(128,))
 
 
 def _boundary_lengths(blocks, max_len: int) -> list:
@@ -84,10 +85,24 @@ def _relate(draw, lengths_k, blocks, max_tokens):
     return tuple(out)
 
 
+SPARSE_SHARE = 0.25  # of problems(): block-sparse draws (the rest dense attention)
+
+
 @st.composite
 def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 128, 256),
-             dtypes=("bf16", "fp16", "fp32"), max_batch: int = 8):
-    """A whole problem: lengths, flags, shapes, values, scale, layout. Shrinks toward simple."""
+             dtypes=("bf16", "fp16", "fp32"), max_batch: int = 8, sparse_share: float = SPARSE_SHARE,
+             sparse_blocks=None):
+    """A whole problem: lengths, flags, shapes, values, scale, layout, and with probability ``sparse_share``
+    block-sparse lists (:func:`block_sparse` at ``sparse_blocks``; no window then). Shrinks toward simple. The block-sparse
+    choice is drawn last, so a problem's other draws do not depend on it."""
+    case = draw(_attention_problem(max_tokens, head_dims, dtypes, max_batch))
+    if sparse_share > 0 and draw(st.integers(0, 99)) >= 100 - round(100 * sparse_share):  # 0: dense
+        case = replace(case, sparse=draw(block_sparse(sparse_blocks or SPARSE_BLOCK_SIZES)), window=(-1, -1))
+    return case
+
+
+@st.composite
+def _attention_problem(draw, max_tokens: int, head_dims, dtypes, max_batch: int):
     head_dim = draw(st.sampled_from(head_dims))
     dtype = draw(st.sampled_from(dtypes))
     blocks = tile_sizes(head_dim, DTYPES[dtype])
@@ -125,6 +140,21 @@ def problems(draw, max_tokens: int = CPU_MAX_TOKENS, head_dims=(32, 16, 64, 40, 
         offsets_dtype=draw(st.sampled_from(["int32", "int64"])),
         seed=draw(st.integers(0, 2 ** 16)),
     )
+
+
+# block sizes of block-sparse draws, shrinking toward the TLX kernels' (128)
+SPARSE_BLOCK_SIZES = (128, 64, 32, 16)
+
+
+@st.composite
+def block_sparse(draw, blocks=SPARSE_BLOCK_SIZES):
+    """A block-sparse ``Case.sparse``: random lists from empty to every visible block, no list at all, one or
+    a few blocks by top-k, or a ratio up to 1.0 (dense); shrinks toward random lists at block 128."""
+    block_size = draw(st.sampled_from(blocks))
+    rule = draw(st.sampled_from(("random", "topk", "ratio", "none")))
+    value = {"random": st.sampled_from((0.5, 0.0, 1.0, 0.2, 0.8)), "topk": st.sampled_from((1, 2, 3, 1000)),
+             "ratio": st.sampled_from((0.5, 1.0, 0.25, 0.75)), "none": st.just(0)}[rule]
+    return (rule, draw(value), block_size)
 
 
 PRODUCTION_SHARE = 0.85  # of the "production" mix: draws the TLX kernels take (the rest: everything else)

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from jfa.reference import kv_block_masks
+
 # float64 temporaries of one chunk: [H, rows, keys] elements, 128 MB each at most
 CHUNK_ELEMENTS = 1 << 24
 # how far twin and NumPy oracle may differ, relative to the magnitude of the summed terms: both sum in
@@ -58,14 +60,19 @@ def _chunks(lq: int, lk: int, heads: int):
     return (range(r, min(lq, r + step)) for r in range(0, lq, step))
 
 
-def _sequences(q, k, v, cu_q, cu_k, lq_bcast, group: int):
+def _sequences(q, k, v, cu_q, cu_k, lq_bcast, group: int, kv_blocks=None):
     """Per sequence with queries and keys: (query rows, output rows, key rows, q as [H, lq, D], k and v
-    as [H, lk, D] with each key/value head repeated for its query heads)."""
+    as [H, lk, D] with each key/value head repeated for its query heads, the block-sparse mask [H, lq, lk]
+    of ``kv_blocks`` or None)."""
+    masks = None
+    if kv_blocks is not None:
+        masks = kv_block_masks(kv_blocks, [cu_q[b + 1] - cu_q[b] for b in range(len(cu_k) - 1)],
+                               [cu_k[b + 1] - cu_k[b] for b in range(len(cu_k) - 1)], q.shape[1], q.device)
     for b in range(len(cu_k) - 1):
         qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
         qh, kh, vh = q[qs].transpose(0, 1), _grouped(k[ks], group), _grouped(v[ks], group)
         if qh.shape[1] and kh.shape[1]:
-            yield qs, oq, ks, qh, kh, vh
+            yield qs, oq, ks, qh, kh, vh, None if masks is None else masks[b]
 
 
 def _f64(*tensors):
@@ -84,7 +91,7 @@ def _ungroup(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
-                      broadcast_q=False, window=(-1, -1)):
+                      broadcast_q=False, window=(-1, -1), kv_blocks=None):
     """``(out, lse)`` float64 on q's device, as :func:`jfa.oracle.attention_forward` returns them."""
     q, k, v = _f64(q, k, v)
     cu_q, cu_k, lq_bcast = _offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], broadcast_q)
@@ -93,11 +100,13 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
     scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
     out = q.new_zeros((cu_q[-1], H, D))
     lse = q.new_full((cu_q[-1], H), -math.inf)
-    for qs, oq, ks, qh, kh, vh in _sequences(q, k, v, cu_q, cu_k, lq_bcast, group):
+    for qs, oq, ks, qh, kh, vh, blocks in _sequences(q, k, v, cu_q, cu_k, lq_bcast, group, kv_blocks):
         lq, lk = qh.shape[1], kh.shape[1]
         for rows in _chunks(lq, lk, H):
             s = qh[:, rows.start:rows.stop] @ kh.transpose(1, 2) * scale
             s = s.masked_fill(~_visible(rows, lq, lk, causal, window, q.device), -math.inf)
+            if blocks is not None:
+                s = s.masked_fill(~blocks[:, rows.start:rows.stop], -math.inf)
             m = s.amax(-1, keepdim=True)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
             p = torch.exp(s - m_safe)
@@ -111,7 +120,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
 
 
 def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
-                       broadcast_q=False, dlse=None, magnitudes=False, window=(-1, -1)):
+                       broadcast_q=False, dlse=None, magnitudes=False, window=(-1, -1), kv_blocks=None):
     """``(dq, dk, dv)`` float64 on q's device, as :func:`jfa.oracle.attention_backward` returns them
     (``magnitudes=True``: the same products over absolute values)."""
     q, k, v, out, lse, dout = _f64(q, k, v, out, lse, dout)
@@ -122,7 +131,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
     scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
     factor = abs(scale) if magnitudes else scale
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for qs, oq, ks, qh, kh, vh in _sequences(q, k, v, cu_q, cu_k, lq_bcast, group):
+    for qs, oq, ks, qh, kh, vh, blocks in _sequences(q, k, v, cu_q, cu_k, lq_bcast, group, kv_blocks):
         lq, lk = qh.shape[1], kh.shape[1]
         dk_b = kh.new_zeros(kh.shape)
         dv_b = kh.new_zeros(kh.shape)
@@ -132,6 +141,8 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
             do_c = dout[o_rows].transpose(0, 1)
             lse_c = lse[o_rows].T[..., None]
             vis = _visible(rows, lq, lk, causal, window, q.device)[None] & torch.isfinite(lse_c)
+            if blocks is not None:
+                vis = vis & blocks[:, rows.start:rows.stop]
             s = q_c @ kh.transpose(1, 2) * scale
             lse_safe = torch.where(torch.isfinite(lse_c), lse_c, torch.zeros_like(lse_c))
             p = torch.where(vis, torch.exp(torch.where(vis, s - lse_safe, torch.zeros_like(s))), torch.zeros_like(s))
@@ -157,7 +168,7 @@ def max_logit_terms(q, k, cu_seqlens_q, cu_seqlens_k, scale: float, broadcast_q:
     cu_q, cu_k, lq_bcast = _offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], broadcast_q)
     group = q.shape[1] // k.shape[1]
     peak = 0.0
-    for _, _, _, qh, kh, _ in _sequences(q, k, k, cu_q, cu_k, lq_bcast, group):
+    for _, _, _, qh, kh, _, _ in _sequences(q, k, k, cu_q, cu_k, lq_bcast, group):
         for rows in _chunks(qh.shape[1], kh.shape[1], qh.shape[0]):
             peak = max(peak, float((qh[:, rows.start:rows.stop] @ kh.transpose(1, 2)).max()) * abs(scale))
     return peak

@@ -18,6 +18,11 @@ Semantics (DESIGN.md section 3):
   contributes nothing to any gradient.
 - ``broadcast_q=True``: ``q`` is ``[Lq, H, D]`` and shared by all ``B`` sequences; ``cu_seqlens_q``
   must be None; output row ``b*Lq + i`` belongs to sequence ``b``; ``dq`` is summed over ``b``.
+- ``kv_blocks=(offsets, indices, block_size)`` (block-sparse attention, DESIGN.md section 10): a row sees
+  only the keys of the key blocks its query block lists, on top of the masks above. Blocks are
+  ``block_size`` rows of one sequence (the last may be short); query block ``t`` of sequence ``b`` is
+  ``g = qb_off[b] + t`` (``qb_off``: exclusive prefix sum of ``ceil(Lq_b / block_size)`` over the output
+  rows); CSR row ``h * NQB + g`` (``NQB``: the number of query blocks) lists local key block indices.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from jfa.oracle.block_select import kv_block_mask
 
 __all__ = ["attention_forward", "attention_backward"]
 
@@ -105,6 +112,15 @@ def _visible(lq: int, lk: int, causal: bool, window=(-1, -1)) -> np.ndarray:
     return visible
 
 
+def _block_masks(kv_blocks, cu_q, cu_k, num_heads: int):
+    """Per sequence, bool ``[H, Lq_b, Lk_b]`` of the keys the lists ``kv_blocks`` let each row see (None: no
+    lists). ``cu_q``: the output rows' offsets."""
+    if kv_blocks is None:
+        return None
+    offsets, indices, block_size = kv_blocks
+    return kv_block_mask(offsets, indices, cu_q, cu_k, int(block_size), num_heads)
+
+
 def _group(x, group: int):
     """[rows, H_kv, D] -> [rows, H_kv * group, D]: each key/value head repeated for its query heads."""
     return np.repeat(x, group, axis=1) if group > 1 else x
@@ -134,17 +150,19 @@ def _rows(x):
 
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
-                      broadcast_q=False, window=(-1, -1)):
+                      broadcast_q=False, window=(-1, -1), kv_blocks=None):
     """Exact float64 jagged attention forward.
 
     Returns ``(out, lse)``: ``out`` ``[total_q, H, D]`` float64 (``[B*Lq, H, D]`` with
     ``broadcast_q``), ``lse`` ``[total_q, H]`` float64, natural log of the row's sum of
     ``exp(scale * q.k)`` over visible keys. Rows that see no key: ``out = 0``, ``lse = -inf``.
-    Raises ``ValueError`` on inconsistent shapes/offsets, or ``cu_seqlens_q`` given with ``broadcast_q``.
+    ``kv_blocks``: block-sparse lists (module docstring). Raises ``ValueError`` on inconsistent
+    shapes/offsets, or ``cu_seqlens_q`` given with ``broadcast_q``.
     """
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                     softmax_scale, broadcast_q)
     H, D = q.shape[1], q.shape[2]
+    block_masks = _block_masks(kv_blocks, cu_q, cu_k, H)
     group = H // k.shape[1]
     total_out = int(cu_q[-1])
     out = np.zeros((total_out, H, D), dtype=np.float64)
@@ -155,9 +173,11 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
         lq, lk = qb.shape[0], kb.shape[0]
         if lq == 0 or lk == 0:
             continue  # nothing to compute; rows (if any) stay out = 0, lse = -inf
-        vis = _visible(lq, lk, causal, window)                          # [lq, lk]
+        vis = _visible(lq, lk, causal, window)[None]                    # [1, lq, lk]
+        if block_masks is not None:
+            vis = vis & block_masks[b]  # [H, lq, lk]
         s = _heads(qb) @ _heads(kb).transpose(0, 2, 1) * scale         # [H, lq, lk]
-        s = np.where(vis[None], s, -np.inf)
+        s = np.where(vis, s, -np.inf)
         m = s.max(axis=-1, keepdims=True)                               # [H, lq, 1]
         m_safe = np.where(np.isfinite(m), m, 0.0)
         p = np.exp(s - m_safe)                                          # masked -> exp(-inf) = 0
@@ -170,7 +190,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
 
 
 def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                       softmax_scale=None, broadcast_q=False, dlse=None, magnitudes=False, window=(-1, -1)):
+                       softmax_scale=None, broadcast_q=False, dlse=None, magnitudes=False, window=(-1, -1),
+                       kv_blocks=None):
     """Analytic float64 jagged attention backward.
 
     Uses the ``out`` and ``lse`` passed in (as a kernel's backward would): ``P = exp(scale*S - lse)``
@@ -183,7 +204,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
     ``magnitudes=True`` returns the same three products taken over absolute values instead
     (``P^T |dO|``, ``|scale| |dS|^T |Q|``, ``|scale| |dS| |K|``): the scale of the rounding error of
     any summation order of those sums, which is what a tolerance floor must be relative to (a key
-    seen by many queries sums many terms into dK and dV).
+    seen by many queries sums many terms into dK and dV). ``kv_blocks`` as for ``attention_forward``.
     """
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                     softmax_scale, broadcast_q)
@@ -198,6 +219,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         if a.shape != shape:
             raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
     group = H // k.shape[1]
+    block_masks = _block_masks(kv_blocks, cu_q, cu_k, H)
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv = np.zeros_like(v)
@@ -210,6 +232,8 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
         ob, dob = out[oq], dout[oq]
         lse_b = lse[oq].T[..., None]                                    # [H, lq, 1]
         vis = _visible(lq, lk, causal, window)[None] & np.isfinite(lse_b)  # [H, lq, lk]
+        if block_masks is not None:
+            vis = vis & block_masks[b]
         qh, kh, vh, doh = _heads(qb), _heads(kb), _heads(vb), _heads(dob)  # [H, rows, D]
         s = qh @ kh.transpose(0, 2, 1) * scale
         lse_safe = np.where(np.isfinite(lse_b), lse_b, 0.0)

@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["attention_reference"]
+__all__ = ["attention_reference", "kv_block_masks"]
 
 Offsets = Union[torch.Tensor, Sequence[int]]
 
@@ -59,6 +59,34 @@ def _softmax_rows(scores: torch.Tensor):
     return p, lse.squeeze(-1)
 
 
+def kv_block_masks(kv_blocks, lengths_q: Sequence[int], lengths_k: Sequence[int], num_heads: int,
+                   device) -> list:
+    """Per sequence, bool ``[H, Lq_b, Lk_b]`` on ``device``: the keys of the key blocks each query block lists,
+    from ``kv_blocks = (offsets, indices, block_size)``, the exact CSR of block-sparse attention (row
+    ``h * NQB + g`` for query block g of the batch, numbered through the sequences in order)."""
+    offsets, indices, block_size = kv_blocks
+    offsets = torch.as_tensor(offsets).to(device="cpu", dtype=torch.int64)
+    indices = torch.as_tensor(indices).to(device="cpu", dtype=torch.int64)
+    blocks_q = [-(-int(n) // block_size) for n in lengths_q]
+    blocks_k = [-(-int(n) // block_size) for n in lengths_k]
+    nqb = sum(blocks_q)
+    if offsets.numel() != num_heads * nqb + 1:
+        raise ValueError(f"kv_blocks: expected {num_heads * nqb + 1} offsets (H * query blocks + 1), "
+                         f"got {offsets.numel()}")
+    counts = offsets[1:] - offsets[:-1]
+    listed = torch.zeros((num_heads * nqb, max(blocks_k, default=0) + 1), dtype=torch.bool)
+    rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    listed[rows, indices[offsets[0]:offsets[-1]]] = True
+    listed = listed.view(num_heads, nqb, listed.shape[1])
+    masks, first = [], 0
+    for lq, lk, nq, nk in zip(lengths_q, lengths_k, blocks_q, blocks_k):
+        per_block = listed[:, first:first + nq, :nk].to(device)
+        mask = per_block.repeat_interleave(block_size, 1).repeat_interleave(block_size, 2)
+        masks.append(mask[:, :int(lq), :int(lk)])
+        first += nq
+    return masks
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -71,6 +99,7 @@ def attention_reference(
     broadcast_q: bool = False,
     compute_dtype: Optional[torch.dtype] = None,
     window: tuple = (-1, -1),
+    kv_blocks: Optional[tuple] = None,
 ):
     """Jagged attention by per-sequence PyTorch ops. Returns ``(out, lse)``.
 
@@ -82,6 +111,8 @@ def attention_reference(
     ``compute_dtype`` (default ``q.dtype``) is the dtype of the two matmuls. Both outputs are always
     connected to ``q``, ``k`` and ``v`` in the autograd graph (also for ``B = 0`` or all-empty
     batches), so ``backward`` works and yields zero gradients where nothing is visible.
+    ``kv_blocks=(offsets, indices, block_size)``: block-sparse attention, a row sees only the keys of the
+    key blocks its query block lists (the exact CSR of ``jfa.oracle.attention_forward``).
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v: expected 3-D [tokens, H, D], got {tuple(q.shape)}, "
@@ -120,6 +151,9 @@ def attention_reference(
     sdt = torch.float64 if cdt == torch.float64 else torch.float32
     scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
     dev = q.device
+    block_masks = (None if kv_blocks is None else
+                   kv_block_masks(kv_blocks, [q1 - q0 for q0, q1 in q_rows], [cu_k[b + 1] - cu_k[b] for b in range(B)],
+                                  H, dev))
 
     outs, lses = [], []
     for b in range(B):
@@ -145,6 +179,8 @@ def attention_reference(
             if left >= 0:
                 hidden |= j < i + (lk - lq) - left
             s = s.masked_fill(hidden, float("-inf"))
+        if block_masks is not None:
+            s = s.masked_fill(~block_masks[b], float("-inf"))
         p, lse = _softmax_rows(s)
         o = torch.matmul(p.to(cdt), vh)                                 # [H, lq, D]
         outs.append(o.transpose(0, 1).to(q.dtype))

@@ -159,9 +159,9 @@ SHIPPED = BackwardVariant()
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
-               BLOCK_M: tl.constexpr):
+def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
+               TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """What producer and consumers need about work item ``item`` (computed identically by both).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_masked_lead,
@@ -169,14 +169,27 @@ def _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
     ``n_masked_lead`` of them straddle the causal diagonal, tiles [first + n_masked_lead, bulk_end)
     are fully visible, the rest (at most one: the sequence's partial last tile) masked again. With
     WINDOW, (lo, hi) is the band (query i sees key j iff lo <= j - i <= hi: ``jfa.kernels.bands``), the
-    steps cover the query tiles that see any of the tile's keys, and every step is masked."""
+    steps cover the query tiles that see any of the tile's keys, and every step is masked.
+
+    SPARSE (block-sparse attention, blocks of TILE_N rows; TILES' third row holds each slot's key block):
+    the steps are the BLOCK_M-row query tiles of the query blocks that list the item's key block, the
+    transposed lists' entries COL_OFF[col] .. COL_OFF[col + 1] (``_step_tile``); ``first`` is then that first
+    entry, ``bulk_end`` equals it and ``num_q_tiles`` is it plus the step count, so that every step is in
+    the masked loop, which decides per step which of the two steps it runs (``_sparse_step_masked``)."""
     head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     n_start = tile * TILE_N
     causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
     num_q_tiles = tl.cdiv(len_q, BLOCK_M)
     lo, hi = 0, 0  # (Python ints: folded away where there is no window)
-    if WINDOW:
+    if SPARSE:
+        col = (item % num_heads) * num_slots + tl.load(TILES + (item // num_heads + 2 * num_slots))
+        first = tl.load(COL_OFF + col)
+        n_listed = tl.where(len_k > 0, tl.load(COL_OFF + col + 1) - first, 0)
+        num_q_tiles = first + n_listed * (TILE_N // BLOCK_M)
+        diag_end = first
+        bulk_end = first
+    elif WINDOW:
         lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
         key_end = tl.minimum(n_start + TILE_N, len_k)
         # query rows [n_start - hi, key_end - lo) see some key of the tile: every one of their steps masked
@@ -216,12 +229,34 @@ def _step_order(s, first, n_lead, n_masked, bulk_end):
 
 
 @triton.jit
+def _step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr):
+    """Query tile of the s-th step of an item: ``_step_order``, or with SPARSE sub-tile ``s % SUB`` of the
+    (s // SUB)-th listed query block (``first``: the item's first entry of the transposed lists)."""
+    if SPARSE:
+        block = s // SUB
+        return tl.load(Q_IDX + first + block) * SUB + (s - block * SUB)  # (no % : a loop index may be an int)
+    return _step_order(s, first, n_lead, n_masked, bulk_end)
+
+
+@triton.jit
+def _sparse_step_masked(m_start, n_start, len_q, causal_shift, every_step, CAUSAL: tl.constexpr,
+                        TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Whether a block-sparse step needs the masked step: its rows reach past the sequence, or (causal)
+    some row misses some key of the tile, or ``every_step`` (the consumer's keys reach past the sequence
+    in a fused-dQ build)."""
+    masked = (m_start + BLOCK_M > len_q) | every_step
+    if CAUSAL:
+        masked = masked | (m_start + causal_shift < n_start + TILE_N - 1)
+    return masked
+
+
+@triton.jit
 def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                    qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
-                   col_stride_q, col_stride_do, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                   QDO_BYTES: tl.constexpr):
+                   col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
+                   NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
     """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next ring slot."""
-    i = _step_order(j, first, n_lead, n_masked, bulk_end)
+    i = _step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB)
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
     tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
@@ -261,14 +296,14 @@ def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0
 
 @triton.jit
 def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0,
-                      dq_col, first, n_lead, n_masked, bulk_end, sm_scale, BLOCK_M: tl.constexpr,
-                      NUM_BUFFERS_DS: tl.constexpr):
+                      dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE: tl.constexpr,
+                      SUB: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr):
     """Producer (``dq="producer"``), step s of the item: once both consumers have stored their dS^T, dQ
     over all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, the previous step's
     stage sent (``_send_staged_dq``) while the MMAs run, and this step's dQ stored to its stage; the
     item's last stage is sent after its loop. ``ds_cnt``: the item's first step's count plus s (the dS^T
     slot and the stage follow it); ``staged_row``: the previous step's row. Returns this step's row."""
-    m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+    m_start = _step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
     buf, phase = bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
     dq = tlx.async_dot(tlx.local_trans(ds_tiles[buf * _CONSUMERS]), k_tiles[0])
@@ -286,10 +321,10 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
 @triton.jit
 def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                       qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots, num_heads,
-                       num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                       sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-                       BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
+                       qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                       num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                       col_stride_do, sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                       GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
                        TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
                        QDO_BYTES: tl.constexpr):
@@ -300,8 +335,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
     are counted by ``qdo_cnt`` alone (returned): both advance by the item's steps, so at an item's start
     the dQ count equals it (one register less in a producer of 72)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL,
-                   WINDOW, BROADCAST_Q, TILE_N, BLOCK_M)
+        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M)
+    SUB: tl.constexpr = TILE_N // BLOCK_M
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
@@ -322,30 +358,31 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
-                                     NUM_BUFFERS_QDO, QDO_BYTES)
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
         staged_row = dq_row0  # the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
-                                     NUM_BUFFERS_QDO, QDO_BYTES)
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
             staged_row = _producer_dq_step(
                 j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties,
-                dq_stages, desc_dq, dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, BLOCK_M,
-                NUM_BUFFERS_DS)
+                dq_stages, desc_dq, dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB,
+                BLOCK_M, NUM_BUFFERS_DS)
         for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
             staged_row = _producer_dq_step(
                 j, qdo_cnt - n_steps + j, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
-                dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, BLOCK_M, NUM_BUFFERS_DS)
+                dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M,
+                NUM_BUFFERS_DS)
         if n_steps > 0:  # the item's last step (its K tiles are given up next)
             _send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
     else:
         for j in tl.range(0, n_steps):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, BLOCK_M,
-                                     NUM_BUFFERS_QDO, QDO_BYTES)
+                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
     return qdo_cnt
 
 
@@ -501,21 +538,23 @@ def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_e
 @triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
-                       TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads,
-                       num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
+                       TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
+                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
                        HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       DQ: tl.constexpr, TILE_N: tl.constexpr,
+                       SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV (in DK's and DV's element type: with grouped key/value heads, fp32 partials per
     query head)."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL,
-                   WINDOW, BROADCAST_Q, TILE_N, BLOCK_M)
+        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M)
+    SUB: tl.constexpr = TILE_N // BLOCK_M
     n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (_step_order)
     n_masked_steps = n_masked
     bulk_start = first + n_lead
+    partial = False
     if DQ != DQ_NONE and not CAUSAL:
         # key rows of this consumer reaching past the sequence (the TMA box holds the next sequence's first
         # keys) run every step masked, so that the bulk step carries no key mask (registers: D 128 spills
@@ -547,18 +586,33 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                                      BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     staged_row = -1  # the halves: no dQ half staged yet in this item
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
-        dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col,
-            _step_order(j, first, n_lead, n_masked, bulk_end) * BLOCK_M, offs_n, len_q, len_k, causal_shift, lo, hi,
-            qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
-            NUM_BUFFERS_DS, DTYPE)
-    for i in tl.range(bulk_start, bulk_end):
-        dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-            dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-            ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
-            causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM,
-            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
+        if SPARSE:  # listed blocks come in block order: each step decides which of the two steps it runs
+            if _sparse_step_masked(m_start, n_start, len_q, causal_shift, partial, CAUSAL, TILE_N, BLOCK_M):
+                dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
+                    dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                    qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
+                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ,
+                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+            else:
+                dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
+                    dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                    qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
+                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
+                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+        else:
+            dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
+                dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+                ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n, len_q, len_k,
+                causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
+                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+    if not SPARSE:  # (the sparse build's steps all ran above: no third inlined step)
+        for i in tl.range(bulk_start, bulk_end):
+            dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
+                dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+                ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
+                causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
+                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     if DQ == DQ_HALVES:
         _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the item's last staged half
         # every MMA of this consumer reading the item's K and V (both halves of K) has retired
@@ -587,11 +641,11 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
 @triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast",
                                "band_lo", "band_hi"])
 def jagged_dkdv_tlx_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
+    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     band_lo, band_hi, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, DQ: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -652,9 +706,9 @@ def jagged_dkdv_tlx_kernel(
                     qdo_cnt = _produce_dkdv_item(
                         item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, num_slots,
-                        num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
-                        sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                        num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                        col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
                         NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
@@ -668,9 +722,9 @@ def jagged_dkdv_tlx_kernel(
                     qdo_cnt = _consume_dkdv_item(
                         item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                        desc_dq, DK, DV, TILES, CU_Q, CU_K, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                        num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid,
-                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                        desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
+                        stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
+                        cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -686,11 +740,11 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                group: int = 1) -> dict:
+                group: int = 1, sparse: bool = False) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
     (the build takes no band parameters)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
-                     DQ=DQ_MODES.index(cfg.dq), BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                     SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                      NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
     if not window:
         constants.update(band_lo=None, band_hi=None)
@@ -702,11 +756,12 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
-                 window: bool = False, group: int = 1):
+                 window: bool = False, group: int = 1, sparse: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (with
     ``group`` > 1 dK and dV are the fp32 partials per query head)."""
     cfg = config_for(head_dim, fused_dq)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
+                            sparse=sparse)
     grad = "fp32" if group > 1 else dtype
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -715,7 +770,8 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>",
-        DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", sm_scale="fp32")
+        DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
+        Q_IDX="*i32", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -751,7 +807,7 @@ class DqAccumulator:
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum: Optional[DqAccumulator] = None,
-                    variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1)) -> None:
+                    variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1), lists=None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``), or None with
     ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With
@@ -759,7 +815,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     the order of the additions varies from run to run; ``dq_accum.read()`` gives dq). Raises ValueError
     when the TLX kernel cannot take these inputs (``supports``, dout included). ``window``: the API's
     ``window_size``; k and v may have fewer heads than q (a divisor): each query head's dK and dV are then
-    fp32 partials, summed over its group into ``dk`` and ``dv``."""
+    fp32 partials, summed over its group into ``dk`` and ``dv``. ``lists``: block-sparse attention's
+    (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's keys): each key tile then steps over
+    the query blocks that list it (``sparse_key_tiles``)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
@@ -780,8 +838,12 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         dk.zero_()  # no query anywhere: every key gets zero gradients
         dv.zero_()
         return
-    tiles = build_tile_list(cu_k, k.shape[0], NUM_CONSUMERS * cfg.block_n,
-                            work_offsets=None if broadcast_q else out_cu)
+    if lists is None:
+        tiles = build_tile_list(cu_k, k.shape[0], NUM_CONSUMERS * cfg.block_n,
+                                work_offsets=None if broadcast_q else out_cu)
+        col_off = q_idx = tiles.tiles  # never read by the dense build: any int32 pointer stands in
+    else:
+        tiles, col_off, q_idx = sparse_key_tiles(lists, out_cu, cu_k, dout.shape[0], k.shape[0])
     desc_q, col_q = descriptor(q, cfg.block_m)
     desc_do, col_do = descriptor(dout, cfg.block_m)
     desc_k, col_k = descriptor(k, cfg.block_n)
@@ -807,13 +869,14 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if group > 1:
         dk = alloc.empty((k.shape[0], num_heads, head_dim), torch.float32, k.device)
         dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
+                            sparse=lists is not None)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(
             jagged_dkdv_tlx_kernel, (grid,), q.device,
-            desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles,
-            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+            desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
+            q_idx, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid, triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
             softmax_scale, *band, **constants, **_launch_options())
     if group > 1:
@@ -853,4 +916,58 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
                     variant=variant, outputs=(out, dout, dlse), window=window)
+    return dq_accum.read(), dk, dv
+
+
+def sparse_key_tiles(lists, out_cu, cu_k, rows: int, total_k: int):
+    """(TileList, COL_OFF, Q_IDX) of a block-sparse launch: the key blocks' (sequence, tile, block) as three
+    int32 rows, heaviest first by the query blocks that list them (summed over heads), and the transposed
+    lists (``jfa.kernels.block_lists.transpose``)."""
+    from jfa.kernels.block_lists import heaviest_first, key_blocks, query_blocks, transpose, transposed_counts
+    from jfa.kernels.schedule import TileList
+
+    cols = transpose(lists, query_blocks(out_cu, rows, lists.block_size), cu_k, total_k)
+    blocks = key_blocks(cu_k, total_k, lists.block_size)
+    order = heaviest_first(transposed_counts(cols, lists.num_heads)).long()
+    tiles = torch.cat([blocks.tiles[:, order], order.to(torch.int32)[None]]).contiguous()
+    return TileList(tiles, blocks.num_slots, blocks.num_seqs, blocks.block), cols.offsets, cols.indices
+
+
+def sparse_supports(q, k, v, dout, block_size: int) -> tuple[bool, str]:
+    """Whether the block-sparse dK/dV build takes these inputs: the dense rules, blocks of one work item."""
+    ok, reason = supports(q, dout, k=k, v=v)
+    if not ok:
+        return False, reason
+    tile = NUM_CONSUMERS * config_for(q.shape[-1]).block_n
+    if block_size != tile:
+        return False, f"block_size {block_size} (the TLX sparse kernels take {tile})"
+    return True, ""
+
+
+def block_sparse_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, lists, *, causal: bool, softmax_scale: float,
+                              broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False):
+    """Block-sparse backward on the TLX dK/dV kernel (``SPARSE`` build), the contract of
+    ``jfa.kernels.triton.block_sparse.block_sparse_backward``: dQ reduce-added by the same kernel where the
+    fused build takes the call (``jagged_backward_tlx``'s rule), else by the portable block-sparse dQ pass
+    (bitwise reproducible)."""
+    from jfa.kernels.triton import block_sparse as portable
+    from jfa.kernels.triton.backward import row_delta
+
+    dk = alloc.empty(k.shape, k.dtype, k.device)
+    dv = alloc.empty(v.shape, v.dtype, v.device)
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    fused = (not deterministic and knobs.tlx_fused_dq and
+             (k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped))
+    if not fused:
+        delta = row_delta(out, dout, dlse)
+        jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+                        broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists)
+        dq = portable.block_sparse_dq(q, k, v, lse, dout, delta, cu_q, cu_k, lists, causal=causal,
+                                      softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
+                                      len_q_bcast=len_q_bcast)
+        return dq, dk, dv
+    dq_accum = DqAccumulator(q, zeroed=False)  # zeroed by the statistics' pass
+    jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
+                    outputs=(out, dout, dlse), lists=lists)
     return dq_accum.read(), dk, dv

@@ -118,22 +118,29 @@ def config_for(head_dim: int) -> HopperForwardConfig:
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
+               TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Everything producer and consumers need about work item ``item``, computed identically by both
     (they must agree on the K/V blocks, or the mbarrier phases and the pingpong drift).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi):
     the item's K/V blocks are j0 .. j0 + n_blocks - 1; with WINDOW, (lo, hi) is the band (row i sees key j
-    iff lo <= j - i <= hi: ``jfa.kernels.bands``) and j0 the block of the tile's first visible key. A spare
-    slot (sequence index == num_seqs) has both lengths 0, hence n_blocks == 0 and every store masked."""
+    iff lo <= j - i <= hi: ``jfa.kernels.bands``) and j0 the block of the tile's first visible key. SPARSE
+    (block-sparse attention: ``jfa.kernels.block_lists``, query blocks of TILE_M rows): the item's blocks are
+    the ones its list row names, KV_IDX[j0 .. j0 + n_blocks - 1] (``_block_start``); TILES' third row holds
+    each slot's query block index. A spare slot (sequence index == num_seqs) has both lengths 0, hence
+    n_blocks == 0 and every store masked."""
     head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     m_start = tile * TILE_M
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
     j0, lo, hi = 0, 0, 0  # (Python ints: folded away where there is no window)
-    if WINDOW:
+    if SPARSE:
+        row = (item % num_heads) * num_slots + tl.load(TILES + (item // num_heads + 2 * num_slots))
+        j0 = tl.load(ROW_OFF + row)
+        n_blocks = tl.where(len_q > 0, tl.load(ROW_OFF + row + 1) - j0, 0)
+    elif WINDOW:
         lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
         # from the first row's first key to the last real row's last key
         j0 = tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N
@@ -147,6 +154,27 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
             kv_end = len_k
         n_blocks = tl.cdiv(kv_end, BLOCK_N)
     return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi
+
+
+@triton.jit
+def _block_start(KV_IDX, j0, j, SPARSE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The first key (within the sequence) of the item's ``j``-th K/V block."""
+    if SPARSE:
+        return tl.load(KV_IDX + j0 + j) * BLOCK_N
+    return (j0 + j) * BLOCK_N
+
+
+@triton.jit
+def _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N: tl.constexpr):
+    """How many of the item's listed blocks lie wholly before ``bulk_end`` (every row sees them whole). The
+    list is ascending, so those are a prefix and the others a suffix of at most 3 blocks (the causal
+    diagonal of a 2 x 64-row tile spans two 128-key blocks, the sequence's partial last block is at or past
+    it): counting the suffix among the last 3 entries is exact."""
+    masked = 0
+    for back in tl.static_range(3):
+        if back < n_blocks:
+            masked += tl.where((tl.load(KV_IDX + j0 + n_blocks - 1 - back) + 1) * BLOCK_N > bulk_end, 1, 0)
+    return n_blocks - masked
 
 
 @triton.jit
@@ -278,16 +306,17 @@ def _smid():
 
 @triton.jit
 def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
-                  k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-                  len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL: tl.constexpr,
-                  WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
+                  k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
+                  num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
+                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                  SPARSE: tl.constexpr, TILE_M: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                   NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one work item: TMA loads of both consumers' Q halves, then every K/V block the item
     needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
     head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, j0, n_blocks, _lo, _hi = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-        CAUSAL, WINDOW, BROADCAST_Q, TILE_M, BLOCK_N)
+        TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -301,7 +330,7 @@ def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
         v_col = (head // GROUP) * col_stride_v
         for j in tl.range(0, n_blocks):
             kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-            kv_row = k_row0 + (j0 + j) * BLOCK_N
+            kv_row = k_row0 + _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N)
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
             tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
             tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
@@ -341,9 +370,10 @@ def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_e
 
 @triton.jit
 def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
-                  v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
-                  num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid: tl.constexpr,
+                  v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot, stride_oh,
+                  num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid: tl.constexpr,
                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                  SPARSE: tl.constexpr,
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
                   PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr):
@@ -354,9 +384,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     if PROFILE:
         started = _globaltimer()
     head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-        CAUSAL, WINDOW, BROADCAST_Q, TILE_M, BLOCK_N)
-    n_base = j0 * BLOCK_N  # the first block's first key (0 without a window)
+        TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -373,7 +402,10 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             bulk_end = tl.minimum(len_k, tl.maximum(m_start + cid * BLOCK_M + causal_shift + 1, 0))
         else:
             bulk_end = len_k
-        n_bulk = bulk_end // BLOCK_N
+        if SPARSE:
+            n_bulk = _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N)
+        else:
+            n_bulk = bulk_end // BLOCK_N
         if not PEEL or WINDOW:  # the ablation, and a window's band: every block through the masked path
             n_bulk = 0
 
@@ -388,11 +420,13 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[k_buf], 1)
         if n_bulk > 0:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_base, offs_m, len_k, causal_shift,
-                                                  qk_scale, lo, hi, False, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
+                                                  offs_m, len_k, causal_shift, qk_scale, lo, hi, False, CAUSAL,
+                                                  WINDOW, SCALE_NONNEG, BLOCK_N)
         else:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_base, offs_m, len_k, causal_shift,
-                                                  qk_scale, lo, hi, True, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
+                                                  offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
+                                                  WINDOW, SCALE_NONNEG, BLOCK_N)
         p = p.to(DTYPE)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
@@ -402,14 +436,16 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         # bulk: no mask anywhere
         for j in tl.range(1, n_bulk):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                        k_empties, v_fulls, v_empties, kv_cnt, n_base + j * BLOCK_N, offs_m,
+                                        k_empties, v_fulls, v_empties, kv_cnt,
+                                        _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
-                                        k_empties, v_fulls, v_empties, kv_cnt, n_base + j * BLOCK_N, offs_m,
+                                        k_empties, v_fulls, v_empties, kv_cnt,
+                                        _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
             kv_cnt += 1
@@ -452,11 +488,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast", "band_lo",
                                "band_hi"])
 def jagged_fwd_tlx_kernel(
-    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, COUNTER, TIMELINE,
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, ROW_OFF, KV_IDX, COUNTER, TIMELINE,
     stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale, band_lo, band_hi,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
     PROFILE: tl.constexpr,
@@ -497,9 +533,9 @@ def jagged_fwd_tlx_kernel(
                 while item < num_items:
                     q_cnt, kv_cnt = _produce_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
-                        k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-                        len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL, WINDOW,
-                        GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                        k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
+                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL,
+                        WINDOW, GROUP, BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
                     item = tl.atomic_add(COUNTER, 1)
                     _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
@@ -515,9 +551,9 @@ def jagged_fwd_tlx_kernel(
                     if item < num_items:
                         q_cnt, kv_cnt = _produce_item(
                             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
-                            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
-                            num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
-                            band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
+                            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX,
+                            num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                            band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
                             NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
@@ -535,9 +571,9 @@ def jagged_fwd_tlx_kernel(
                 while item < num_items:
                     q_cnt, kv_cnt = _consume_item(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
-                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot, stride_oh, num_slots,
-                        num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW,
-                        BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
+                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
+                        stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
+                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
                         PEEL, PROFILE, DTYPE)
                     rounds += 1
                     item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
@@ -547,9 +583,9 @@ def jagged_fwd_tlx_kernel(
                     if item < num_items:
                         q_cnt, kv_cnt = _consume_item(
                             item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
-                            k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, TIMELINE, stride_ot,
-                            stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
-                            HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
+                            k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE,
+                            stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
+                            band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
                             NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE)
 
 
@@ -603,11 +639,11 @@ def variant_from_knobs() -> Variant:
 
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
                 scale_nonneg: bool, window: bool = False, group: int = 1, variant: Variant = SHIPPED,
-                profile: bool = False) -> dict:
+                profile: bool = False, sparse: bool = False) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate).
     Without a window the band offsets are constexpr None: the build takes no band parameters at all."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
-                     SCALE_NONNEG=scale_nonneg, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                     SCALE_NONNEG=scale_nonneg, SPARSE=sparse, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                      NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.schedule == "dynamic",
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile)
@@ -623,16 +659,17 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                 group: int = 1, variant: Variant = SHIPPED, profile: bool = False):
+                 group: int = 1, variant: Variant = SHIPPED, profile: bool = False, sparse: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
     config (the compile gate). Descriptors are typed from the config's block shapes (as the launcher's
     binder spells them)."""
     cfg = config_for(head_dim)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
-                            window=window, group=group, variant=variant, profile=profile)
+                            window=window, group=group, variant=variant, profile=profile, sparse=sparse)
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
-    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", COUNTER="*i32",
+    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", ROW_OFF="*i32",
+                 KV_IDX="*i32", COUNTER="*i32",
                  TIMELINE="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_fwd_tlx_kernel, constants, types)
     return jagged_fwd_tlx_kernel, signature, constants, attrs, _launch_options()
@@ -640,10 +677,13 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-                     window=(-1, -1), variant: Variant = SHIPPED, profile: bool = False) -> tuple[tuple, dict, int]:
+                     window=(-1, -1), variant: Variant = SHIPPED, profile: bool = False,
+                     lists=None) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
-    very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in)."""
+    very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in).
+    ``lists``: block-sparse lists (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's rows);
+    ``tiles`` then carries each slot's query block as a third row (``sparse_tiles``)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     causal, banded, band_lo, band_hi = window_band(causal, window)
     cfg = config_for(head_dim)
@@ -652,11 +692,14 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     desc_v, col_v = descriptor(v, cfg.block_n)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
-    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, counter, timeline, out.stride(0),
+    # a dense launch never reads the lists: any int32 pointer stands in
+    row_off, kv_idx = (lists.offsets, lists.indices) if lists is not None else (tiles.tiles, tiles.tiles)
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, row_off, kv_idx, counter, timeline, out.stride(0),
             out.stride(1), col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast,
             softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
-                            window=banded, group=num_heads // k.shape[1], variant=variant, profile=profile)
+                            window=banded, group=num_heads // k.shape[1], variant=variant, profile=profile,
+                            sparse=lists is not None)
     # the band offsets are positional (None without a window, which the binder makes constexpr)
     args += (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))
     kwargs = {**constants, **_launch_options()}
@@ -752,3 +795,54 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
     expand = lambda t: t.repeat_interleave(num_heads)  # noqa: E731 - items are (slot, head), head fastest
     return out, lse, Timeline(timeline, expand(seq), expand(tile), expand(kv), num_heads, grid, variant)
+
+
+def sparse_tiles(lists, out_cu, rows: int):
+    """The work list of a block-sparse launch: the query blocks' (sequence, tile, block) as three int32
+    rows, heaviest first by listed blocks (``jfa.kernels.block_lists.slot_order``); a TileList whose
+    ``tiles`` has the extra row."""
+    from jfa.kernels.block_lists import query_blocks, slot_order
+    from jfa.kernels.schedule import TileList
+
+    blocks = query_blocks(out_cu, rows, lists.block_size)
+    order = slot_order(lists).long()
+    tiles = torch.cat([blocks.tiles[:, order], order.to(torch.int32)[None]]).contiguous()
+    return TileList(tiles, blocks.num_slots, blocks.num_seqs, blocks.block)
+
+
+
+def sparse_supports(q, k, v, block_size: int) -> tuple[bool, str]:
+    """Whether the block-sparse build runs these inputs (the dense rules, and blocks of one work item)."""
+    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v)
+    if not ok:
+        return False, reason
+    cfg = config_for(q.shape[-1])
+    if block_size != NUM_CONSUMERS * cfg.block_m or block_size != cfg.block_n:
+        return False, f"block_size {block_size} (the TLX sparse kernels take {NUM_CONSUMERS * cfg.block_m})"
+    return True, ""
+
+
+def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softmax_scale: float, broadcast_q: bool,
+                             num_seqs: int, len_q_bcast: int = 0):
+    """Block-sparse forward on the TLX kernel (``SPARSE`` build); the contract of
+    ``jfa.kernels.triton.block_sparse.block_sparse_forward``. Raises ValueError where ``sparse_supports``
+    says no."""
+    ok, reason = sparse_supports(q, k, v, lists.block_size)
+    if not ok:
+        raise ValueError(f"block_sparse_forward_tlx: {reason}")
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
+    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows == 0 or k.shape[0] == 0 or lists.num_q_slots == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    tiles = sparse_tiles(lists, out_cu, rows)
+    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, work_counter(q.device),
+                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
+                                               broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
+                                               lists=lists)
+    target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+    return out, lse

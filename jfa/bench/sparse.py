@@ -1,0 +1,319 @@
+"""The block-sparse benchmark (DESIGN.md section 10): jfa's block-sparse kernels beside jfa's dense TLX
+kernels and FlexAttention's block mask over the same blocks, in one process on one GPU.
+
+``python -m jfa.bench.sparse --out DIR [--keep 0.25,0.5,0.75] [--repeats 3] [--causal]``
+
+Problems: the gem suite's longtail-B256-L4096-H4-D128 and full-B8-L4096-H16-D128 (bf16), non-causal
+(``--causal``: also their causal versions). Per keep ratio the lists are ``jfa.select_kv_blocks`` at block
+128 on the problem's inputs. Every implementation's forward output is judged by the oracle rule before
+it is timed, on a subsample of sequences and two heads (the sparse ones restricted to the same lists).
+
+* ``jfa-dense``: ``jfa.jagged_attention(backend="tlx")``, the baseline;
+* ``jfa-sparse``: ``jfa.block_sparse_attention(keep_ratio=...)``, the selection inside the timed call;
+* ``jfa-sparse-lists``: the same with the lists made beforehand (the selection's cost is the difference);
+* ``flex-blockmask``: ``torch.compile(flex_attention)`` over the packed batch as one sequence, with
+  ``create_block_mask`` of "same sequence, listed block (and causal)": FlexAttention visits the 128-blocks of
+  the packed batch that meet a listed block, masking within them; the mask's build is ``setup_ms``.
+
+Timings are ``triton.testing.do_bench`` medians (L2 flushed) of fwd and fwd+bwd, bwd their difference, the
+median over ``--repeats``. Writes ``sparse.json`` and ``sparse.md`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+from jfa.bench.runner import check_indices, make_batches, time_ms
+from jfa.bench.suites import get_suite, make_lengths, q_lengths, visible_pairs
+
+PROBLEMS = ("longtail-B256-L4096-H4-D128", "full-B8-L4096-H16-D128")
+KEEPS = (0.25, 0.5, 0.75)
+BLOCK = 128
+CHECK_HEADS = 2
+IMPLS = ("jfa-dense", "jfa-sparse", "jfa-sparse-lists", "flex-blockmask")
+
+
+def _problems(causal: bool) -> list:
+    gem = {p.name: p for p in get_suite("gem")}
+    out = [gem[name] for name in PROBLEMS]
+    if causal:
+        out += [replace(p, name=p.name + "-causal", causal=True) for p in out]
+    return out
+
+
+def _sub_lists(offsets, indices, blocks_q: list, seqs: list, heads: int) -> tuple:
+    """The exact CSR of sequences ``seqs`` and the first ``heads`` heads, out of a batch's exact CSR
+    (``blocks_q``: query blocks per sequence)."""
+    nqb = sum(blocks_q)
+    first = [sum(blocks_q[:b]) for b in range(len(blocks_q))]
+    new_offsets, new_indices = [0], []
+    for h in range(heads):
+        for b in seqs:
+            for t in range(blocks_q[b]):
+                r = h * nqb + first[b] + t
+                new_indices += indices[offsets[r]:offsets[r + 1]].tolist()
+                new_offsets.append(len(new_indices))
+    return torch.tensor(new_offsets, dtype=torch.int64), torch.tensor(new_indices, dtype=torch.int64)
+
+
+class _Judge:
+    """The oracle rule on sequences ``seqs`` and the first CHECK_HEADS heads of one batch; with ``csr`` (the
+    batch's exact lists) restricted to them."""
+
+    def __init__(self, batch, seqs: list, csr=None):
+        from jfa.fuzz.rule import OutputJudge
+
+        lq, lk = batch.lengths_q.tolist(), batch.lengths_k.tolist()
+        oq, ok = [0], [0]
+        for a, b in zip(lq, lk):
+            oq.append(oq[-1] + a)
+            ok.append(ok[-1] + b)
+        device = batch.q.device
+        self.rows = torch.cat([torch.arange(oq[b], oq[b + 1]) for b in seqs]).to(device)
+        keys = torch.cat([torch.arange(ok[b], ok[b + 1]) for b in seqs]).to(device)
+        heads = slice(0, CHECK_HEADS)
+        self.heads = heads
+
+        def cu(lengths):
+            return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+        kv_blocks = None
+        if csr is not None:
+            kv_blocks = _sub_lists(*csr, [-(-n // BLOCK) for n in lq], seqs, CHECK_HEADS) + (BLOCK,)
+        self.judge = OutputJudge(batch.q[self.rows, heads], batch.k[keys, heads], batch.v[keys, heads],
+                                 cu([lq[b] for b in seqs]), cu([lk[b] for b in seqs]), causal=batch.causal,
+                                 kv_blocks=kv_blocks)
+
+    def __call__(self, out):
+        return self.judge(out[self.rows, self.heads])
+
+
+def _flex_block_mask(batch, csr, heads: int):
+    """FlexAttention's BlockMask over the packed batch (one sequence) for "same sequence, listed block,
+    causal if asked", and its build milliseconds (median of 3 after a warm-up)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = batch.q.device
+    lq, lk = batch.lengths_q, batch.lengths_k
+    doc_q = torch.repeat_interleave(torch.arange(lq.numel()), lq).to(device)
+    doc_k = torch.repeat_interleave(torch.arange(lk.numel()), lk).to(device)
+    off_q = torch.cat([torch.zeros(1, dtype=torch.long), lq.cumsum(0)]).to(device)
+    off_k = torch.cat([torch.zeros(1, dtype=torch.long), lk.cumsum(0)]).to(device)
+    blocks_q = (lq + BLOCK - 1) // BLOCK
+    qb_off = torch.cat([torch.zeros(1, dtype=torch.long), blocks_q.cumsum(0)]).to(device)
+    nqb = int(blocks_q.sum())
+    max_kb = int(((lk + BLOCK - 1) // BLOCK).max())
+    offsets, indices = csr
+    listed = torch.zeros((heads * nqb, max_kb), dtype=torch.bool)
+    rows = torch.repeat_interleave(torch.arange(heads * nqb), offsets[1:] - offsets[:-1])
+    listed[rows, indices] = True
+    listed = listed.view(heads, nqb, max_kb).to(device)
+    shift = (lk - lq).to(device)
+    causal = batch.causal
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = doc_q[q_idx]
+        i = q_idx - off_q[d]
+        j = kv_idx - off_k[d]
+        keep = (d == doc_k[kv_idx]) & listed[h, qb_off[d] + i // BLOCK, j // BLOCK]
+        if causal:
+            keep = keep & (j <= i + shift[d])
+        return keep
+
+    total_q, total_k = int(lq.sum()), int(lk.sum())
+
+    def build():
+        return create_block_mask(mask_mod, None, heads, total_q, total_k, device=device, BLOCK_SIZE=BLOCK,
+                                 _compile=True)
+
+    build()
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        mask = build()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return mask, statistics.median(times)
+
+
+class _Run:
+    """What one implementation times: ``forward(*inputs)`` and the gradient ``grad`` of its output (in its
+    layout), ``packed(out)`` its output as [rows, H, D]; ``setup_ms`` untimed set-up."""
+
+    def __init__(self, forward, inputs, grad, packed=None, setup_ms=None, note=""):
+        self.forward, self.inputs, self.grad = forward, inputs, grad
+        self.packed = packed or (lambda out: out)
+        self.setup_ms, self.note = setup_ms, note
+
+
+def _prepare(name: str, batch, keep: float, lists, csr, grad) -> _Run:
+    import jfa
+
+    inputs = (batch.q, batch.k, batch.v)
+    args = (batch.cu_q, batch.cu_k, batch.max_q, batch.max_k)
+    if name == "jfa-dense":
+        return _Run(lambda q, k, v: jfa.jagged_attention(q, k, v, *args, causal=batch.causal, backend="tlx"),
+                    inputs, grad)
+    if name == "jfa-sparse":
+        return _Run(lambda q, k, v: jfa.block_sparse_attention(q, k, v, *args, keep_ratio=keep, block_size=BLOCK,
+                                                               causal=batch.causal, backend="tlx"),
+                    inputs, grad, note="selection timed")
+    if name == "jfa-sparse-lists":
+        return _Run(lambda q, k, v: jfa.block_sparse_attention(q, k, v, *args, kv_blocks=lists, block_size=BLOCK,
+                                                               causal=batch.causal, backend="tlx"),
+                    inputs, grad, note="lists made beforehand")
+    if name == "flex-blockmask":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        mask, build_ms = _flex_block_mask(batch, csr, batch.q.shape[1])
+        flex = torch.compile(flex_attention, dynamic=False)
+
+        def bhtd(t):  # [T, H, D] -> [1, H, T, D], contiguous, outside the timed calls
+            return t.transpose(0, 1).unsqueeze(0).contiguous()
+
+        return _Run(lambda q, k, v: flex(q, k, v, block_mask=mask), tuple(bhtd(t) for t in inputs), bhtd(grad),
+                    packed=lambda out: out[0].transpose(0, 1), setup_ms=build_ms,
+                    note="the blocks of jfa's lists; mask build excluded")
+    raise ValueError(f"unknown impl {name!r}; known: {', '.join(IMPLS)}")
+
+
+def _time(run: _Run, repeats: int, warmup: int, rep: int) -> dict:
+    leaves = [t.detach().requires_grad_() for t in run.inputs]
+    forward, grad = run.forward, run.grad
+
+    def fwd():
+        with torch.no_grad():
+            return forward(*run.inputs)
+
+    def fwd_bwd():
+        out = forward(*leaves)
+        out.backward(grad)
+        for t in leaves:
+            t.grad = None
+
+    runs = {"fwd_ms": [], "fwd_bwd_ms": []}
+    for _ in range(repeats):
+        runs["fwd_ms"].append(time_ms(fwd, warmup, rep))
+        runs["fwd_bwd_ms"].append(time_ms(fwd_bwd, warmup, rep))
+    fwd_ms, fwd_bwd_ms = statistics.median(runs["fwd_ms"]), statistics.median(runs["fwd_bwd_ms"])
+    return dict(fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms, bwd_ms=max(fwd_bwd_ms - fwd_ms, 0.0), runs=runs)
+
+
+def run(out_dir: str, keeps=KEEPS, impls=IMPLS, repeats: int = 3, causal: bool = False, warmup: int = 25,
+        rep: int = 100, log=print) -> list:
+    """Every (problem, keep, impl) row; also written to ``out_dir``/sparse.json and .md."""
+    import jfa
+    from jfa.kernels.block_lists import exact_csr
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows = []
+    for problem in _problems(causal):
+        lengths_k = make_lengths(problem)
+        lengths_q = q_lengths(problem, lengths_k)
+        batch = make_batches(problem, lengths_q, lengths_k, 1, device)[0]
+        grad = torch.randn_like(batch.q)
+        seqs = check_indices(lengths_q, lengths_k)
+        pairs = float(visible_pairs(lengths_q, lengths_k, problem.causal).sum())
+        for keep in keeps:
+            lists = jfa.select_kv_blocks(batch.q, batch.k, batch.cu_q, batch.cu_k, block_size=BLOCK, keep_ratio=keep,
+                                         causal=problem.causal, max_seqlen_k=batch.max_k)
+            csr = exact_csr(lists, batch.cu_q, batch.cu_k, False, 0)
+            listed_share = _listed_share(csr, lengths_q, lengths_k, problem.H, problem.causal)
+            judges = {"dense": _Judge(batch, seqs), "sparse": _Judge(batch, seqs, csr)}
+            for name in impls:
+                if name == "jfa-dense" and keep != keeps[0]:
+                    continue  # one dense row per problem
+                row = dict(problem=problem.name, keep=None if name == "jfa-dense" else keep, impl=name,
+                           listed_block_share=None if name == "jfa-dense" else listed_share, pairs=pairs)
+                try:
+                    prepared = _prepare(name, batch, keep, lists, csr, grad)
+                    with torch.no_grad():
+                        verdict = judges["dense" if name == "jfa-dense" else "sparse"](
+                            prepared.packed(prepared.forward(*prepared.inputs)))
+                    row.update(setup_ms=prepared.setup_ms, note=prepared.note, err=verdict.error,
+                               allowed=verdict.allowed)
+                    if not verdict.ok:
+                        row.update(status="wrong", note=f"fails the oracle rule: {verdict}")
+                    else:
+                        row.update(status="ok", **_time(prepared, repeats, warmup, rep))
+                except Exception as exc:  # noqa: BLE001 - one implementation failing must not stop the run
+                    row.update(status="error", note=f"{type(exc).__name__}: {str(exc)[:300]}")
+                rows.append(row)
+                log(json.dumps({k: v for k, v in row.items() if k != "runs"}))
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "sparse.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(out_dir, "sparse.md"), "w") as f:
+        f.write(table(rows))
+    return rows
+
+
+def _listed_share(csr, lengths_q, lengths_k, heads: int, causal: bool) -> float:
+    """Listed blocks over the blocks the query blocks can see (1.0: dense)."""
+    offsets, _ = csr
+    visible = 0
+    for lq, lk in zip(lengths_q.tolist(), lengths_k.tolist()):
+        for t in range(-(-lq // BLOCK)):
+            n = -(-lk // BLOCK)
+            if causal:
+                last = min((t + 1) * BLOCK, lq) - 1 + lk - lq
+                n = min(n, last // BLOCK + 1) if last >= 0 else 0
+            visible += n
+    return float(offsets[-1]) / max(1, visible * heads)
+
+
+def table(rows: list) -> str:
+    """Markdown: per problem and keep ratio, each implementation's fwd and bwd ms and its speed-up over
+    jfa's dense kernels."""
+    dense = {r["problem"]: r for r in rows if r["impl"] == "jfa-dense" and r.get("status") == "ok"}
+    lines = ["| problem | keep | listed | impl | fwd ms | bwd ms | fwd x dense | bwd x dense | status |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = dense.get(r["problem"])
+        ok = r.get("status") == "ok"
+
+        def ratio(key):
+            return f"{base[key] / r[key]:.2f}" if ok and base and r.get(key) else "-"
+
+        def ms(key):
+            return f"{r[key]:.3f}" if ok and r.get(key) is not None else "-"
+
+        keep = "-" if r["keep"] is None else f"{r['keep']:g}"
+        listed = "-" if r.get("listed_block_share") is None else f"{r['listed_block_share']:.2f}"
+        lines.append(f"| {r['problem']} | {keep} | {listed} | {r['impl']} | {ms('fwd_ms')} | {ms('bwd_ms')} | "
+                     f"{ratio('fwd_ms')} | {ratio('bwd_ms')} | {r.get('status')} {r.get('note', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jfa.bench.sparse", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for sparse.json and sparse.md")
+    ap.add_argument("--keep", default=",".join(map(str, KEEPS)), help="comma-separated keep ratios")
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, from: {', '.join(IMPLS)}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--causal", action="store_true", help="also the causal versions of the problems")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: the sparse benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    impls = [x for x in args.impls.split(",") if x]
+    for name in impls:
+        if name not in IMPLS:
+            ap.error(f"unknown impl {name!r}; known: {', '.join(IMPLS)}")
+    rows = run(args.out, tuple(float(x) for x in args.keep.split(",")), impls, args.repeats, args.causal)
+    print(table(rows))
+    return 1 if any(r.get("status") in ("wrong", "error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

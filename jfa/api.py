@@ -866,7 +866,19 @@ def _(q, k, cu_q, cu_k, block_size, topk, keep_ratio, causal, broadcast_q, len_q
 
 
 def _select(q, k, cu_q, cu_k, *, block_size, keep_ratio, topk, causal, broadcast_q, problem, longest_k):
-    """The selection kernel's BlockLists (through its custom op when a tracer sees the call)."""
+    """The selection kernel's BlockLists (through its custom op when a tracer sees the call); on the
+    reference backend (CPU tensors without Triton's interpreter) the reference's selection."""
+    if problem.backend == "torch":
+        from jfa.kernels import block_lists as bl
+        from jfa.kernels.schedule import num_tile_slots
+        from jfa.reference import select_kv_blocks_reference
+
+        offsets, indices = select_kv_blocks_reference(q, k, cu_q, cu_k, block_size=block_size, topk=topk,
+                                                      keep_ratio=keep_ratio, causal=causal, broadcast_q=broadcast_q)
+        rows = problem.num_seqs * problem.len_q_bcast if broadcast_q else q.shape[0]
+        return bl.from_csr(offsets.to(q.device), indices.to(q.device), block_size=block_size, num_heads=q.shape[1],
+                           num_q_blocks=(offsets.numel() - 1) // max(q.shape[1], 1),
+                           num_q_slots=num_tile_slots(rows, problem.num_seqs, block_size), causal=causal)
     if not _traced(q, k):
         return _run_select(q, k, cu_q, cu_k, block_size, topk, keep_ratio, causal, broadcast_q, problem.len_q_bcast,
                            longest_k)

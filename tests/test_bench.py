@@ -1052,3 +1052,30 @@ def test_launcher_inputs_match_the_problem(broadcast_q):
     assert batch.k.shape == batch.v.shape == (int(lengths_k.sum()), 2, 16)
     assert kwargs == dict(causal=False, softmax_scale=16 ** -0.5, broadcast_q=broadcast_q, num_seqs=5,
                           len_q_bcast=7 if broadcast_q else 0, window=(-1, -1))
+
+
+def test_the_sparse_benchmark_judges_each_output_by_its_own_lists():
+    """python -m jfa.bench.sparse judges a block-sparse output against the oracle restricted to the same
+    lists, on a subsample of sequences and heads: the block-sparse kernel's output passes, the dense op's
+    (which sees every block) fails, and the dense judge says the opposite."""
+    import jfa
+    from jfa.bench import sparse
+    from jfa.kernels.block_lists import exact_csr
+
+    lengths = torch.tensor([300, 0, 129, 260])
+    problem = suites.Problem("t", B=4, H=2, D=32, max_len=300, lengths_fn=lambda g: lengths, dtype=torch.float32)
+    batch = runner.make_batches(problem, lengths, lengths, 1, "cpu")[0]
+    lists = jfa.select_kv_blocks(batch.q, batch.k, batch.cu_q, batch.cu_k, block_size=sparse.BLOCK, keep_ratio=0.5)
+    csr = exact_csr(lists, batch.cu_q, batch.cu_k, False, 0)
+    seqs = [0, 3]
+    sparse_out = jfa.block_sparse_attention(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k, kv_blocks=lists,
+                                            block_size=sparse.BLOCK)
+    dense_out = jfa.jagged_attention(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k)
+    by_lists, dense = sparse._Judge(batch, seqs, csr), sparse._Judge(batch, seqs)
+    assert by_lists(sparse_out).ok and not by_lists(dense_out).ok
+    assert dense(dense_out).ok and not dense(sparse_out).ok
+    assert 0.5 <= sparse._listed_share(csr, lengths, lengths, 2, False) < 0.75
+    assert "| t | 0.5 |" in sparse.table([dict(problem="t", keep=None, impl="jfa-dense", status="ok", fwd_ms=2.0,
+                                              bwd_ms=4.0),
+                                         dict(problem="t", keep=0.5, impl="jfa-sparse", status="ok", fwd_ms=1.0,
+                                              bwd_ms=2.5, listed_block_share=0.55)])

@@ -58,16 +58,16 @@ def test_listing_every_visible_block_is_dense_attention_in_the_oracle():
         assert np.array_equal(a, b)
 
 
-def test_keep_ratio_one_matches_the_dense_op():
-    inp, _ = _inputs()
+def test_keep_ratio_one_matches_the_dense_op(device):
+    inp, _ = _inputs(device=device)
     dense = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True)
     sparse = jfa.block_sparse_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, keep_ratio=1.0, block_size=16,
                                         causal=True)
     torch.testing.assert_close(sparse, dense, atol=2e-6, rtol=0)
 
 
-def test_rows_whose_blocks_are_all_unlisted_give_zero_out_minus_inf_lse_and_zero_gradients():
-    inp, _ = _inputs()
+def test_rows_whose_blocks_are_all_unlisted_give_zero_out_minus_inf_lse_and_zero_gradients(device):
+    inp, _ = _inputs(device=device)
     heads, nqb = CASE.heads, sum(-(-n // 16) for n in CASE.lengths_q)
     empty = (torch.zeros(heads * nqb + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
     q, k, v = (t.detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
@@ -80,8 +80,8 @@ def test_rows_whose_blocks_are_all_unlisted_give_zero_out_minus_inf_lse_and_zero
 
 
 @pytest.mark.parametrize("rule", [dict(topk=2), dict(keep_ratio=0.5)], ids=["topk2", "ratio0.5"])
-def test_a_selection_rule_runs_exactly_the_lists_select_kv_blocks_returns(rule):
-    inp, _ = _inputs()
+def test_a_selection_rule_runs_exactly_the_lists_select_kv_blocks_returns(rule, device):
+    inp, _ = _inputs(device=device)
     common = dict(block_size=16, causal=True)
     lists = jfa.select_kv_blocks(inp.q, inp.k, inp.cu_q, inp.cu_k, **common, **rule)
     by_rule = jfa.block_sparse_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, **common, **rule)
@@ -91,7 +91,7 @@ def test_a_selection_rule_runs_exactly_the_lists_select_kv_blocks_returns(rule):
     assert torch.equal(by_rule, by_lists) and torch.equal(by_rule, by_csr)
 
 
-def test_the_api_selection_equals_the_oracle_selection_on_exact_inputs():
+def test_the_api_selection_equals_the_oracle_selection_on_exact_inputs(device):
     """Integer-valued q and k: block sums and scores are exact in fp32, so the lists must be identical."""
     g = torch.Generator().manual_seed(5)
     lengths_q, lengths_k = (70, 0, 9, 33), (40, 17, 0, 65)
@@ -99,17 +99,18 @@ def test_the_api_selection_equals_the_oracle_selection_on_exact_inputs():
     k = torch.randint(-3, 4, (sum(lengths_k), 1, 16), generator=g).float()
     cu_q = torch.tensor(np.cumsum((0,) + lengths_q), dtype=torch.int32)
     cu_k = torch.tensor(np.cumsum((0,) + lengths_k), dtype=torch.int32)
-    lists = jfa.select_kv_blocks(q, k, cu_q, cu_k, block_size=16, topk=2, causal=True)
-    offsets, indices = exact_csr(lists, cu_q, cu_k, False, 0)
+    on = [t.to(device) for t in (q, k, cu_q, cu_k)]
+    lists = jfa.select_kv_blocks(*on, block_size=16, topk=2, causal=True)
+    offsets, indices = exact_csr(lists, on[2], on[3], False, 0)
     want_offsets, want_indices = oracle.select_kv_blocks(q.numpy(), k.numpy(), cu_q.numpy(), cu_k.numpy(),
                                                          block_size=16, topk=2, causal=True)
     assert offsets.tolist() == list(want_offsets) and indices.tolist() == list(want_indices)
 
 
-def test_the_transposed_lists_name_each_query_block_that_lists_a_key_block():
-    inp, (offsets, indices) = _inputs()
+def test_the_transposed_lists_name_each_query_block_that_lists_a_key_block(device):
+    inp, (offsets, indices) = _inputs(device=device)
     lists = jfa.select_kv_blocks(inp.q, inp.k, inp.cu_q, inp.cu_k, block_size=16, keep_ratio=0.5, causal=True)
-    out_cu = output_offsets(inp.cu_q, 4, 0, False, "cpu")
+    out_cu = output_offsets(inp.cu_q, 4, 0, False, inp.q.device)
     cols = transpose(lists, query_blocks(out_cu, inp.q.shape[0], 16), inp.cu_k, inp.k.shape[0])
     offsets, indices = exact_csr(lists, inp.cu_q, inp.cu_k, False, 0)
     blocks_q = [-(-n // 16) for n in CASE.lengths_q]
@@ -124,8 +125,9 @@ def test_the_transposed_lists_name_each_query_block_that_lists_a_key_block():
                 for u in indices[offsets[r]:offsets[r + 1]].tolist():
                     expected.setdefault(h * nks + sum(blocks_k[:b]) + u, []).append(t)
             g += nq
-    got = {c: cols.indices[cols.offsets[c]:cols.offsets[c + 1]].tolist() for c in range(2 * nks)
-           if cols.offsets[c + 1] > cols.offsets[c]}
+    col_offsets, col_indices = cols.offsets.cpu(), cols.indices.cpu()
+    got = {c: col_indices[col_offsets[c]:col_offsets[c + 1]].tolist() for c in range(2 * nks)
+           if col_offsets[c + 1] > col_offsets[c]}
     assert got == expected
 
 
@@ -202,8 +204,8 @@ def test_a_listed_block_in_the_causal_future_is_rejected():
     jfa.block_sparse_attention(q, q, q, cu, cu, kv_blocks=(offsets, torch.tensor([2])), block_size=16)
 
 
-def test_lists_selected_for_another_call_are_rejected():
-    inp, _ = _inputs()
+def test_lists_selected_for_another_call_are_rejected(device):
+    inp, _ = _inputs(device=device)
     lists = jfa.select_kv_blocks(inp.q, inp.k, inp.cu_q, inp.cu_k, block_size=16, topk=1)
     with pytest.raises(ValueError, match="made for block_size 16, the call has 32"):
         jfa.block_sparse_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, kv_blocks=lists, block_size=32)
@@ -211,12 +213,13 @@ def test_lists_selected_for_another_call_are_rejected():
         jfa.block_sparse_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, kv_blocks=lists, block_size=16,
                                    causal=True)
     with pytest.raises(ValueError, match="query block slots"):
-        jfa.block_sparse_attention(inp.q[:40], inp.k, inp.v, torch.tensor([0, 40, 40, 40, 40], dtype=torch.int32),
+        jfa.block_sparse_attention(inp.q[:40], inp.k, inp.v,
+                                   torch.tensor([0, 40, 40, 40, 40], dtype=torch.int32, device=inp.q.device),
                                    inp.cu_k, kv_blocks=lists, block_size=16)
 
 
-def test_which_kernels_names_the_block_sparse_kernels():
-    inp, _ = _inputs()
+def test_which_kernels_names_the_block_sparse_kernels(device):
+    inp, _ = _inputs(device=device)
     choice = jfa.which_kernels(inp.q, inp.k, inp.v, block_size=16)
     assert (choice.forward, choice.backward) == ("triton-block-sparse", "triton-block-sparse")
 
@@ -245,11 +248,11 @@ def _compiled_and_eager(call, inp):
 
 
 @pytest.mark.parametrize("selection", ["lists", "rule"])
-def test_torch_compile_traces_a_block_sparse_call_into_one_graph(selection):
+def test_torch_compile_traces_a_block_sparse_call_into_one_graph(selection, device):
     """With hints and trusted offsets nothing reads a device value: fullgraph=True holds (the selection is
     a custom op whose fake kernel knows its outputs' sizes), and the compiled call computes bitwise what the
     eager one does."""
-    inp, _ = _inputs()
+    inp, _ = _inputs(device=device)
     lists = jfa.select_kv_blocks(inp.q, inp.k, inp.cu_q, inp.cu_k, block_size=16, topk=2, causal=True)
     rule = dict(kv_blocks=lists) if selection == "lists" else dict(topk=2)
 
@@ -260,3 +263,35 @@ def test_torch_compile_traces_a_block_sparse_call_into_one_graph(selection):
         compiled, eager = _compiled_and_eager(call, inp)
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+SELECTIONS = [dict(topk=2, causal=True), dict(keep_ratio=0.5), dict(keep_ratio=0.3, causal=True, broadcast_q=True),
+              dict(topk=1000)]
+
+
+@pytest.mark.parametrize("rule", SELECTIONS, ids=lambda r: "-".join(f"{k}{v}" for k, v in r.items()))
+def test_the_reference_selection_equals_the_oracle_selection_on_exact_inputs(rule):
+    """backend="torch" selects with torch ops (CPU tensors without Triton's interpreter): integer-valued
+    inputs make every fp32 score exact, so its lists must be the oracle's."""
+    from jfa.reference import select_kv_blocks_reference
+
+    g = torch.Generator().manual_seed(6)
+    lengths_q, lengths_k = ((50,), (40, 17, 0, 65)) if rule.get("broadcast_q") else ((70, 0, 9, 33), (40, 17, 0, 65))
+    q = torch.randint(-3, 4, (sum(lengths_q), 2, 16), generator=g).float()
+    k = torch.randint(-3, 4, (sum(lengths_k), 1, 16), generator=g).float()
+    cu_q = None if rule.get("broadcast_q") else torch.tensor(np.cumsum((0,) + lengths_q))
+    cu_k = torch.tensor(np.cumsum((0,) + lengths_k))
+    got = select_kv_blocks_reference(q, k, cu_q, cu_k, block_size=16, **rule)
+    want = oracle.select_kv_blocks(q.numpy(), k.numpy(), None if cu_q is None else cu_q.numpy(), cu_k.numpy(),
+                                   block_size=16, **rule)
+    assert got[0].tolist() == list(want[0]) and got[1].tolist() == list(want[1])
+
+
+def test_the_reference_backend_selects_and_attends():
+    inp, _ = _inputs()
+    with recording_dispatch() as ran:
+        out = jfa.block_sparse_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, keep_ratio=1.0, block_size=16,
+                                         causal=True, backend="torch")
+    dense = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True, backend="torch")
+    assert [kernel for _, kernel, _ in ran] == ["torch"]
+    torch.testing.assert_close(out, dense, atol=1e-6, rtol=0)

@@ -122,7 +122,8 @@ def _flex_block_mask(batch, csr, heads: int):
         d = doc_q[q_idx]
         i = q_idx - off_q[d]
         j = kv_idx - off_k[d]
-        keep = (d == doc_k[kv_idx]) & listed[h, qb_off[d] + i // BLOCK, j // BLOCK]
+        # (another sequence's key: its block number is clamped only to keep the lookup in bounds)
+        keep = (d == doc_k[kv_idx]) & listed[h, qb_off[d] + i // BLOCK, (j // BLOCK).clamp(0, max_kb - 1)]
         if causal:
             keep = keep & (j <= i + shift[d])
         return keep
@@ -249,7 +250,7 @@ def run(out_dir: str, keeps=KEEPS, impls=IMPLS, repeats: int = 3, causal: bool =
                 rows.append(row)
                 log(json.dumps({k: v for k, v in row.items() if k != "runs"}))
                 torch.cuda.empty_cache()
-            torch._dynamo.reset()
+        torch._dynamo.reset()  # a new problem: new static shapes for FlexAttention's compiled graphs
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "sparse.json"), "w") as f:
         json.dump(rows, f, indent=1)
@@ -295,6 +296,45 @@ def table(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def profile(out_dir: str, keep: float = 0.5, causal: bool = False, calls: int = 5, log=print) -> None:
+    """torch.profiler tables (GPU kernels and host ops, by total CUDA time) of the selection, the
+    block-sparse fwd+bwd with the lists made beforehand, and the dense fwd+bwd, per problem at ``keep``:
+    where the time of each goes. Written to ``out_dir``/profile-<problem>.txt."""
+    import jfa
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    os.makedirs(out_dir, exist_ok=True)
+    for problem in _problems(causal):
+        lengths_k = make_lengths(problem)
+        batch = make_batches(problem, q_lengths(problem, lengths_k), lengths_k, 1, device)[0]
+        grad = torch.randn_like(batch.q)
+        leaves = [t.detach().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+        args = (batch.cu_q, batch.cu_k, batch.max_q, batch.max_k)
+        lists = jfa.select_kv_blocks(batch.q, batch.k, batch.cu_q, batch.cu_k, block_size=BLOCK, keep_ratio=keep,
+                                     causal=problem.causal, max_seqlen_k=batch.max_k)
+        steps = {
+            "select": lambda: jfa.select_kv_blocks(batch.q, batch.k, batch.cu_q, batch.cu_k, block_size=BLOCK,
+                                                   keep_ratio=keep, causal=problem.causal, max_seqlen_k=batch.max_k),
+            "sparse-fwd-bwd": lambda: jfa.block_sparse_attention(*leaves, *args, kv_blocks=lists, block_size=BLOCK,
+                                                                 causal=problem.causal).backward(grad),
+            "dense-fwd-bwd": lambda: jfa.jagged_attention(*leaves, *args, causal=problem.causal).backward(grad),
+        }
+        with open(os.path.join(out_dir, f"profile-{problem.name}.txt"), "w") as f:
+            for name, step in steps.items():
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(calls):
+                        step()
+                    torch.cuda.synchronize()
+                text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+                f.write(f"## {name} ({calls} calls, keep {keep})\n{text}\n")
+                log(f"## {problem.name} {name}\n{text}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jfa.bench.sparse", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for sparse.json and sparse.md")
@@ -302,10 +342,14 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, from: {', '.join(IMPLS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--causal", action="store_true", help="also the causal versions of the problems")
+    ap.add_argument("--profile", action="store_true", help="instead: torch.profiler tables at keep 0.5 (profile)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: the sparse benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.profile:
+        profile(args.out, causal=args.causal)
+        return 0
     impls = [x for x in args.impls.split(",") if x]
     for name in impls:
         if name not in IMPLS:

@@ -1,5 +1,5 @@
 """PyTorch references: the `backend="torch"` implementation and the tolerance-rule baseline."""
 
-from .torch_ref import attention_reference, kv_block_masks
+from .torch_ref import attention_reference, kv_block_masks, select_kv_blocks_reference
 
-__all__ = ["attention_reference", "kv_block_masks"]
+__all__ = ["attention_reference", "kv_block_masks", "select_kv_blocks_reference"]

@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["attention_reference", "kv_block_masks"]
+__all__ = ["attention_reference", "kv_block_masks", "select_kv_blocks_reference"]
 
 Offsets = Union[torch.Tensor, Sequence[int]]
 
@@ -192,3 +192,64 @@ def attention_reference(
     # graph even when nothing was computed (B = 0, all rows empty/masked), with exactly zero grads.
     anchor = q[:0].sum() + k[:0].sum() + v[:0].sum()
     return out + anchor.to(out.dtype), lse + anchor.to(lse.dtype)
+
+
+def select_kv_blocks_reference(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: Optional[Offsets],
+                               cu_seqlens_k: Offsets, *, block_size: int, topk: Optional[int] = None,
+                               keep_ratio: Optional[float] = None, causal: bool = False,
+                               broadcast_q: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block selection (``jfa.select_kv_blocks``'s rule) by per-sequence torch ops: the exact CSR
+    ``(offsets, indices)`` (int64, on the host). Per head, block sums of q and k in float32,
+    ``score = q_sum . k_sum / n_k``; candidates all key blocks (causal: none wholly in the future, the blocks
+    of each row's diagonal key always kept); budget ``min(topk, n)`` or ``ceil(keep_ratio * n)``; higher
+    score first, ties to the lower index, NaN last. Sums in another order than the kernel's: the lists may
+    differ from it where two scores are within fp32 rounding."""
+    bs = block_size
+    cu_k = _offsets_list(cu_seqlens_k, "cu_seqlens_k")
+    num_seqs = len(cu_k) - 1
+    if broadcast_q:
+        q_rows = [(0, q.shape[0])] * num_seqs
+    else:
+        cu_q = _offsets_list(cu_seqlens_q, "cu_seqlens_q")
+        q_rows = [(cu_q[b], cu_q[b + 1]) for b in range(num_seqs)]
+    heads, group = q.shape[1], q.shape[1] // k.shape[1]
+
+    def block_sums(x, lo, hi):
+        n = -(-(hi - lo) // bs)
+        index = torch.arange(hi - lo, device=x.device) // bs
+        sums = torch.zeros((n, x.shape[1], x.shape[2]), dtype=torch.float32, device=x.device)
+        sums.index_add_(0, index, x[lo:hi].float())
+        return sums, ((hi - lo) - bs * torch.arange(n, device=x.device)).clamp(max=bs)
+
+    rows = [[] for _ in range(heads)]
+    for b in range(num_seqs):
+        (q0, q1), k0, k1 = q_rows[b], cu_k[b], cu_k[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        nq, nk = -(-lq // bs), -(-lk // bs)
+        scores = None
+        if nq and nk:
+            qs, _ = block_sums(q, q0, q1)
+            ks, counts = block_sums(k, k0, k1)
+            ks = ks.repeat_interleave(group, dim=1)
+            scores = (torch.einsum("thd,uhd->htu", qs, ks) / counts.float()).cpu()
+        for t in range(nq):
+            n, forced = nk, range(0)
+            if causal:
+                last_key = min((t + 1) * bs, lq) - 1 + lk - lq
+                n = min(nk, last_key // bs + 1) if last_key >= 0 else 0
+                forced = range(max(t * bs + lk - lq, 0) // bs, last_key // bs + 1) if last_key >= 0 else range(0)
+            budget = min(topk, n) if topk is not None else math.ceil(float(keep_ratio) * n)
+            for h in range(heads):
+                if n == 0:
+                    rows[h].append([])
+                    continue
+                s = scores[h, t, :n]
+                nan = torch.isnan(s)
+                order = torch.sort(-torch.where(nan, torch.full_like(s, -math.inf), s), stable=True).indices
+                order = order[torch.sort(nan[order].to(torch.int8), stable=True).indices]
+                best = [int(u) for u in order if int(u) not in forced][:max(budget - len(forced), 0)]
+                rows[h].append(sorted(list(forced) + best))
+    flat = [row for head in rows for row in head]
+    offsets = torch.zeros(len(flat) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor([len(r) for r in flat], dtype=torch.int64), 0)
+    return offsets, torch.tensor([u for r in flat for u in r], dtype=torch.int64)

@@ -188,6 +188,20 @@ def _scores(QSUM, q_stride, KSUM, k_stride, u, valid, len_k, HEAD_DIM: tl.conste
 
 
 @triton.jit
+def _scores_at_once(QSUM, q_stride, KSUM, k_stride, u, valid, len_k, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+    """The scores of :func:`_scores` with the dims loaded as one tile and summed by a reduction: for a row
+    whose candidates fit one chunk, computed once (no recomputation to agree with bit for bit)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(QSUM + offs_d * q_stride, mask=d_ok, other=0.0)
+    k = tl.load(KSUM + offs_d[:, None] * k_stride + u[None, :], mask=d_ok[:, None] & valid[None, :], other=0.0)
+    dot = tl.sum(q[:, None] * k, 0)
+    n_k = tl.where(valid, tl.minimum(len_k - u * BLOCK, BLOCK), 1)
+    return tl.math.div_rn(dot, n_k.to(tl.float32))
+
+
+@triton.jit
 def _beats(s_v, v, s_u, u):
     """Block ``v`` ranks before block ``u``: a higher score, or an equal one and a lower index; a NaN
     ranks below every number and ties with another NaN."""
@@ -202,8 +216,10 @@ def _beats(s_v, v, s_u, u):
 def _select_kernel(QPOOL, KPOOL, CU_Q, CU_K, KB_START, TILES, OFFSETS, INDICES, RATIO,
                    num_slots, num_qpool, num_kpool, num_seqs, group, len_q_bcast, topk, capacity,
                    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                   USE_RATIO: tl.constexpr, CHUNK: tl.constexpr):
-    """The list of (Q block slot ``program_id(0)``, head ``program_id(1)``), by rank counting."""
+                   USE_RATIO: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The list of (Q block slot ``program_id(0)``, head ``program_id(1)``), by rank counting. A row whose
+    candidates fit one chunk scores them once, as one tile; longer rows score chunk by chunk, the inner
+    chunks' scores recomputed by the dim-ordered ``_scores`` (bitwise the outer ones')."""
     slot = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(TILES + slot)
@@ -230,6 +246,20 @@ def _select_kernel(QPOOL, KPOOL, CU_Q, CU_K, KB_START, TILES, OFFSETS, INDICES, 
     offs_c = tl.arange(0, CHUNK)
 
     written = tl.zeros((), dtype=tl.int32)
+    if n_cand <= CHUNK:
+        u = offs_c
+        in_u = u < n_cand
+        forced_u = (u >= f_lo) & (u <= f_hi)
+        keep = in_u & (forced_u | take_all)
+        if rank:
+            s_u = _scores_at_once(qsum, num_qpool, ksum, num_kpool, u, in_u, len_k, HEAD_DIM, BLOCK_D, BLOCK)
+            free_u = in_u & ((u < f_lo) | (u > f_hi))
+            wins = _beats(s_u[None, :], u[None, :], s_u[:, None], u[:, None]) & free_u[None, :]
+            keep = in_u & (forced_u | (tl.sum(wins.to(tl.int32), 1) < budget))
+        kept = keep.to(tl.int32)
+        dest = first + tl.cumsum(kept, 0) - kept
+        tl.store(INDICES + dest, u, mask=keep & (dest < capacity))
+        return
     for c0 in range(0, n_cand, CHUNK):
         u = c0 + offs_c
         in_u = u < n_cand
@@ -364,7 +394,7 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
     _select_kernel[(slots, num_heads)](
         qpool, kpool, out_cu, cu_k, kb_start, q_tiles.tiles, offsets, indices, ratio,
         slots, q_pool_tiles.num_slots, k_tiles.num_slots, num_seqs, num_heads // k.shape[1], len_q_bcast, topk_arg,
-        capacity, HEAD_DIM=head_dim, CHUNK=chunk, **common, num_warps=4, enable_fp_fusion=False)
+        capacity, HEAD_DIM=head_dim, CHUNK=chunk, BLOCK_D=block_d, **common, num_warps=4, enable_fp_fusion=False)
     return lists
 
 

@@ -68,16 +68,26 @@ def key_blocks(cu_k: torch.Tensor, total_k: int, block_size: int) -> TileList:
 _orders = IdentityCache()
 
 
-def heaviest_first(counts: torch.Tensor) -> torch.Tensor:
-    """int32 slot order, most listed blocks (summed over heads) first, ties in slot order: the load
-    balance of the sparse kernels counts listed blocks, not sequence length. ``counts``: [H, slots]."""
-    total = counts.sum(0)
-    return torch.sort(total, descending=True, stable=True).indices.to(torch.int32).contiguous()
+def heaviest_first(counts: torch.Tensor, blocks: TileList) -> torch.Tensor:
+    """int32 slot order of the slots of ``blocks`` (a tile list in sequence order; ``counts``: [H, slots],
+    listed blocks per head and slot): sequences by decreasing listed blocks (over their slots and heads),
+    each sequence's slots together and in order. The load balance counts listed blocks, not sequence
+    length, and a sequence's blocks run side by side, so its K/V (or Q/dO) blocks are read from L2 by the
+    CTAs that share them: ordered block by block on their own counts, the blocks of a sequence scatter
+    over the launch (fwd+bwd 12-18% slower at keep 0.5 on the H200, NOTES.md session 15)."""
+    per_slot = counts.sum(0)
+    seq = blocks.tiles[0].to(torch.int64)
+    num_seqs = blocks.num_seqs
+    total = torch.zeros(num_seqs + 1, dtype=per_slot.dtype, device=per_slot.device)
+    total.scatter_add_(0, seq.clamp(max=num_seqs), per_slot)
+    key = torch.where(seq < num_seqs, total[seq.clamp(max=num_seqs)], torch.full_like(per_slot, -1))
+    return torch.sort(key, descending=True, stable=True).indices.to(torch.int32).contiguous()
 
 
-def slot_order(lists: BlockLists) -> torch.Tensor:
-    """:func:`heaviest_first` over ``lists``' rows, cached per lists."""
-    return _orders.get_or_build((lists.offsets,), ("q",), lambda: heaviest_first(lists.row_counts()))
+def slot_order(lists: BlockLists, q_blocks: TileList) -> torch.Tensor:
+    """:func:`heaviest_first` over ``lists``' rows (``q_blocks``: :func:`query_blocks` of the batch), cached
+    per lists."""
+    return _orders.get_or_build((lists.offsets,), ("q",), lambda: heaviest_first(lists.row_counts(), q_blocks))
 
 
 _transposes = IdentityCache()

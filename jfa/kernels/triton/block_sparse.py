@@ -11,8 +11,9 @@ lists (:mod:`jfa.kernels.block_lists`) instead of a sequence's whole key range:
 
 A chunk every row sees whole (inside the sequence, wholly at or before the causal diagonal of the
 chunk's first row) takes the unmasked step, any other the masked one; chunks past the sequence or wholly
-in the causal future are skipped. Programs are ordered by listed blocks, heaviest first (the load
-balance counts listed blocks, not sequence length). No atomics: gradients are bitwise reproducible.
+in the causal future are skipped. Programs are ordered by listed blocks (sequences by their listed blocks,
+heaviest first, each sequence's blocks together: ``jfa.kernels.block_lists.heaviest_first``). No atomics:
+gradients are bitwise reproducible.
 """
 from __future__ import annotations
 
@@ -272,7 +273,7 @@ def block_sparse_forward(q, k, v, cu_q, cu_k, lists: BlockLists, *, causal: bool
     block_m, block_n, warps, stages = _tiles(bs, head_dim, q.dtype, "forward")
     q_blocks = query_blocks(out_cu, rows, bs)
     sparse_fwd_kernel[(lists.num_q_slots * (bs // block_m) * num_heads,)](
-        q, k, v, out, lse, out_cu, cu_k, q_blocks.tiles, slot_order(lists), lists.offsets, lists.indices,
+        q, k, v, out, lse, out_cu, cu_k, q_blocks.tiles, slot_order(lists, q_blocks), lists.offsets, lists.indices,
         *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(out),
         num_seqs, num_heads, num_heads // k.shape[1], lists.num_q_slots, head_dim, len_q_bcast, softmax_scale,
         CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=_dot_precision(q.dtype), SPARSE_BLOCK=bs,
@@ -312,7 +313,7 @@ def block_sparse_backward(q, k, v, out, lse, dout, cu_q, cu_k, lists: BlockLists
         dk_sum, dv_sum = ((alloc.empty((total_k, num_heads, head_dim), torch.float32, k.device) for _ in range(2))
                           if per_head else (dk, dv))
         block_m, block_n, warps, stages = _tiles(bs, head_dim, q.dtype, "dkdv")
-        order = heaviest_first(transposed_counts(cols, num_heads))
+        order = heaviest_first(transposed_counts(cols, num_heads), k_blocks)
         sparse_dkdv_kernel[(k_blocks.num_slots * (bs // block_n) * (num_heads // heads_per_program),)](
             q, k, v, dout, lse, delta, dk_sum, dv_sum, out_cu, cu_k, k_blocks.tiles, order, cols.offsets, cols.indices,
             *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),
@@ -345,8 +346,9 @@ def block_sparse_dq(q, k, v, lse, dout, delta, cu_q, cu_k, lists: BlockLists, *,
     else:
         dq_rows = alloc.empty(q.shape, q.dtype, q.device)
     block_m, block_n, warps, stages = _tiles(bs, head_dim, q.dtype, "dq")
+    q_blocks = query_blocks(out_cu, rows, bs)
     sparse_dq_kernel[(lists.num_q_slots * (bs // block_m) * num_heads,)](
-        q, k, v, dout, lse, delta, dq_rows, out_cu, cu_k, query_blocks(out_cu, rows, bs).tiles, slot_order(lists),
+        q, k, v, dout, lse, delta, dq_rows, out_cu, cu_k, q_blocks.tiles, slot_order(lists, q_blocks),
         lists.offsets, lists.indices, *_head_strides(q), *_head_strides(k), *_head_strides(v), *_head_strides(dout),
         *_head_strides(dq_rows), num_seqs, num_heads, num_heads // k.shape[1], lists.num_q_slots, head_dim,
         len_q_bcast, softmax_scale, CAUSAL=causal, BROADCAST_Q=broadcast_q, DOT_PRECISION=_dot_precision(q.dtype),

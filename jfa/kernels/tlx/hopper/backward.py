@@ -921,14 +921,14 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
 
 def sparse_key_tiles(lists, out_cu, cu_k, rows: int, total_k: int):
     """(TileList, COL_OFF, Q_IDX) of a block-sparse launch: the key blocks' (sequence, tile, block) as three
-    int32 rows, heaviest first by the query blocks that list them (summed over heads), and the transposed
-    lists (``jfa.kernels.block_lists.transpose``)."""
+    int32 rows in ``heaviest_first``'s order (sequences by the query blocks listing their key blocks), and
+    the transposed lists (``jfa.kernels.block_lists.transpose``)."""
     from jfa.kernels.block_lists import heaviest_first, key_blocks, query_blocks, transpose, transposed_counts
     from jfa.kernels.schedule import TileList
 
     cols = transpose(lists, query_blocks(out_cu, rows, lists.block_size), cu_k, total_k)
     blocks = key_blocks(cu_k, total_k, lists.block_size)
-    order = heaviest_first(transposed_counts(cols, lists.num_heads)).long()
+    order = heaviest_first(transposed_counts(cols, lists.num_heads), blocks).long()
     tiles = torch.cat([blocks.tiles[:, order], order.to(torch.int32)[None]]).contiguous()
     return TileList(tiles, blocks.num_slots, blocks.num_seqs, blocks.block), cols.offsets, cols.indices
 

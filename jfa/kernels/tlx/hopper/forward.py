@@ -799,13 +799,13 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
 
 def sparse_tiles(lists, out_cu, rows: int):
     """The work list of a block-sparse launch: the query blocks' (sequence, tile, block) as three int32
-    rows, heaviest first by listed blocks (``jfa.kernels.block_lists.slot_order``); a TileList whose
+    rows in ``jfa.kernels.block_lists.slot_order`` (sequences by listed blocks); a TileList whose
     ``tiles`` has the extra row."""
     from jfa.kernels.block_lists import query_blocks, slot_order
     from jfa.kernels.schedule import TileList
 
     blocks = query_blocks(out_cu, rows, lists.block_size)
-    order = slot_order(lists).long()
+    order = slot_order(lists, blocks).long()
     tiles = torch.cat([blocks.tiles[:, order], order.to(torch.int32)[None]]).contiguous()
     return TileList(tiles, blocks.num_slots, blocks.num_seqs, blocks.block)
 

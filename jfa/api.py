@@ -365,7 +365,9 @@ def recording_dispatch() -> Iterator[list]:
             _recorders = tuple(other for other in _recorders if other is not log)
 
 
-def _record(pass_: str, backend: str, device: torch.device) -> None:
+def _record(pass_: str, backend: str, device: torch.device, kernel: Optional[str] = None) -> None:
+    """Append (pass, kernel, where) to every open recording_dispatch list; ``kernel`` defaults to the
+    backend's name in KERNEL_NAMES."""
     if not _recorders:
         return
     if backend == "tlx":
@@ -375,7 +377,7 @@ def _record(pass_: str, backend: str, device: torch.device) -> None:
     else:
         where = "interpreter" if backend == "triton" and device.type == "cpu" else device.type
     for log in _recorders:
-        log.append((pass_, KERNEL_NAMES[backend], where))
+        log.append((pass_, kernel or KERNEL_NAMES[backend], where))
 
 
 def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
@@ -937,7 +939,7 @@ def _run_sparse_forward(backend, q, k, v, cu_q, cu_k, offsets, indices, block_si
     result = _launcher(*_SPARSE_LAUNCHERS[backend][0])(q, k, v, cu_q, cu_k, lists, causal=causal,
                                                        softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                                                        num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-    _record_kernel("forward", SPARSE_KERNEL_NAMES[backend][0], backend, q.device)
+    _record("forward", backend, q.device, SPARSE_KERNEL_NAMES[backend][0])
     return result
 
 
@@ -968,21 +970,8 @@ def _run_sparse_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, off
     grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, lists, causal=causal, softmax_scale=softmax_scale,
                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
                    deterministic=deterministic)
-    _record_kernel("backward", SPARSE_KERNEL_NAMES[chosen][1], chosen, q.device)
+    _record("backward", chosen, q.device, SPARSE_KERNEL_NAMES[chosen][1])
     return grads
-
-
-def _record_kernel(pass_: str, kernel: str, backend: str, device: torch.device) -> None:
-    if not _recorders:
-        return
-    if backend == "tlx":
-        from jfa.kernels.tlx.common.target import target_for
-
-        where = getattr(target_for(device), "name", device.type)
-    else:
-        where = "interpreter" if backend == "triton" and device.type == "cpu" else device.type
-    for log in _recorders:
-        log.append((pass_, kernel, where))
 
 
 def _sparse_ops(backend: str):
@@ -1158,7 +1147,7 @@ def block_sparse_attention(
                                        kv_blocks=exact_csr(lists, cu_seqlens_q, cu_seqlens_k, broadcast_q,
                                                            problem.len_q_bcast) + (block_size,))
         lse = lse.to(torch.float32)
-        _record_kernel("forward", "torch", "torch", q.device)
+        _record("forward", "torch", q.device)
     else:
         args = (problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, lists.offsets, lists.indices, block_size,
                 lists.num_q_slots, causal, problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast,

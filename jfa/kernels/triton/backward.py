@@ -211,6 +211,25 @@ def _dq_kv_step(dq, q, do, lse2, delta, K, V, k_row0, n_start, offs_m, offs_n, o
     return dq
 
 
+@triton.jit
+def dq_row_tile(Q, DO, LSE, DELTA, head, q_row0, out_row0, offs_m, offs_d, d_mask, len_q, num_heads,
+                stride_qt, stride_qh, stride_dot, stride_doh):
+    """What a dQ program holds for its query rows ``offs_m`` of ``head``: (q, do, lse2, delta, o_rows,
+    row_mask), lse2 in base 2 with +inf for rows that saw no key (lse = -inf, P = 0: exp2(s - lse2) is
+    then 0, not inf * 0)."""
+    m_mask = offs_m < len_q
+    row_mask = m_mask[:, None] & d_mask[None, :]
+    hq = head.to(tl.int64)
+    q_rows = (q_row0 + offs_m).to(tl.int64)
+    o_rows = (out_row0 + offs_m).to(tl.int64)
+    q = tl.load(Q + hq * stride_qh + q_rows[:, None] * stride_qt + offs_d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO + hq * stride_doh + o_rows[:, None] * stride_dot + offs_d[None, :], mask=row_mask, other=0.0)
+    lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=float("-inf"))
+    delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    return q, do, lse2, delta, o_rows, row_mask
+
+
 @triton.jit(do_not_specialize=["num_seqs", "len_q_bcast"])  # per-batch values: no recompiles
 def jagged_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, TILES,
@@ -235,16 +254,10 @@ def jagged_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)
-    m_mask = offs_m < len_q
-    row_mask = m_mask[:, None] & d_mask[None, :]
+    q, do, lse2, delta, o_rows, row_mask = dq_row_tile(Q, DO, LSE, DELTA, head, q_row0, out_row0, offs_m, offs_d,
+                                                       d_mask, len_q, num_heads, stride_qt, stride_qh, stride_dot,
+                                                       stride_doh)
     hk = head.to(tl.int64)
-    q_rows = (q_row0 + offs_m).to(tl.int64)
-    o_rows = (out_row0 + offs_m).to(tl.int64)
-    q = tl.load(Q + hk * stride_qh + q_rows[:, None] * stride_qt + offs_d[None, :], mask=row_mask, other=0.0)
-    do = tl.load(DO + hk * stride_doh + o_rows[:, None] * stride_dot + offs_d[None, :], mask=row_mask, other=0.0)
-    lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=float("-inf"))
-    delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     hkv = (head // group).to(tl.int64)
     K += hkv * stride_kh
     V += hkv * stride_vh

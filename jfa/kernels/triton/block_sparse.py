@@ -26,7 +26,7 @@ from jfa.kernels.block_lists import (BlockLists, heaviest_first, key_blocks, que
                                      transposed_counts)
 from jfa.kernels.schedule import output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
-from jfa.kernels.triton.backward import _dkdv_q_step, _dq_kv_step, row_delta
+from jfa.kernels.triton.backward import _dkdv_q_step, _dq_kv_step, dq_row_tile, row_delta
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
 from jfa.kernels.triton.forward import _dot_precision, _fwd_kv_step, _head_dim_mask, _head_strides, _seq_bounds
 
@@ -139,17 +139,10 @@ def sparse_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = _head_dim_mask(offs_d, HEAD_DIM, BLOCK_D)
-    m_mask = offs_m < len_q
-    row_mask = m_mask[:, None] & d_mask[None, :]
+    q, do, lse2, delta, o_rows, row_mask = dq_row_tile(Q, DO, LSE, DELTA, head, q_row0, out_row0, offs_m, offs_d,
+                                                       d_mask, len_q, num_heads, stride_qt, stride_qh, stride_dot,
+                                                       stride_doh)
     hq = head.to(tl.int64)
-    q_rows = (q_row0 + offs_m).to(tl.int64)
-    o_rows = (out_row0 + offs_m).to(tl.int64)
-    q = tl.load(Q + hq * stride_qh + q_rows[:, None] * stride_qt + offs_d[None, :], mask=row_mask, other=0.0)
-    do = tl.load(DO + hq * stride_doh + o_rows[:, None] * stride_dot + offs_d[None, :], mask=row_mask, other=0.0)
-    lse = tl.load(LSE + o_rows * num_heads + head, mask=m_mask, other=float("-inf"))
-    delta = tl.load(DELTA + o_rows * num_heads + head, mask=m_mask, other=0.0)
-    # a row that saw no key has lse = -inf and P = 0: +inf makes exp2(s - lse) 0, not inf * 0
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     hkv = (head // group).to(tl.int64)
     K += hkv * stride_kh
     V += hkv * stride_vh

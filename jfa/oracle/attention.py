@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from jfa.oracle.block_select import kv_block_mask
+from jfa.oracle.offsets import as_offsets
 
 __all__ = ["attention_forward", "attention_backward"]
 
@@ -40,20 +41,6 @@ def _as_f64(x, name: str, ndim: int) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {a.shape}")
-    return a
-
-
-def _as_offsets(cu, name: str) -> np.ndarray:
-    a = np.asarray(cu)
-    if a.ndim != 1 or a.shape[0] < 1:
-        raise ValueError(f"{name}: expected a 1-D array of B+1 >= 1 offsets, got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise ValueError(f"{name}: offsets must be integers, got dtype {a.dtype}")
-    a = a.astype(np.int64)
-    if a[0] != 0:
-        raise ValueError(f"{name}: first offset must be 0, got {int(a[0])}")
-    if np.any(np.diff(a) < 0):
-        raise ValueError(f"{name}: offsets must be non-decreasing")
     return a
 
 
@@ -70,7 +57,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
         raise ValueError(f"k, v: shapes must match, got {k.shape} and {v.shape}")
     if q.shape[2] != k.shape[2] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
         raise ValueError(f"q, k: head dims must match and q's heads be a multiple of k's, got {q.shape} and {k.shape}")
-    cu_k = _as_offsets(cu_seqlens_k, "cu_seqlens_k")
+    cu_k = as_offsets(cu_seqlens_k, "cu_seqlens_k")
     if cu_k[-1] != k.shape[0]:
         raise ValueError(f"cu_seqlens_k: last offset {int(cu_k[-1])} != total_k {k.shape[0]}")
     B = cu_k.shape[0] - 1
@@ -83,7 +70,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
     else:
         if cu_seqlens_q is None:
             raise ValueError("cu_seqlens_q: required unless broadcast_q=True")
-        cu_q = _as_offsets(cu_seqlens_q, "cu_seqlens_q")
+        cu_q = as_offsets(cu_seqlens_q, "cu_seqlens_q")
         if cu_q.shape != cu_k.shape:
             raise ValueError(
                 f"cu_seqlens_q, cu_seqlens_k: must have the same length B+1, got {cu_q.shape[0]} and {cu_k.shape[0]}"

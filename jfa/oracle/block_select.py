@@ -50,6 +50,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jfa.oracle.offsets import as_offsets
+
 __all__ = ["QueryBlock", "query_blocks", "block_plan", "row_budget", "select_kv_blocks", "block_scores",
            "validate_kv_blocks", "kv_block_mask", "pad_offsets", "compare_block_lists"]
 
@@ -79,23 +81,9 @@ def _check_block_size(block_size) -> int:
     return bs
 
 
-def _offsets(cu, name: str) -> np.ndarray:
-    a = np.asarray(cu)
-    if a.ndim != 1 or a.shape[0] < 1:
-        raise ValueError(f"{name}: expected a 1-D array of B+1 >= 1 offsets, got shape {a.shape}")
-    if not np.issubdtype(a.dtype, np.integer):
-        raise ValueError(f"{name}: offsets must be integers, got dtype {a.dtype}")
-    a = a.astype(np.int64)
-    if a[0] != 0:
-        raise ValueError(f"{name}: first offset must be 0, got {int(a[0])}")
-    if np.any(np.diff(a) < 0):
-        raise ValueError(f"{name}: offsets must be non-decreasing")
-    return a
-
-
 def _lengths(cu_q, cu_k, broadcast_q: bool, len_q):
     """(query row starts, Lq per sequence, key row starts, Lk per sequence); broadcast rows start at 0."""
-    ck = _offsets(cu_k, "cu_k")
+    ck = as_offsets(cu_k, "cu_k")
     num_seqs = ck.shape[0] - 1
     if broadcast_q:
         if cu_q is not None:
@@ -107,7 +95,7 @@ def _lengths(cu_q, cu_k, broadcast_q: bool, len_q):
     else:
         if cu_q is None:
             raise ValueError("cu_q: required unless broadcast_q=True")
-        cq = _offsets(cu_q, "cu_q")
+        cq = as_offsets(cu_q, "cu_q")
         if cq.shape != ck.shape:
             raise ValueError(f"cu_q, cu_k: must have the same length B+1, got {cq.shape[0]} and {ck.shape[0]}")
         q0, lq = cq[:-1], np.diff(cq)
@@ -126,7 +114,7 @@ def query_blocks(cu_q, block_size: int, broadcast_q: bool = False, num_seqs: int
             raise ValueError("num_seqs, len_q: both required when broadcast_q=True")
         lengths = [int(len_q)] * int(num_seqs)
     else:
-        lengths = np.diff(_offsets(cu_q, "cu_q")).tolist()
+        lengths = np.diff(as_offsets(cu_q, "cu_q")).tolist()
     return [QueryBlock(b, t, t * bs, min((t + 1) * bs, lq))
             for b, lq in enumerate(lengths) for t in range(_cdiv(lq, bs))]
 

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jfa.oracle.offsets import as_offsets
+
 __all__ = [
     "BLOCK", "E4M3_MAX", "E8M0_NAN", "E4M3_NAN", "SCALE_EXP_MIN", "SCALE_EXP_MAX", "RULES", "AXES",
     "encode_e4m3", "decode_e4m3", "decode_e8m0", "scale_exponent", "scale_bits", "token_block_offsets",
@@ -145,22 +147,6 @@ def scale_bits(amax, rule: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------
 # blocking
 # ----------------------------------------------------------------------------------------------------
-def _check_offsets(cu_seqlens, total: int) -> np.ndarray:
-    cu = np.asarray(cu_seqlens)
-    if cu.ndim != 1 or cu.shape[0] < 1:
-        raise ValueError(f"cu_seqlens: expected a 1-D array of B+1 >= 1 offsets, got shape {cu.shape}")
-    if cu.size and not np.issubdtype(cu.dtype, np.integer):
-        raise ValueError(f"cu_seqlens: offsets must be integers, got dtype {cu.dtype}")
-    cu = cu.astype(np.int64)
-    if cu[0] != 0:
-        raise ValueError(f"cu_seqlens: first offset must be 0, got {int(cu[0])}")
-    if np.any(np.diff(cu) < 0):
-        raise ValueError("cu_seqlens: offsets must be non-decreasing")
-    if cu[-1] != total:
-        raise ValueError(f"cu_seqlens: last offset must equal the token count {total}, got {int(cu[-1])}")
-    return cu
-
-
 def token_block_offsets(cu_seqlens) -> np.ndarray:
     """``[B+1]`` int64: entry b is the scale row of sequence b's first block, the prefix sum of
     ``ceil(L_b / 32)``; the last entry is the number of token blocks NB."""
@@ -204,7 +190,7 @@ def quantize_mx(x, axis: str, cu_seqlens=None, rule: str = "floor") -> tuple[np.
         # every element's block is its index along D divided by 32
         expand = lambda per_block: np.repeat(per_block, BLOCK, axis=-1)[..., :d]  # noqa: E731
     else:
-        cu = _check_offsets(cu_seqlens, x.shape[0])
+        cu = as_offsets(cu_seqlens, "cu_seqlens", x.shape[0])
         rows = _token_rows(cu, x.shape[0])
         amax = np.zeros((int(token_block_offsets(cu)[-1]),) + x.shape[1:])
         np.maximum.at(amax, rows, mag)  # np.maximum propagates NaN
@@ -231,7 +217,7 @@ def dequantize_mx(element_bits, scale_bits, axis: str, cu_seqlens=None) -> np.nd
             raise ValueError(f"scale_bits: expected shape {elements.shape[:-1] + (nb,)}, got {scales.shape}")
         per_element = np.repeat(scales, BLOCK, axis=-1)[..., :d]
     else:
-        cu = _check_offsets(cu_seqlens, elements.shape[0])
+        cu = as_offsets(cu_seqlens, "cu_seqlens", elements.shape[0])
         nb = int(token_block_offsets(cu)[-1])
         if scales.shape[1:] != elements.shape[1:] or scales.shape[0] < nb:
             raise ValueError(f"scale_bits: expected shape ({nb} or more,) + {elements.shape[1:]}, got {scales.shape}")

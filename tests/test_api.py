@@ -25,11 +25,11 @@ def test_broadcast_q_output_rows(device):
 
 
 def test_auto_backend_on_cpu_follows_the_interpreter():
-    from jfa.api import _resolve_backend
+    from jfa.dispatch import resolve_backend
     from jfa.kernels.triton import interpreter_active
 
     expected = "triton" if interpreter_active() else "torch"  # --device cpu turns the interpreter on
-    assert _resolve_backend("auto", torch.device("cpu")) == expected
+    assert resolve_backend("auto", torch.device("cpu")) == expected
 
 
 def test_triton_and_torch_backends_agree_with_each_other(device):
@@ -87,9 +87,9 @@ def test_backward_op_registration_passes_opcheck(device):
 
 def test_max_seqlen_hints_need_no_values_read(monkeypatch, device):
     """With trusted offsets (JFA_TRUST_OFFSETS) and both hints, the offsets are not read back to the host."""
-    import jfa.api as api
+    import jfa.dispatch as dispatch
 
-    monkeypatch.setattr(api, "_check_offsets_values", lambda *a: pytest.fail("offsets were read"))
+    monkeypatch.setattr(dispatch, "check_offsets_values", lambda *a: pytest.fail("offsets were read"))
     inp = _inputs(device)
     with knobs.scope(trust_offsets=True):
         out = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 70, 64)
@@ -294,13 +294,13 @@ def test_nested_tensor_mistakes_say_what_to_do():
 def test_without_the_interpreter_a_cpu_call_says_it_runs_the_reference(monkeypatch, caplog):
     import logging
 
-    from jfa import api
+    from jfa import dispatch
 
     monkeypatch.setattr("jfa.kernels.triton.interpreter_active", lambda: False)
-    api._fallbacks_logged.clear()
+    dispatch._fallbacks_logged.clear()
     with caplog.at_level(logging.INFO, logger="jfa"):
-        assert api._resolve_backend("auto", torch.device("cpu")) == "torch"
-        assert api._resolve_backend("auto", torch.device("cpu")) == "torch"
+        assert dispatch.resolve_backend("auto", torch.device("cpu")) == "torch"
+        assert dispatch.resolve_backend("auto", torch.device("cpu")) == "torch"
     messages = [r.getMessage() for r in caplog.records if "PyTorch reference" in r.getMessage()]
     assert len(messages) == 1 and "TRITON_INTERPRET=1" in messages[0]
 

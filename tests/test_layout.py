@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jfa"
 HARNESS = ("jfa.oracle", "jfa.fuzz", "jfa.sim", "jfa.bench")
-PRODUCT = [PACKAGE / "api.py", PACKAGE / "knobs.py", PACKAGE / "__init__.py"] + sorted((PACKAGE / "kernels").rglob("*.py"))
+PRODUCT = [PACKAGE / name for name in ("__init__.py", "api.py", "block_sparse.py", "dispatch.py", "knobs.py", "mx.py")] + sorted((PACKAGE / "kernels").rglob("*.py"))
 
 
 def _imports(path: Path) -> set:

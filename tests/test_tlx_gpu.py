@@ -107,7 +107,7 @@ def test_auto_falls_back_to_portable_visibly(dtype, head_dim, words, caplog):
     q, k, v, cu = packed([5, 9], head_dim=head_dim, dtype=dtype)
     choice = jfa.which_kernels(q, k, v)
     assert choice.forward == "triton" and words in choice.reason
-    jfa.api._fallbacks_logged.discard(choice.reason)
+    jfa.dispatch._fallbacks_logged.discard(choice.reason)
     with caplog.at_level(logging.INFO, logger="jfa"), recording_dispatch() as ran:
         jfa.jagged_attention(q, k, v, cu, cu)
         jfa.jagged_attention(q, k, v, cu, cu)

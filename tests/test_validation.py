@@ -101,11 +101,11 @@ def test_valid_hints_accepted():
 
 
 def test_offsets_are_read_once_per_tensor_and_again_after_a_write(monkeypatch):
-    import jfa.api as api
+    import jfa.dispatch as dispatch
 
     reads = []
-    real = api._read_offsets
-    monkeypatch.setattr(api, "_read_offsets", lambda *a: reads.append(a[0]) or real(*a))
+    real = dispatch.read_offsets
+    monkeypatch.setattr(dispatch, "read_offsets", lambda *a: reads.append(a[0]) or real(*a))
     args = good()
     for _ in range(3):
         jfa.jagged_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"])

@@ -172,6 +172,34 @@ def test_device_max_seqlen_k_bound_may_exceed_the_longest(device):
     assert not compare_block_lists(*want, *device_rows(lists), num_heads=case.H, num_q_slots=lists.num_q_slots)
 
 
+def test_device_calls_with_the_same_offsets_share_the_plan_and_a_write_renews_it(device):
+    """The list offsets follow from the lengths and the rule: calls with the same offset tensors reuse them
+    (one tensor), each call's lists still match the oracle for its own q, k; an in-place write to the offsets
+    builds new ones."""
+    from jfa.kernels.triton.block_select import select_kv_blocks as select
+
+    case = Case((40, 17, 33), (50, 90, 70), causal=True, topk=2)
+    tck = torch.tensor(_cu(case.lens_k), dtype=torch.int32, device=device)
+    tcq = torch.tensor(_cu(case.lens_q), dtype=torch.int32, device=device)
+    runs = []
+    for seed in (1, 2):
+        q, k, cu_q, cu_k = make_inputs(case, seed)
+        lists = select(torch.tensor(q, device=device), torch.tensor(k, device=device), tcq, tck, max_seqlen_k=90,
+                       **case.selection())
+        want = select_kv_blocks(q, k, cu_q, cu_k, **case.selection())
+        assert not compare_block_lists(*want, *device_rows(lists), num_heads=case.H, num_q_slots=lists.num_q_slots)
+        runs.append(lists)
+    assert runs[0].offsets is runs[1].offsets
+    assert not torch.equal(runs[0].indices, runs[1].indices), "two seeds, two selections"
+    tck[1:] = torch.tensor(_cu((50, 90, 10))[1:], dtype=torch.int32, device=device)  # the last sequence shrinks
+    q, k, _, _ = make_inputs(Case(case.lens_q, (50, 90, 10), causal=True, topk=2), 3)
+    again = select(torch.tensor(q, device=device), torch.tensor(k, device=device), tcq, tck, max_seqlen_k=90,
+                   **case.selection())
+    assert again.offsets is not runs[0].offsets
+    want = select_kv_blocks(q, k, _cu(case.lens_q), _cu((50, 90, 10)), **case.selection())
+    assert not compare_block_lists(*want, *device_rows(again), num_heads=case.H, num_q_slots=again.num_q_slots)
+
+
 def test_device_rejects_both_rules_and_neither():
     from jfa.kernels.triton.block_select import select_kv_blocks as select
 

@@ -28,7 +28,8 @@ class BlockLists:
     """Per (head, query block) the key blocks block-sparse attention visits (module docstring).
 
     ``offsets`` int32 ``[num_heads * num_q_slots + 1]`` and ``indices`` int32 ``[capacity]`` on the kernels'
-    device; row ``r = head * num_q_slots + g`` lists ``indices[offsets[r]:offsets[r + 1]]``."""
+    device; row ``r = head * num_q_slots + g`` lists ``indices[offsets[r]:offsets[r + 1]]``. Read-only: the
+    selection shares one ``offsets`` tensor between the lists of every call with the same offsets and rule."""
 
     offsets: torch.Tensor
     indices: torch.Tensor

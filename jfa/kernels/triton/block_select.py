@@ -75,6 +75,7 @@ import triton.language as tl
 
 from jfa.kernels import alloc
 from jfa.kernels.block_lists import BlockLists, query_blocks
+from jfa.kernels.cache import IdentityCache
 from jfa.kernels.schedule import build_tile_list, num_tile_slots, output_offsets, virtual_cu_seqlens
 from jfa.kernels.triton.configs import padded_head_dim
 from jfa.kernels.triton.forward import _seq_bounds
@@ -353,28 +354,23 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
                               keep_ratio=keep_ratio, causal=causal, broadcast_q=broadcast_q, len_q=len_q_bcast)
     if max(capacity, num_heads * slots + 1) > _INT32_MAX:
         raise ValueError(f"block lists of {capacity} entries do not fit int32 offsets: use a larger block_size")
-    offsets = torch.zeros(num_heads * slots + 1, dtype=torch.int32, device=device)
     # spare capacity stays unwritten; inside alloc.poisoned_outputs it holds -1, so an entry the kernel
     # should have written and did not shows up
     indices = (torch.full((capacity,), -1, dtype=torch.int32, device=device) if alloc.poisoning()
                else torch.empty(capacity, dtype=torch.int32, device=device))
-    lists = BlockLists(offsets, indices, bs, num_heads, slots, causal)
-    if slots == 0 or num_heads == 0 or total_k == 0:
-        return lists  # no Q block, or no key anywhere: every row is empty
+    if slots == 0 or num_heads == 0 or total_k == 0:  # no Q block, or no key anywhere: every row is empty
+        return BlockLists(torch.zeros(num_heads * slots + 1, dtype=torch.int32, device=device), indices, bs,
+                          num_heads, slots, causal)
 
     use_ratio = keep_ratio is not None
-    ratio = torch.full((1,), float(keep_ratio) if use_ratio else 0.0, dtype=torch.float64, device=device)
     topk_arg = min(int(topk), _INT32_MAX) if topk is not None else 0
     block_d = padded_head_dim(head_dim)
     common = dict(BLOCK=bs, CAUSAL=bool(causal), BROADCAST_Q=bool(broadcast_q), USE_RATIO=use_ratio)
-
-    counts = torch.empty(slots, dtype=torch.int32, device=device)
-    _count_kernel[(triton.cdiv(slots, _COUNT_BLOCK),)](
-        out_cu, cu_k, q_tiles.tiles, counts, ratio, slots, num_seqs, len_q_bcast, topk_arg,
-        BLOCK_G=_COUNT_BLOCK, **common)
-    ends = torch.cumsum(counts, 0, dtype=torch.int32)  # per head; heads follow one another
-    head_base = torch.arange(num_heads, dtype=torch.int32, device=device)[:, None] * ends[-1:]
-    offsets[1:] = (head_base + ends[None, :]).reshape(-1)
+    plan = _plans.get_or_build(
+        (out_cu, cu_k), (bs, num_heads, slots, topk_arg, keep_ratio, causal, broadcast_q, len_q_bcast),
+        lambda: _plan(out_cu, cu_k, q_tiles, num_heads, slots, num_seqs, len_q_bcast, topk_arg, keep_ratio, common))
+    offsets, ratio, kb_start = plan
+    lists = BlockLists(offsets, indices, bs, num_heads, slots, causal)
 
     # pooled blocks: [heads, D, block slots] float32, each block's rows summed once
     if broadcast_q:
@@ -385,10 +381,6 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
     k_tiles = build_tile_list(cu_k, total_k, bs)
     qpool = _pool(q, q_cu, q_pool_tiles, bs, block_d)
     kpool = _pool(k, cu_k, k_tiles, bs, block_d)
-    ck = cu_k.to(torch.int64)
-    kb_per_seq = (ck[1:] - ck[:-1] + bs - 1) // bs
-    kb_start = torch.cumsum(kb_per_seq, 0) - kb_per_seq  # the first K block slot of each sequence
-
     kmax = -(-max_seqlen_k // bs)
     chunk = min(max(16, triton.next_power_of_2(max(kmax, 1))), _CHUNK)
     _select_kernel[(slots, num_heads)](
@@ -396,6 +388,33 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
         slots, q_pool_tiles.num_slots, k_tiles.num_slots, num_seqs, num_heads // k.shape[1], len_q_bcast, topk_arg,
         capacity, HEAD_DIM=head_dim, CHUNK=chunk, BLOCK_D=block_d, **common, num_warps=4, enable_fp_fusion=False)
     return lists
+
+
+# per (offsets, rule): the list offsets, which follow from the lengths and the rule alone (a model's layers
+# share the offsets, so one build per batch instead of ~10 small device ops per call)
+_plans = IdentityCache()
+
+
+def _plan(out_cu, cu_k, q_tiles, num_heads: int, slots: int, num_seqs: int, len_q_bcast: int, topk_arg: int,
+          keep_ratio, common: dict) -> tuple:
+    """(offsets int32 [H * slots + 1], the keep ratio as a float64 device scalar, the first key block slot of
+    each sequence int64 [B]) of a selection."""
+    device = cu_k.device
+    ratio = torch.full((1,), float(keep_ratio) if keep_ratio is not None else 0.0, dtype=torch.float64,
+                       device=device)
+    counts = torch.empty(slots, dtype=torch.int32, device=device)
+    _count_kernel[(triton.cdiv(slots, _COUNT_BLOCK),)](
+        out_cu, cu_k, q_tiles.tiles, counts, ratio, slots, num_seqs, len_q_bcast, topk_arg,
+        BLOCK_G=_COUNT_BLOCK, **common)
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)  # per head; heads follow one another
+    head_base = torch.arange(num_heads, dtype=torch.int32, device=device)[:, None] * ends[-1:]
+    offsets = torch.zeros(num_heads * slots + 1, dtype=torch.int32, device=device)
+    offsets[1:] = (head_base + ends[None, :]).reshape(-1)
+    bs = common["BLOCK"]
+    ck = cu_k.to(torch.int64)
+    kb_per_seq = (ck[1:] - ck[:-1] + bs - 1) // bs
+    kb_start = torch.cumsum(kb_per_seq, 0) - kb_per_seq
+    return offsets, ratio, kb_start
 
 
 def _pool(x: torch.Tensor, cu: torch.Tensor, tiles, block_size: int, block_d: int) -> torch.Tensor:

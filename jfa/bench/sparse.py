@@ -40,9 +40,9 @@ CHECK_HEADS = 2
 IMPLS = ("jfa-dense", "jfa-sparse", "jfa-sparse-lists", "flex-blockmask")
 
 
-def _problems(causal: bool) -> list:
+def _problems(causal: bool, only: str = "") -> list:
     gem = {p.name: p for p in get_suite("gem")}
-    out = [gem[name] for name in PROBLEMS]
+    out = [gem[name] for name in PROBLEMS if only in name]
     if causal:
         out += [replace(p, name=p.name + "-causal", causal=True) for p in out]
     return out
@@ -209,14 +209,14 @@ def _time(run: _Run, repeats: int, warmup: int, rep: int) -> dict:
 
 
 def run(out_dir: str, keeps=KEEPS, impls=IMPLS, repeats: int = 3, causal: bool = False, warmup: int = 25,
-        rep: int = 100, log=print) -> list:
+        rep: int = 100, log=print, only: str = "") -> list:
     """Every (problem, keep, impl) row; also written to ``out_dir``/sparse.json and .md."""
     import jfa
     from jfa.kernels.block_lists import exact_csr
 
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
-    for problem in _problems(causal):
+    for problem in _problems(causal, only):
         lengths_k = make_lengths(problem)
         lengths_q = q_lengths(problem, lengths_k)
         batch = make_batches(problem, lengths_q, lengths_k, 1, device)[0]
@@ -342,6 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, from: {', '.join(IMPLS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--causal", action="store_true", help="also the causal versions of the problems")
+    ap.add_argument("--only", default="", help="only the problems whose name contains this")
     ap.add_argument("--profile", action="store_true", help="instead: torch.profiler tables at keep 0.5 (profile)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -354,7 +355,8 @@ def main(argv=None) -> int:
     for name in impls:
         if name not in IMPLS:
             ap.error(f"unknown impl {name!r}; known: {', '.join(IMPLS)}")
-    rows = run(args.out, tuple(float(x) for x in args.keep.split(",")), impls, args.repeats, args.causal)
+    rows = run(args.out, tuple(float(x) for x in args.keep.split(",")), impls, args.repeats, args.causal,
+               only=args.only)
     print(table(rows))
     return 1 if any(r.get("status") in ("wrong", "error") for r in rows) else 0
 

@@ -19,7 +19,7 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
 * Persistent grid, one CTA per SM, dealing work items round-robin over a longest-first list
   (``common.device.static_item``). A work item is (key tile of ``2 * BLOCK_N`` rows, head); the tile
   list is built on the key offsets and sorted by each sequence's query length (the work a key tile
-  streams over).
+  streams over). Block-sparse builds number the items head-major (``common.device.item_slot_head``).
 * Producer (default partition, one warpgroup): per item, TMA loads of each consumer's K and V half
   (``BLOCK_N`` rows each, single-buffered: reloaded when both MMAs of the item's last step retired),
   then per step the ``BLOCK_M`` query rows' Q, dO and row statistics (lse2, delta) into a ring shared by
@@ -64,7 +64,7 @@ from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, safe_sequence, static_item
+from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, item_slot_head, safe_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, make_variant, offline_signature, sm_count, tlx
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 
@@ -177,13 +177,14 @@ def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs,
     entry, ``bulk_end`` equals it and ``num_q_tiles`` is it plus the step count, so that every step is in
     the masked loop, which decides per step which of the two steps it runs (``_sparse_step_masked``)."""
     head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
     n_start = tile * TILE_N
     causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
     num_q_tiles = tl.cdiv(len_q, BLOCK_M)
     lo, hi = 0, 0  # (Python ints: folded away where there is no window)
     if SPARSE:
-        col = (item % num_heads) * num_slots + tl.load(TILES + (item // num_heads + 2 * num_slots))
+        slot, _head = item_slot_head(item, num_slots, num_heads, SPARSE)
+        col = head * num_slots + tl.load(TILES + (slot + 2 * num_slots))
         first = tl.load(COL_OFF + col)
         n_listed = tl.where(len_k > 0, tl.load(COL_OFF + col + 1) - first, 0)
         num_q_tiles = first + n_listed * (TILE_N // BLOCK_M)
@@ -211,10 +212,11 @@ def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs,
 
 
 @triton.jit
-def _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs):
+def _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, SPARSE: tl.constexpr):
     """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
     statistics: ``row_stats.aligned_columns``); a multiple of its COLUMN_ALIGN."""
-    seq, _valid = safe_sequence(tl.load(TILES + item // num_heads), num_seqs)
+    slot, _head = item_slot_head(item, num_slots, num_heads, SPARSE)
+    seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
     return tl.load(STATS_CU + seq).to(tl.int32)
 
 
@@ -338,7 +340,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                    CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M)
     SUB: tl.constexpr = TILE_N // BLOCK_M
-    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_heads, num_seqs)
+    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, SPARSE)
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
     out_row0 = out_row0.to(tl.int32)
@@ -626,7 +628,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         # the item's numbers read again rather than carried through the loops (registers: at 240 with
         # 64-row steps the values kept for the epilogue are spilled to the stack)
         head, _t, _qr, _or, _lq, k_row0, len_k = item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads,
-                                                               num_seqs, len_q_bcast, BROADCAST_Q)
+                                                               num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
         offs_n = _t * TILE_N + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_n < len_k
     offs_d = tl.arange(0, HEAD_DIM)

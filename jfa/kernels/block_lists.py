@@ -96,13 +96,27 @@ _transposes = IdentityCache()
 
 def transpose(lists: BlockLists, q_blocks: TileList, cu_k: torch.Tensor, total_k: int) -> Transposed:
     """The key-side view of ``lists`` (:class:`Transposed`), built on the device without a sync; cached per
-    lists and offsets. ``q_blocks``: :func:`query_blocks` of the same batch."""
+    lists and offsets. ``q_blocks``: :func:`query_blocks` of the same batch. One Triton launch where Triton
+    runs (CUDA, or the CPU interpreter: ``jfa.kernels.triton.block_transpose``), else
+    :func:`transpose_reference`; both give the same lists."""
     return _transposes.get_or_build(
         (lists.offsets, lists.indices, cu_k), (total_k, lists.block_size),
-        lambda: _transpose(lists, q_blocks, cu_k, total_k))
+        lambda: _transpose_on_device(lists, q_blocks, cu_k, total_k))
 
 
-def _transpose(lists: BlockLists, q_blocks: TileList, cu_k: torch.Tensor, total_k: int) -> Transposed:
+def _transpose_on_device(lists: BlockLists, q_blocks: TileList, cu_k: torch.Tensor, total_k: int) -> Transposed:
+    from jfa.kernels.triton import interpreter_active
+
+    if lists.offsets.is_cuda or (lists.offsets.device.type == "cpu" and interpreter_active()):
+        from jfa.kernels.triton.block_transpose import transpose_lists
+
+        return transpose_lists(lists, q_blocks, cu_k, total_k)
+    return transpose_reference(lists, q_blocks, cu_k, total_k)
+
+
+def transpose_reference(lists: BlockLists, q_blocks: TileList, cu_k: torch.Tensor, total_k: int) -> Transposed:
+    """:func:`transpose` in ~35 small torch ops (a sort over every entry): for devices without Triton, and
+    the reference the Triton kernel is tested against."""
     bs, heads, nqs = lists.block_size, lists.num_heads, lists.num_q_slots
     k_blocks = key_blocks(cu_k, total_k, bs)
     nks = k_blocks.num_slots

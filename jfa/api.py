@@ -15,15 +15,16 @@ import torch
 
 from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check_block_size, select_kv_blocks,
                               sparse_backend)
-from jfa.dispatch import (KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
-                          record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
+from jfa.dispatch import (MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
+                          mx_backend, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
 __all__ = ["jagged_attention", "block_sparse_attention", "select_kv_blocks", "which_kernels", "KernelChoice",
            "recording_dispatch", "tlx_backward_supports"]
 
 
 def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str = "auto",
-                  window_size: tuple[int, int] = (-1, -1), block_size: Optional[int] = None) -> KernelChoice:
+                  window_size: tuple[int, int] = (-1, -1), block_size: Optional[int] = None,
+                  precision: str = "auto") -> KernelChoice:
     """Which kernels ``jagged_attention(q, k, v, ..., backend=backend)`` runs, and why (dispatch made
     visible: a call the TLX kernel cannot take runs the portable kernel). Checks only the tensors and
     the backend; runs nothing.
@@ -32,6 +33,7 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
         q, k, v: the tensors a call would get (packed; jagged NestedTensors give their values).
         backend, window_size: as for ``jagged_attention``.
         block_size: the kernels of ``block_sparse_attention(..., block_size=block_size)`` instead.
+        precision: as for ``jagged_attention`` ("mxfp8": the portable MXFP8 kernels, or why not).
 
     Returns:
         A :class:`KernelChoice`: the forward and backward kernels and the reason either is not TLX.
@@ -41,8 +43,17 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
             run here.
     """
     q, k, v = (t.values() if getattr(t, "is_nested", False) else t for t in (q, k, v))
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+        check_tensor(name, t, MX_RULES.get(precision))
+    if precision in MX_RULES:
+        if block_size is not None:
+            raise ValueError("precision: block-sparse attention has no MXFP8 kernels")
+        device = q.device
+        mx_backend(backend, device)
+        return KernelChoice("triton-mxfp8", "triton-mxfp8", "MXFP8 runs the portable Triton kernels (no TLX "
+                            "MXFP8 kernel yet)")
     if block_size is not None:
         resolved, reason = sparse_backend(backend, q, k, v, check_block_size(block_size))
         return KernelChoice(*SPARSE_KERNEL_NAMES[resolved], reason)
@@ -328,7 +339,12 @@ def jagged_attention(
             (row ``b * Lq + i``) and dq sums over b.
         deterministic: bitwise reproducible gradients (the TLX backward then takes dQ from the portable
             pass instead of its fused reduce-adds).
-        precision: "auto" (compute in the input dtype, fp32 accumulation).
+        precision: "auto" (compute in the input dtype, fp32 accumulation), or "mxfp8" / "mxfp8-rceil":
+            OCP MXFP8 (E4M3 elements, E8M0 scales per 32 elements; FLOOR or RCEIL scale rule) with the
+            semantics of docs/mxfp8.md section 2 (q, k, v, P and the backward's operands quantized along
+            their products' reduction axes; a straight-through backward). q, k, v may then be
+            ``jfa.mx.MXTensor``s quantized beforehand (q, k ``axis="dim"``, v ``axis="tokens"`` by
+            cu_seqlens_k; forward only). MXFP8 runs the portable Triton kernels.
         backend: "auto" (the TLX Hopper kernels where they apply on an sm_90 GPU, the portable Triton
             kernel elsewhere, Triton's interpreter for CPU tensors), "tlx", "triton" or "torch" (the
             reference). ``jfa.which_kernels`` says which kernel a call gets and why.
@@ -349,7 +365,15 @@ def jagged_attention(
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
                        precision=precision, backend=backend, return_lse=return_lse, window_size=window_size)
-    if problem.backend == "torch":
+    if precision in MX_RULES:
+        from jfa.mx import mx_attention
+
+        out, lse = mx_attention(*(t if type(t).__name__ == "MXTensor" else p for t, p in
+                                  ((q, problem.q), (k, problem.k), (v, problem.v))),
+                                cu_seqlens_q, cu_seqlens_k, rule=MX_RULES[precision], causal=causal,
+                                softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q,
+                                num_seqs=problem.num_seqs, len_q_bcast=problem.len_q_bcast, window=problem.window)
+    elif problem.backend == "torch":
         from jfa.reference import attention_reference
 
         out, lse = attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,

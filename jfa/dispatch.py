@@ -23,7 +23,8 @@ from jfa.kernels.triton.configs import MAX_HEAD_DIM
 log = logging.getLogger("jfa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKENDS = ("auto", "tlx", "triton", "torch")
-PRECISIONS = ("auto",)
+PRECISIONS = ("auto", "mxfp8", "mxfp8-rceil")
+MX_RULES = {"mxfp8": "floor", "mxfp8-rceil": "rceil"}  # the MXFP8 precisions and their scale rules
 KERNEL_NAMES = {"triton": "triton", "tlx": "tlx-hopper", "torch": "torch"}  # as KernelChoice names them
 
 
@@ -53,13 +54,24 @@ class KernelChoice:
     reason: str
 
 
-def check_tensor(name: str, t) -> None:
+def check_tensor(name: str, t, mx_rule: Optional[str] = None):
+    """``t`` itself, or for an MXFP8 call (``mx_rule`` set) an ``jfa.mx.MXTensor``'s fp8 data once its axis
+    (q, k along ``dim``, v along ``tokens``) and rule match the call."""
+    if mx_rule is not None and type(t).__name__ == "MXTensor":
+        axis = "tokens" if name == "v" else "dim"
+        if t.axis != axis:
+            raise ValueError(f"{name}: an MXTensor quantized along {t.axis!r}; precision='mxfp8' takes {name} "
+                             f"along {axis!r} (jfa.mx.quantize(x, {axis!r}{', cu_seqlens_k' if name == 'v' else ''}))")
+        if t.rule != mx_rule:
+            raise ValueError(f"{name}: quantized with rule {t.rule!r}, the call's precision asks for {mx_rule!r}")
+        return t.data
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
     if t.dim() != 3:
         raise ValueError(f"{name}: expected shape [tokens, heads, head_dim] (3-D), got {tuple(t.shape)}")
+    return t
 
 
 def check_offsets_meta(name: str, cu, device: torch.device) -> None:
@@ -156,6 +168,23 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def mx_backend(backend: str, device: torch.device) -> str:
+    """The backend of an MXFP8 call: the portable Triton kernels (CUDA, or CPU tensors under the interpreter)."""
+    if backend == "tlx":
+        raise ValueError("backend: 'tlx' has no MXFP8 kernel yet; use backend='auto' or 'triton' (the portable "
+                         "MXFP8 kernels)")
+    if backend == "torch":
+        raise ValueError("backend: 'torch' (the reference) has no MXFP8 path; the MXFP8 oracle is "
+                         "jfa.oracle.mx_attention (NumPy)")
+    if backend == "auto" and device.type == "cuda":
+        return resolve_backend("triton", device)
+    resolved = resolve_backend(backend, device)
+    if resolved != "triton":
+        raise ValueError("precision: MXFP8 runs the portable Triton kernels: CUDA tensors, or CPU tensors with "
+                         "TRITON_INTERPRET=1 set before triton is imported")
+    return resolved
+
+
 def tlx_target_registered(device: torch.device) -> bool:
     """Whether something (the TLX simulator) registered a TLX execution target for ``device``."""
     from jfa.kernels.tlx.common.target import target_for
@@ -204,9 +233,17 @@ def check_window(window_size, causal: bool) -> tuple:
 
 def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale,
              broadcast_q, deterministic, precision, backend, return_lse, window_size=(-1, -1)) -> Problem:
-    """Check every argument against the contract; returns what the launchers need. Runs no kernel."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+    """Check every argument against the contract; returns what the launchers need. Runs no kernel. With an
+    MXFP8 precision q, k, v may be ``jfa.mx.MXTensor``s (all three or none); the Problem then holds their data."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
+    mx_rule = MX_RULES.get(precision)
+    given = [type(t).__name__ == "MXTensor" for t in (q, k, v)]
+    if any(given) and mx_rule is None:
+        raise TypeError("q, k, v: MXTensors need precision='mxfp8' or 'mxfp8-rceil' (their scale rule)")
+    if any(given) and not all(given):
+        raise TypeError("q, k, v: give all three as MXTensors (inference on pre-quantized operands) or none")
+    q, k, v = (check_tensor(name, t, mx_rule) for name, t in (("q", q), ("k", k), ("v", v)))
     for name, flag in (("causal", causal), ("broadcast_q", broadcast_q), ("deterministic", deterministic),
                        ("return_lse", return_lse)):
         if not isinstance(flag, bool):
@@ -232,8 +269,6 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
             raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
     window = check_window(window_size, causal)
     check_hint("max_seqlen_q", max_seqlen_q)
     check_hint("max_seqlen_k", max_seqlen_k)
@@ -254,7 +289,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         if cu_seqlens_q.numel() != cu_seqlens_k.numel():
             raise ValueError(f"cu_seqlens_q, cu_seqlens_k: must have the same length B+1, got "
                              f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    resolved = resolve_backend(backend, q.device)
+    resolved = resolve_backend(backend, q.device) if mx_rule is None else mx_backend(backend, q.device)
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
     if not (hints_given and knobs.trust_offsets):

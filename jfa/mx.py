@@ -203,7 +203,12 @@ def quantize(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor] = No
             raise ValueError("cu_seqlens: required with axis='tokens' (blocks never straddle sequences)")
         _check_offsets(cu_seqlens, x)
     _check_device(x)
+    return encode(x, axis, cu_seqlens, rule)
 
+
+def encode(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor], rule: str) -> MXTensor:
+    """:func:`quantize` without its checks (no device read), for callers that checked ``x`` and the offsets
+    already: the attention op and its kernels."""
     from jfa.kernels.triton import mx_quant
 
     if axis == "dim":
@@ -215,3 +220,68 @@ def quantize(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor] = No
         data, scales = mx_quant.quantize_tokens(x, cu_seqlens, offsets, rows, rule == "rceil")
     return MXTensor(data=data.view(torch.float8_e4m3fn), scales=scales, axis=axis, rule=rule, orig_dtype=x.dtype,
                     cu_seqlens=cu_seqlens if axis == "tokens" else None, block_offsets=offsets)
+
+
+# ----------------------------------------------------------------------------------------------------
+# MXFP8 attention (docs/mxfp8.md section 2): jfa.jagged_attention(..., precision="mxfp8") runs this
+# ----------------------------------------------------------------------------------------------------
+KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the MXFP8 kernels
+
+
+def _launcher(name: str):
+    from jfa.kernels.triton import mx_attention
+
+    return getattr(mx_attention, name)
+
+
+class _EagerMXAttention(torch.autograd.Function):
+    """The MXFP8 forward on q, k, v quantized here, and the straight-through backward of section 2 (each of
+    its products quantized from the saved high-precision q, k, v, dout)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window):
+        from jfa.dispatch import record
+
+        out, lse = _launcher("mx_forward")(
+            encode(q, "dim", None, rule), encode(k, "dim", None, rule), encode(v, "tokens", cu_k, rule), cu_q, cu_k,
+            causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
+            len_q_bcast=len_q_bcast, window=window, rule=rule, out_dtype=q.dtype)
+        record("forward", "triton", q.device, KERNEL_NAME)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from jfa.dispatch import last_dim_contiguous, record
+
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window = ctx.args
+        dout = last_dim_contiguous(torch.zeros_like(out) if dout is None else dout)
+        dq, dk, dv = _launcher("mx_backward")(
+            q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+            num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule,
+            dlse=None if dlse is None else dlse.contiguous())
+        record("backward", "triton", q.device, KERNEL_NAME)
+        return dq, dk, dv, *(None,) * 9
+
+
+def mx_attention(q, k, v, cu_q, cu_k, *, rule: str, causal: bool, softmax_scale: float, broadcast_q: bool,
+                 num_seqs: int, len_q_bcast: int, window) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of section 2 for checked arguments: q, k, v high-precision tensors (quantized here,
+    differentiable) or MXTensors (q, k along ``dim``, v along ``tokens`` by ``cu_k``; forward only)."""
+    if isinstance(q, MXTensor):
+        from jfa.dispatch import record
+
+        if v.cu_seqlens is not cu_k and not (v.cu_seqlens.shape == cu_k.shape and torch.equal(
+                v.cu_seqlens.to(cu_k.dtype), cu_k)):
+            raise ValueError("v: an MXTensor quantized along the tokens of other offsets than cu_seqlens_k "
+                             "(its blocks must be the call's key sequences)")
+        out, lse = _launcher("mx_forward")(
+            q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+            num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule, out_dtype=q.orig_dtype)
+        record("forward", "triton", q.device, KERNEL_NAME)
+        return out, lse
+    return _EagerMXAttention.apply(q, k, v, cu_q, cu_k, rule, causal, softmax_scale, broadcast_q, num_seqs,
+                                   len_q_bcast, window)

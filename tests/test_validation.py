@@ -68,7 +68,8 @@ BAD = [
     ("backend-unknown", dict(backend="cuda"), ValueError, ["backend", "one of"]),
     ("backend-tlx-on-cpu", dict(backend="tlx"), ValueError, ["backend", "tlx", "CUDA"]),
     ("precision-unknown", dict(precision="fp8"), ValueError, ["precision", "one of"]),
-    ("precision-mxfp8-unavailable", dict(precision="mxfp8"), ValueError, ["precision", "mxfp8"]),
+    ("precision-unknown", dict(precision="fp8"), ValueError, ["precision", "fp8"]),
+    ("precision-mxfp8-on-the-reference", dict(precision="mxfp8", backend="torch"), ValueError, ["backend", "MXFP8"]),
 ]
 
 

@@ -38,6 +38,11 @@ from .errors import (  # noqa: E402
 from .launch import DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT_S, LaunchReport, launch  # noqa: E402
 from .sched import Schedule  # noqa: E402
 from .target import SimSession, install, simulated, uninstall  # noqa: E402
+from jfa.kernels.triton._interpreter import install_bf16_dot_fix  # noqa: E402
+
+# the simulator runs kernels on Triton's interpreter: with the same bf16 fixes the portable kernels install
+# (a simulation must not depend on whether a portable kernel was imported first)
+install_bf16_dot_fix()
 
 __all__ = [
     "launch", "LaunchReport", "Schedule", "simulated", "install", "uninstall", "SimSession", "PINS",

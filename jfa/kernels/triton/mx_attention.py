@@ -106,9 +106,12 @@ def _load_tokens(DATA, SCALES, rows, block_rows, row_mask, offs_d, d_mask, strid
 def _operand(x, DOT: tl.constexpr):
     """A dequantized tile a program keeps across its loop, in the dots' input type (bf16 halves its
     registers; the conversion is exact)."""
+    # one return: Triton 3.8 types every return of a function alike, even one a constexpr branch drops
     if DOT == "ieee":
-        return x
-    return x.to(tl.bfloat16)
+        y = x
+    else:
+        y = x.to(tl.bfloat16)
+    return y
 
 
 @triton.jit

@@ -231,11 +231,14 @@ def _cuda_and_import(module: str, names: tuple, label: str) -> tuple[bool, str]:
 # ---------------------------------------------------------------------------------------
 
 class JfaImpl(Impl):
-    """``jfa.jagged_attention`` with a fixed backend ("triton" or "tlx")."""
+    """``jfa.jagged_attention`` with a fixed backend ("triton" or "tlx") and precision ("auto": the input
+    dtype; "mxfp8": the portable MXFP8 kernels, judged by docs/mxfp8.md's bounds in the tests, not by the
+    bench's bf16 oracle check)."""
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, precision: str = "auto"):
         self.backend = backend
-        self.name = f"jfa-{backend}"
+        self.precision = precision
+        self.name = f"jfa-{backend}" if precision == "auto" else f"jfa-{precision}"
 
     def available(self) -> tuple[bool, str]:
         ok, why = _cuda_available()
@@ -256,7 +259,7 @@ class JfaImpl(Impl):
             return jfa.jagged_attention(
                 q, k, v, batch.cu_q, batch.cu_k, batch.max_q, batch.max_k,
                 causal=batch.causal, broadcast_q=batch.broadcast_q, backend=self.backend,
-                window_size=tuple(batch.window) if batch.windowed else (-1, -1))
+                window_size=tuple(batch.window) if batch.windowed else (-1, -1), precision=self.precision)
 
         return Prepared(
             fwd=lambda: forward(batch.q, batch.k, batch.v),
@@ -802,6 +805,7 @@ class FA4VarlenImpl(Impl):
 IMPLS: dict[str, Callable[[], Impl]] = {
     "jfa-triton": lambda: JfaImpl("triton"),
     "jfa-tlx": lambda: JfaImpl("tlx"),
+    "jfa-mxfp8": lambda: JfaImpl("triton", "mxfp8"),
     "torch-varlen": TorchVarlenImpl,
     "flex-docmask": FlexDocMaskImpl,
     "sdpa-padded": PaddedSDPAImpl,

@@ -442,7 +442,8 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
 
     rows = []
     for impl in impls:
-        r = _bench_impl(impl, batches, grad, passes, checker, warmup, rep, repeats)
+        precision = getattr(impl, "precision", "auto")
+        r = _bench_impl(impl, batches, grad, passes, checker if precision == "auto" else None, warmup, rep, repeats)
         for pass_ in passes:
             ms = {"fwd": r["fwd_ms"], "bwd": r["bwd_ms"], "fwd_bwd": r["fwd_bwd_ms"]}[pass_]
             mem = r["fwd_mem"] if pass_ == "fwd" else r["fwd_bwd_mem"]
@@ -458,7 +459,8 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
                        peak_mem_mib=mem if status == "ok" else None,
                        host_us=host if status == "ok" else None,
                        max_abs_err=r["err"], setup_ms=r["setup_ms"], note=r["note"], n_copies=n,
-                       total_q=out_rows, total_k=int(lengths_k.sum()), sparsity=sparsity)
+                       total_q=out_rows, total_k=int(lengths_k.sum()), sparsity=sparsity,
+                       precision=str(problem.dtype).removeprefix("torch.") if precision == "auto" else precision)
             rows.append(row)
             if log:
                 log(format_table([row], header=False))

@@ -59,7 +59,7 @@ def _mutation_rows(device: str, junit: Path) -> list:
     kills: dict[str, dict] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         name = tc.get("name", "")
-        for kind in ("test_catalog_kills", "test_fuzzer_kills", "test_simulator_kills"):
+        for kind in ("test_catalog_kills", "test_fuzzer_kills", "test_simulator_kills", "test_mx_fuzzer_kills"):
             if not name.startswith(kind + "["):
                 continue
             props = {p.get("name"): p.get("value") for p in tc.iter("property")}
@@ -67,7 +67,8 @@ def _mutation_rows(device: str, junit: Path) -> list:
             skipped = tc.find("skipped") is not None
             cell = "skipped" if skipped else ("SURVIVED" if failed else
                                               f"{props.get('examples_to_kill', '?')} ex / {props.get('seconds_to_kill', '?')} s")
-            kills.setdefault(name[len(kind) + 1:-1], {})[kind] = cell
+            column = "test_fuzzer_kills" if kind == "test_mx_fuzzer_kills" else kind  # the MX fuzzer is a fuzzer
+            kills.setdefault(name[len(kind) + 1:-1], {})[column] = cell
     return [[device, m, k.get("test_catalog_kills", "-"), k.get("test_fuzzer_kills", "-"), k.get("test_simulator_kills", "-")]
             for m, k in sorted(kills.items())]
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from jfa.fuzz.catalog import default_suite
 from jfa.fuzz.mutants import (
+    MX_MUTANTS,
     BACKWARD,
     BLOCK_SPARSE,
     BY_NAME,
@@ -77,10 +78,11 @@ def _assert_restored(originals):
 def test_mutant_names_and_count():
     assert len(MUTANTS) >= 12
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert {m.module for m in MUTANTS} == set(MODULES)
+    assert {m.module for m in MUTANTS + MX_MUTANTS} == set(MODULES)
+    assert not {m.name for m in MUTANTS} & {m.name for m in MX_MUTANTS}
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=IDS)
+@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS, ids=IDS + [m.name for m in MX_MUTANTS])
 def test_mutant_applies_and_is_restored(mutant, device):
     source = original_source(mutant.module)
     mutated = mutant.apply_to(source)  # raises MutantError unless the find text occurs exactly once
@@ -223,3 +225,26 @@ def test_simulator_kills(mutant, device, record_property):
     with sim.simulated(sm_count=3):
         report = run_case(case, backend="tlx", device="cpu")
     assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("mutant", MX_MUTANTS, ids=[m.name for m in MX_MUTANTS])
+def test_mx_fuzzer_kills(mutant, device, record_property):
+    """The MXFP8 fuzzer (bounds (a) and (b), jfa.fuzz.mx) kills every MXFP8 kernel mutant within 40 examples."""
+    _on_cpu_only(device)
+    import time
+
+    from jfa.fuzz import mx
+
+    start, killed_by, examples = time.perf_counter(), None, 0
+    with applied(mutant):
+        for i in range(40):
+            examples += 1
+            case = mx.sample_case(0, i)
+            if not mx.check_mx_case(case, device).ok:
+                killed_by = case.describe()
+                break
+    record_property("examples_to_kill", examples)
+    record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
+    record_property("killed_by", killed_by or "")
+    assert killed_by is not None, f"MX mutant {mutant.name} ({mutant.why}) survived {examples} MX fuzz examples"
+    assert mx.check_mx_case(mx.sample_case(0, examples - 1), device).ok, "the killing example passes unmutated"

@@ -44,8 +44,9 @@ BLOCK_SPARSE = "jfa.kernels.triton.block_sparse"
 TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
+MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
-MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
+MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
 TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
@@ -262,6 +263,22 @@ MUTANTS: tuple = (
            "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))",
            "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim)[:, :, 0])",
            "grouped-query dK keeps the first query head's partial instead of the group's sum"),
+)
+
+# MXFP8 kernels: judged by the MX bounds (jfa.fuzz.mx), not the bf16 rule, so killed by the MX fuzzer
+MX_MUTANTS: tuple = (
+    Mutant("mx-dv-p-unquantized", MX_ATTENTION,
+           "dv = _dot_acc(dv, _mx_round(p_t, RCEIL, BLOCK_N, BLOCK_M), do_t, DOT)",
+           "dv = _dot_acc(dv, p_t, do_t, DOT)",
+           "dV multiplies the unquantized P: the backward is not the MX product the semantics define"),
+    Mutant("mx-fwd-block-shift-dropped", MX_ATTENTION,
+           "p = _decode(codes.to(tl.int32), (sb - 127 + shift)[:, :, None], (sb == 255)[:, :, None])",
+           "p = _decode(codes.to(tl.int32), (sb - 127)[:, :, None], (sb == 255)[:, :, None])",
+           "P^ blocks quantized against their own maxima are not rescaled to the running maximum"),
+    Mutant("mx-dq-ds-unquantized", MX_ATTENTION,
+           "return _dot_acc(dq, _mx_round(ds, RCEIL, BLOCK_M, BLOCK_N), k_t, DOT)",
+           "return _dot_acc(dq, ds, k_t, DOT)",
+           "dQ multiplies the unquantized dS"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

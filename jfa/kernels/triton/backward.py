@@ -52,6 +52,40 @@ def delta_kernel(OUT, DOUT, DELTA, num_rows, num_heads, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def key_tile_queries(n_start, len_q, len_k, causal_shift, band_lo, band_hi, CAUSAL: tl.constexpr,
+                     WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query tiles that see the key tile of rows [n_start, n_start + BLOCK_N): (lo, hi, first, diag_end,
+    bulk_end, tail_end). Tiles [first, diag_end) (the causal diagonal, or a window's whole band) and
+    [bulk_end, tail_end) (the sequence's last partial tile) are masked, [diag_end, bulk_end) fully visible;
+    with WINDOW, (lo, hi) is the band (``jfa.kernels.bands``), 0 otherwise."""
+    num_q_tiles = (len_q + BLOCK_M - 1) // BLOCK_M
+    full_q_tiles = len_q // BLOCK_M
+    lo, hi = 0, 0
+    if WINDOW:
+        # the query rows that see a key of this tile: i in [n_start - hi, last key - lo]; every tile masked
+        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
+        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
+        last_key = tl.minimum(n_start + BLOCK_N, len_k) - 1
+        diag_end = tl.maximum(first, (tl.minimum(tl.maximum(last_key - lo + 1, 0), len_q) + BLOCK_M - 1) // BLOCK_M)
+    elif CAUSAL:
+        # query i sees key j iff j <= i + shift: the first tile with any visible row, and the first
+        # whose every row sees every key of this KV tile
+        first = tl.maximum(n_start - causal_shift, 0) // BLOCK_M
+        first_full = (tl.maximum(n_start + BLOCK_N - 1 - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M
+    else:
+        first = 0
+        first_full = 0
+    if WINDOW:
+        bulk_end = diag_end  # the band's tiles all go through the masked loop
+        tail_end = diag_end
+    else:
+        diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
+        bulk_end = tl.maximum(diag_end, full_q_tiles)
+        tail_end = num_q_tiles
+    return lo, hi, first, diag_end, bulk_end, tail_end
+
+
+@triton.jit
 def _dkdv_q_step(dk, dv, k, v, Q, DO, LSE, DELTA, q_row0, out_row0, m_start, offs_n, offs_d, d_mask,
                  stride_qt, stride_dot, num_heads, head, len_q, causal_shift, qk_scale, band_lo, band_hi,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -127,30 +161,8 @@ def jagged_dkdv_kernel(
 
     qk_scale = sm_scale * 1.4426950408889634
     causal_shift = len_k - len_q
-    num_q_tiles = (len_q + BLOCK_M - 1) // BLOCK_M
-    full_q_tiles = len_q // BLOCK_M
-    lo, hi = 0, 0
-    if WINDOW:
-        # the query rows that see a key of this tile: i in [n_start - hi, last key - lo]; every tile masked
-        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
-        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
-        last_key = tl.minimum(n_start + BLOCK_N, len_k) - 1
-        diag_end = tl.maximum(first, (tl.minimum(tl.maximum(last_key - lo + 1, 0), len_q) + BLOCK_M - 1) // BLOCK_M)
-    elif CAUSAL:
-        # query i sees key j iff j <= i + shift: the first tile with any visible row, and the first
-        # whose every row sees every key of this KV tile
-        first = tl.maximum(n_start - causal_shift, 0) // BLOCK_M
-        first_full = (tl.maximum(n_start + BLOCK_N - 1 - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M
-    else:
-        first = 0
-        first_full = 0
-    if WINDOW:
-        bulk_end = diag_end  # the band's tiles all go through the masked loop
-        tail_end = diag_end
-    else:
-        diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
-        bulk_end = tl.maximum(diag_end, full_q_tiles)
-        tail_end = num_q_tiles
+    lo, hi, first, diag_end, bulk_end, tail_end = key_tile_queries(n_start, len_q, len_k, causal_shift, band_lo,
+                                                                   band_hi, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)

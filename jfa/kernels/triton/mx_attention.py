@@ -41,10 +41,10 @@ import triton.language as tl
 
 from jfa import mx as jmx
 from jfa.kernels import alloc
-from jfa.kernels.bands import band_offsets, window_band
+from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
-from jfa.kernels.triton.backward import row_delta
+from jfa.kernels.triton.backward import key_tile_queries, row_delta
 from jfa.kernels.triton.configs import Configs, KernelConfig, MAX_HEAD_DIM, padded_head_dim
 from jfa.kernels.triton.forward import _head_dim_mask, _seq_bounds, dot_accumulate, query_tile_keys
 from jfa.kernels.triton.mx_quant import _quantize_tile
@@ -281,35 +281,6 @@ def mx_fwd_kernel(
 # backward kernels
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _key_tile_queries(n_start, len_q, len_k, causal_shift, band_lo, band_hi, CAUSAL: tl.constexpr,
-                      WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The query tiles that see the key tile at ``n_start``: (lo, hi, first, diag_end, bulk_end, tail_end).
-    Tiles [first, diag_end) and [bulk_end, tail_end) are masked, [diag_end, bulk_end) fully visible. The
-    same ranges as ``jfa.kernels.triton.backward.jagged_dkdv_kernel`` computes inline."""
-    num_q_tiles = (len_q + BLOCK_M - 1) // BLOCK_M
-    full_q_tiles = len_q // BLOCK_M
-    lo, hi = 0, 0
-    if WINDOW:
-        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
-        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
-        last_key = tl.minimum(n_start + BLOCK_N, len_k) - 1
-        diag_end = tl.maximum(first, (tl.minimum(tl.maximum(last_key - lo + 1, 0), len_q) + BLOCK_M - 1) // BLOCK_M)
-        bulk_end = diag_end
-        tail_end = diag_end
-    else:
-        if CAUSAL:
-            first = tl.maximum(n_start - causal_shift, 0) // BLOCK_M
-            first_full = (tl.maximum(n_start + BLOCK_N - 1 - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M
-        else:
-            first = 0
-            first_full = 0
-        diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
-        bulk_end = tl.maximum(diag_end, full_q_tiles)
-        tail_end = num_q_tiles
-    return lo, hi, first, diag_end, bulk_end, tail_end
-
-
-@triton.jit
 def _mx_dkdv_q_step(dk, dv, k, v, Q, QS, QT, QTS, DO, DOS, DOT_, DOTS, LSE, DELTA, q_row0, out_row0, qb0, ob0,
                     m_start, offs_n, offs_d, d_mask, num_heads, head, len_q, causal_shift, qk_scale,
                     band_lo, band_hi, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
@@ -392,7 +363,7 @@ def mx_dkdv_kernel(
 
     qk_scale = sm_scale * 1.4426950408889634
     causal_shift = len_k - len_q
-    lo, hi, first, diag_end, bulk_end, tail_end = _key_tile_queries(n_start, len_q, len_k, causal_shift, band_lo,
+    lo, hi, first, diag_end, bulk_end, tail_end = key_tile_queries(n_start, len_q, len_k, causal_shift, band_lo,
                                                                     band_hi, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)

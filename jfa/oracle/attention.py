@@ -83,6 +83,18 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q):
     return q, k, v, cu_q, cu_k, lq_bcast, scale
 
 
+def _backward_inputs(out, lse, dout, dlse, total_out: int, H: int, D: int):
+    """(out, lse, dout, dlse) as float64, shape-checked (out, dout ``[total_out, H, D]``; lse, dlse
+    ``[total_out, H]``; a missing dlse is zeros)."""
+    out, dout, lse = _as_f64(out, "out", 3), _as_f64(dout, "dout", 3), _as_f64(lse, "lse", 2)
+    dlse = np.zeros_like(lse) if dlse is None else _as_f64(dlse, "dlse", 2)
+    for name, a, shape in (("out", out, (total_out, H, D)), ("dout", dout, (total_out, H, D)),
+                           ("lse", lse, (total_out, H)), ("dlse", dlse, (total_out, H))):
+        if a.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    return out, lse, dout, dlse
+
+
 def _visible(lq: int, lk: int, causal: bool, window=(-1, -1)) -> np.ndarray:
     """Boolean ``[lq, lk]`` mask of the keys each query row sees (bottom-right causal and windows)."""
     left, right = window
@@ -197,14 +209,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
                                                     softmax_scale, broadcast_q)
     total_out = int(cu_q[-1])
     H, D = q.shape[1], q.shape[2]
-    out = _as_f64(out, "out", 3)
-    dout = _as_f64(dout, "dout", 3)
-    lse = _as_f64(lse, "lse", 2)
-    dlse = np.zeros_like(lse) if dlse is None else _as_f64(dlse, "dlse", 2)
-    for name, a, shape in (("out", out, (total_out, H, D)), ("dout", dout, (total_out, H, D)),
-                           ("lse", lse, (total_out, H)), ("dlse", dlse, (total_out, H))):
-        if a.shape != shape:
-            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    out, lse, dout, dlse = _backward_inputs(out, lse, dout, dlse, total_out, H, D)
     group = H // k.shape[1]
     block_masks = _block_masks(kv_blocks, cu_q, cu_k, H)
     dq = np.zeros_like(q)

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from jfa.oracle.attention import _as_f64, _group, _heads, _prepare, _rows, _seq_rows, _ungroup, _visible
+from jfa.oracle.attention import _backward_inputs, _group, _heads, _prepare, _rows, _seq_rows, _ungroup, _visible
 from jfa.oracle.mx import _check_rule, dequantize_mx, quantize_mx
 
 __all__ = ["mx_forward", "mx_backward", "mx_along", "mx_tokens"]
@@ -114,12 +114,7 @@ def mx_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, rule="fl
     q, k, v, cu_q, cu_k, lq_bcast, scale = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, broadcast_q)
     total_out = int(cu_q[-1])
     H, D = q.shape[1], q.shape[2]
-    out, dout, lse = _as_f64(out, "out", 3), _as_f64(dout, "dout", 3), _as_f64(lse, "lse", 2)
-    dlse = np.zeros_like(lse) if dlse is None else _as_f64(dlse, "dlse", 2)
-    for name, a, shape in (("out", out, (total_out, H, D)), ("dout", dout, (total_out, H, D)),
-                           ("lse", lse, (total_out, H)), ("dlse", dlse, (total_out, H))):
-        if a.shape != shape:
-            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    out, lse, dout, dlse = _backward_inputs(out, lse, dout, dlse, total_out, H, D)
     group = H // k.shape[1]
     cu_own_q = np.array([0, q.shape[0]]) if broadcast_q else cu_q  # the rows Q is quantized along
     qd, kd, vd, dod = (mx_along(x, -1, rule) for x in (q, k, v, dout))

@@ -266,7 +266,7 @@ class Launch:
             s._step_limit()
         p = ptrs.data
         if mask is not None:
-            m = mask.data
+            m = mask.data.astype(bool)  # (a mask built as `bool & bool` may arrive as integers 0/1)
             if m.size == 1:
                 if not bool(m.reshape(-1)[0]):
                     return

@@ -267,3 +267,12 @@ def spin_kernel(OUT, N):
     while i < N:  # <spin-loop>
         i = i * 1  # <spin-body>
     tl.store(OUT, i)
+
+
+@triton.jit
+def masked_gather_kernel(X, OUT, row, n_rows, D: tl.constexpr):
+    """Loads row ``row`` of X [n_rows, D] under the mask ``(d < D) & (row < n_rows)``: built from two
+    comparisons, which the interpreter may hand over as integers 0/1."""
+    offs = tl.arange(0, D)
+    x = tl.load(X + row * D + offs, mask=(offs < D) & (row < n_rows), other=0.0)
+    tl.store(OUT + offs, x)

@@ -163,3 +163,15 @@ def test_the_interpreter_must_be_on(monkeypatch):
     assert not knobs.runtime.interpret
     with pytest.raises(sim.SimSetupError, match="TRITON_INTERPRET=1"):
         _env.check_interpreter()
+
+
+def test_a_load_masked_off_entirely_reads_nothing_even_past_every_tensor():
+    """A mask of integers 0/1 (``bool & bool`` in the interpreter) selects like a boolean one: a row past
+    the tensor with the mask all off is no out-of-bounds read, the same row with it on is."""
+    from sim_kernels import masked_gather_kernel
+
+    x, out = torch.arange(4 * 32, dtype=torch.float32).reshape(4, 32), torch.full((32,), -1.0)
+    sim.launch(masked_gather_kernel, (1,), x, out, 1000, 4, D=32)
+    assert (out == 0).all()
+    with pytest.raises(sim.OutOfBoundsError, match="tl.load"):
+        sim.launch(masked_gather_kernel, (1,), x, out, 1000, 1001, D=32)

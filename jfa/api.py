@@ -50,10 +50,19 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
     if precision in MX_RULES:
         if block_size is not None:
             raise ValueError("precision: block-sparse attention has no MXFP8 kernels")
-        device = q.device
-        mx_backend(backend, device)
-        return KernelChoice("triton-mxfp8", "triton-mxfp8", "MXFP8 runs the portable Triton kernels (no TLX "
-                            "MXFP8 kernel yet)")
+        if mx_backend(backend, q.device) == "tlx":
+            from jfa.kernels.tlx.hopper.forward import mx_supports
+
+            ok, reason = mx_supports(q, k, v, check_window(window_size, False))
+            if ok:
+                return KernelChoice("tlx-hopper-mxfp8", "triton-mxfp8", "the MXFP8 backward runs the portable "
+                                    "Triton kernels (no TLX MXFP8 backward yet)")
+            if backend == "tlx":
+                raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}")
+            return KernelChoice("triton-mxfp8", "triton-mxfp8", f"the TLX MXFP8 forward cannot run it: {reason}")
+        return KernelChoice("triton-mxfp8", "triton-mxfp8", "backend='triton' asked for the portable MXFP8 kernels"
+                            if backend == "triton" else "no CUDA device: the portable MXFP8 kernels run under "
+                            "Triton's interpreter")
     if block_size is not None:
         resolved, reason = sparse_backend(backend, q, k, v, check_block_size(block_size))
         return KernelChoice(*SPARSE_KERNEL_NAMES[resolved], reason)
@@ -372,7 +381,8 @@ def jagged_attention(
                                   ((q, problem.q), (k, problem.k), (v, problem.v))),
                                 cu_seqlens_q, cu_seqlens_k, rule=MX_RULES[precision], causal=causal,
                                 softmax_scale=problem.softmax_scale, broadcast_q=broadcast_q,
-                                num_seqs=problem.num_seqs, len_q_bcast=problem.len_q_bcast, window=problem.window)
+                                num_seqs=problem.num_seqs, len_q_bcast=problem.len_q_bcast, window=problem.window,
+                                backend=backend if problem.backend == "tlx" else "triton")
     elif problem.backend == "torch":
         from jfa.reference import attention_reference
 

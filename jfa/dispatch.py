@@ -169,20 +169,32 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def mx_backend(backend: str, device: torch.device) -> str:
-    """The backend of an MXFP8 call: the portable Triton kernels (CUDA, or CPU tensors under the interpreter)."""
-    if backend == "tlx":
-        raise ValueError("backend: 'tlx' has no MXFP8 kernel yet; use backend='auto' or 'triton' (the portable "
-                         "MXFP8 kernels)")
+    """The backend family of an MXFP8 call: "tlx" (the TLX MXFP8 forward where it supports the call,
+    ``mx_tlx_or_portable``; the portable backward) or "triton" (the portable MXFP8 kernels: CUDA, or CPU
+    tensors under the interpreter)."""
     if backend == "torch":
         raise ValueError("backend: 'torch' (the reference) has no MXFP8 path; the MXFP8 oracle is "
                          "jfa.oracle.mx_attention (NumPy)")
-    if backend == "auto" and device.type == "cuda":
-        return resolve_backend("triton", device)
     resolved = resolve_backend(backend, device)
-    if resolved != "triton":
-        raise ValueError("precision: MXFP8 runs the portable Triton kernels: CUDA tensors, or CPU tensors with "
-                         "TRITON_INTERPRET=1 set before triton is imported")
+    if resolved == "torch":
+        raise ValueError("precision: MXFP8 runs the TLX or portable Triton kernels: CUDA tensors, or CPU tensors "
+                         "with TRITON_INTERPRET=1 set before triton is imported")
     return resolved
+
+
+def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
+    """("tlx" or "triton", why not TLX) for an MXFP8 forward on MXTensors q, k, v: as ``tlx_or_portable``
+    (an explicit backend='tlx' the kernel cannot run raises; 'auto' falls back, logging the reason once)."""
+    from jfa.kernels.tlx.hopper.forward import mx_supports
+
+    ok, reason = mx_supports(q, k, v, window)
+    if ok:
+        return "tlx", ""
+    if backend == "tlx":
+        raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}; use backend='auto' to fall back "
+                         "to the portable MXFP8 kernel")
+    log_fallback_once("jfa: TLX MXFP8 forward not used, running the portable MXFP8 kernel: %s", reason)
+    return "triton", reason
 
 
 def tlx_target_registered(device: torch.device) -> bool:
@@ -299,7 +311,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
             check("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
     if resolved != "torch":  # every check passed: the one copy a kernel may need, made once
         q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    if resolved == "tlx":
+    if resolved == "tlx" and mx_rule is None:  # (MXFP8: decided on the quantized operands, mx_tlx_or_portable)
         resolved, _ = tlx_or_portable(backend, q, k, v, window)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
     return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, window, resolved, q, k, v)

@@ -225,7 +225,8 @@ def encode(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor], rule:
 # ----------------------------------------------------------------------------------------------------
 # MXFP8 attention (docs/mxfp8.md section 2): jfa.jagged_attention(..., precision="mxfp8") runs this
 # ----------------------------------------------------------------------------------------------------
-KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the MXFP8 kernels
+KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the portable MXFP8 kernels
+TLX_KERNEL_NAME = "tlx-hopper-mxfp8"  # the TLX MXFP8 forward (jfa.kernels.tlx.hopper.forward, MX build)
 
 
 def _launcher(name: str):
@@ -234,19 +235,33 @@ def _launcher(name: str):
     return getattr(mx_attention, name)
 
 
+def _forward(q, k, v, cu_q, cu_k, backend: str, **kw):
+    """(out, lse) of the MXFP8 forward on MXTensors, recorded: the TLX MX build where ``backend`` ("auto" or
+    "tlx": the call resolved to TLX) allows it and it supports the call, else the portable kernel."""
+    from jfa.dispatch import mx_tlx_or_portable, record
+
+    if backend in ("auto", "tlx") and mx_tlx_or_portable(backend, q, k, v, kw["window"])[0] == "tlx":
+        from jfa.kernels.tlx.hopper.forward import mx_forward_tlx
+
+        out, lse = mx_forward_tlx(q, k, v, cu_q, cu_k, **kw)
+        record("forward", "tlx", q.device, TLX_KERNEL_NAME)
+        return out, lse
+    out, lse = _launcher("mx_forward")(q, k, v, cu_q, cu_k, **kw)
+    record("forward", "triton", q.device, KERNEL_NAME)
+    return out, lse
+
+
 class _EagerMXAttention(torch.autograd.Function):
     """The MXFP8 forward on q, k, v quantized here, and the straight-through backward of section 2 (each of
     its products quantized from the saved high-precision q, k, v, dout)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window):
-        from jfa.dispatch import record
-
-        out, lse = _launcher("mx_forward")(
+    def forward(ctx, q, k, v, cu_q, cu_k, rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window,
+                backend):
+        out, lse = _forward(
             encode(q, "dim", None, rule), encode(k, "dim", None, rule), encode(v, "tokens", cu_k, rule), cu_q, cu_k,
-            causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
+            backend, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
             len_q_bcast=len_q_bcast, window=window, rule=rule, out_dtype=q.dtype)
-        record("forward", "triton", q.device, KERNEL_NAME)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window)
         ctx.mark_non_differentiable(lse)
@@ -264,24 +279,22 @@ class _EagerMXAttention(torch.autograd.Function):
             num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule,
             dlse=None if dlse is None else dlse.contiguous())
         record("backward", "triton", q.device, KERNEL_NAME)
-        return dq, dk, dv, *(None,) * 9
+        return dq, dk, dv, *(None,) * 10
 
 
 def mx_attention(q, k, v, cu_q, cu_k, *, rule: str, causal: bool, softmax_scale: float, broadcast_q: bool,
-                 num_seqs: int, len_q_bcast: int, window) -> tuple[torch.Tensor, torch.Tensor]:
+                 num_seqs: int, len_q_bcast: int, window, backend: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of section 2 for checked arguments: q, k, v high-precision tensors (quantized here,
-    differentiable) or MXTensors (q, k along ``dim``, v along ``tokens`` by ``cu_k``; forward only)."""
+    differentiable) or MXTensors (q, k along ``dim``, v along ``tokens`` by ``cu_k``; forward only).
+    ``backend``: "triton" (the portable kernels), or "auto" / "tlx" for the TLX MXFP8 forward where it
+    supports the call ("auto" falls back to the portable one, "tlx" raises); the backward is portable."""
     if isinstance(q, MXTensor):
-        from jfa.dispatch import record
-
         if v.cu_seqlens is not cu_k and not (v.cu_seqlens.shape == cu_k.shape and torch.equal(
                 v.cu_seqlens.to(cu_k.dtype), cu_k)):
             raise ValueError("v: an MXTensor quantized along the tokens of other offsets than cu_seqlens_k "
                              "(its blocks must be the call's key sequences)")
-        out, lse = _launcher("mx_forward")(
-            q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-            num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule, out_dtype=q.orig_dtype)
-        record("forward", "triton", q.device, KERNEL_NAME)
-        return out, lse
+        return _forward(q, k, v, cu_q, cu_k, backend, causal=causal, softmax_scale=softmax_scale,
+                        broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window,
+                        rule=rule, out_dtype=q.orig_dtype)
     return _EagerMXAttention.apply(q, k, v, cu_q, cu_k, rule, causal, softmax_scale, broadcast_q, num_seqs,
-                                   len_q_bcast, window)
+                                   len_q_bcast, window, backend)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jfa.fuzz.catalog import default_suite
 from jfa.fuzz.mutants import (
     MX_MUTANTS,
+    TLX_MX_MUTANTS,
     BACKWARD,
     BLOCK_SPARSE,
     BY_NAME,
@@ -79,10 +80,12 @@ def test_mutant_names_and_count():
     assert len(MUTANTS) >= 12
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
     assert {m.module for m in MUTANTS + MX_MUTANTS} == set(MODULES)
-    assert not {m.name for m in MUTANTS} & {m.name for m in MX_MUTANTS}
+    names = [m.name for m in MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS]
+    assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS, ids=IDS + [m.name for m in MX_MUTANTS])
+@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS,
+                         ids=IDS + [m.name for m in MX_MUTANTS + TLX_MX_MUTANTS])
 def test_mutant_applies_and_is_restored(mutant, device):
     source = original_source(mutant.module)
     mutated = mutant.apply_to(source)  # raises MutantError unless the find text occurs exactly once

@@ -44,7 +44,8 @@ def test_forward_and_backward_meet_bound_a_against_the_mx_oracle(precision, rule
     with alloc.poisoned_outputs(), recording_dispatch() as ran:
         out, lse = jfa.jagged_attention(*leaves, cu_q, cu_k, causal=causal, precision=precision, return_lse=True)
         out.backward(dout)
-    assert ("forward", "triton-mxfp8") in [r[:2] for r in ran] and ("backward", "triton-mxfp8") in [r[:2] for r in ran]
+    forward = jfa.which_kernels(q, k, v, precision=precision).forward  # TLX on sm_90, portable elsewhere
+    assert [r[:2] for r in ran] == [("forward", forward), ("backward", "triton-mxfp8")]
     args = dict(rule=rule, causal=causal, softmax_scale=64 ** -0.5, broadcast_q=False)
     want_out, want_lse = oracle.mx_forward(_f64(q), _f64(k), _f64(v), cu_q.cpu().numpy(), cu_k.cpu().numpy(), **args)
     want = oracle.mx_backward(_f64(q), _f64(k), _f64(v), _f64(out), _f64(lse), _f64(dout), cu_q.cpu().numpy(),
@@ -65,7 +66,7 @@ def test_pre_quantized_inputs_give_the_same_output_bitwise(device):
     mq, mk, mv = jmx.quantize(q, "dim"), jmx.quantize(k, "dim"), jmx.quantize(v, "tokens", cu_k)
     with recording_dispatch() as ran:
         again = jfa.jagged_attention(mq, mk, mv, cu_q, cu_k, precision="mxfp8")
-    assert [r[:2] for r in ran] == [("forward", "triton-mxfp8")]
+    assert [r[:2] for r in ran] == [("forward", jfa.which_kernels(q, k, v, precision="mxfp8").forward)]
     assert again.dtype == q.dtype and torch.equal(out, again)
 
 
@@ -78,9 +79,15 @@ def test_gradients_of_any_layout_are_taken(device):
 
 
 def test_which_kernels_names_the_mxfp8_kernels(device):
+    """The TLX MXFP8 forward on an sm_90 GPU (the backward stays portable), the portable kernels elsewhere,
+    and with a sliding window (no TLX MX build), each with its reason."""
     q, k, v, _, _ = _batch((8,), (8,), device)
     choice = jfa.which_kernels(q, k, v, precision="mxfp8")
-    assert (choice.forward, choice.backward) == ("triton-mxfp8", "triton-mxfp8") and "portable" in choice.reason
+    on_hopper = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    forward = "tlx-hopper-mxfp8" if on_hopper else "triton-mxfp8"
+    assert (choice.forward, choice.backward) == (forward, "triton-mxfp8") and "portable" in choice.reason
+    windowed = jfa.which_kernels(q, k, v, precision="mxfp8", window_size=(4, 4))
+    assert windowed.forward == "triton-mxfp8" and ("window" in windowed.reason or not on_hopper)
 
 
 def _bad_calls(device):
@@ -99,8 +106,9 @@ def _bad_calls(device):
                           "q: quantized with rule 'floor'"),
         "v-by-other-offsets": ((mq, mk, jmx.quantize(v, "tokens", other_cu), cu_q, cu_k), dict(precision="mxfp8"),
                                ValueError, "other offsets than cu_seqlens_k"),
-        "tlx-backend": ((q, k, v, cu_q, cu_k), dict(precision="mxfp8", backend="tlx"), ValueError,
-                        "'tlx' has no MXFP8 kernel"),
+        # a window: the TLX MXFP8 forward has no windowed build (and a CPU tensor no TLX kernel at all)
+        "tlx-backend": ((q, k, v, cu_q, cu_k), dict(precision="mxfp8", backend="tlx", window_size=(2, 2)), ValueError,
+                        "backend: 'tlx'"),
         "torch-backend": ((q, k, v, cu_q, cu_k), dict(precision="mxfp8", backend="torch"), ValueError,
                           "'torch' \\(the reference\\) has no MXFP8 path"),
     }

@@ -29,10 +29,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import jfa.mx as jmx
 from jfa.kernels import alloc
 from jfa.kernels.triton import mx_attention as mxa
+from jfa.kernels.triton import mx_quant
+from jfa.fuzz.mutants import TLX_MX_MUTANTS
 from jfa.kernels.triton.configs import Configs, KernelConfig
 from jfa.oracle import mx_attention as oracle
 from jfa.oracle import mx_bounds
@@ -304,6 +308,84 @@ def test_p_quantization_does_not_depend_on_the_tiles(device):
         _assert_fp32_noise(runs[0], other)
 
 
+@triton.jit
+def _round_both_ways(X, VALUES, DECODED, RCEIL: tl.constexpr, ROWS: tl.constexpr):
+    offs = tl.arange(0, ROWS)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(X + offs)
+    tl.store(VALUES + offs, mxa._mx_round(x, RCEIL, ROWS, 32))
+    codes, sb = mx_quant._quantize_tile(x.to(tl.int32, bitcast=True), 1, RCEIL)
+    sb = sb.to(tl.int32)
+    tl.store(DECODED + offs, mxa._decode(codes.to(tl.int32), (sb - 127)[:, None], (sb == 255)[:, None]))
+
+
+@triton.jit
+def _dequantize_both_ways(CODES, SCALES, FAST, EXACT):
+    offs = tl.arange(0, 256)[:, None] * 256 + tl.arange(0, 256)[None, :]
+    codes = tl.load(CODES + offs)
+    sb = tl.load(SCALES + offs)
+    tl.store(FAST + offs, mxa.dequantize(codes, sb))
+    tl.store(EXACT + offs, mxa._decode(codes.to(tl.int32), sb.to(tl.int32) - 127, sb.to(tl.int32) == 255))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on overflowing products
+def test_fast_dequantization_equals_the_exact_decoder(device):
+    """``dequantize`` (hardware fp8 conversion, one multiply: the TLX producer's) gives bitwise the integer
+    decoder's value for every E4M3 byte under every E8M0 scale byte (NaN where either is NaN)."""
+    codes = torch.arange(256, dtype=torch.uint8).repeat_interleave(256).to(device)
+    scales = torch.arange(256, dtype=torch.uint8).repeat(256).to(device)
+    fast, exact = (torch.empty(256 * 256, device=device) for _ in range(2))
+    _dequantize_both_ways[(1,)](codes, scales, fast, exact)
+    same = (fast.view(torch.int32) == exact.view(torch.int32)) | (fast.isnan() & exact.isnan())
+    assert same.all(), f"{int((~same).sum())} differ, e.g. (code, scale) {[(int(codes[i]), int(scales[i])) for i in (~same).nonzero()[:4, 0]]}"
+
+
+def _rounding_blocks(seed: int) -> torch.Tensor:
+    """Blocks of 32 fp32 values that probe every branch of the rounding: a random magnitude per block
+    (2^-140 .. 2^120) with signs; blocks whose maximum is 256 * 2^t (FLOOR scale 2^t) holding exact ties
+    between adjacent E4M3 values (normal and subnormal, even and odd neighbours below) and their fp32
+    neighbours; block maxima on the FLOOR saturation and RCEIL thresholds; fp32 subnormals, zeros, a NaN
+    block and an infinity block."""
+    g = torch.Generator().manual_seed(seed)
+    rows = 256
+    t = torch.randint(-140, 110, (rows, 1), generator=g).double()
+    x = torch.randn(rows, 32, generator=g, dtype=torch.float64) * torch.pow(2.0, t)
+    e = torch.randint(-6, 8, (rows, 32), generator=g).double()
+    m = torch.randint(8, 16, (rows, 32), generator=g).double()
+    ties = (m + 0.5) * torch.pow(2.0, e - 3)  # halfway between E4M3 normals m and m + 1 (times 2^(e-3))
+    sub_ties = (torch.randint(0, 8, (rows, 32), generator=g).double() + 0.5) * 2.0 ** -9
+    ties = torch.where(torch.rand(rows, 32, generator=g) < 0.25, sub_ties, ties)
+    ties = ties * torch.where(torch.rand(rows, 32, generator=g) < 0.5, -1.0, 1.0)
+    ties[:, 0] = 256.0
+    ties = (ties * torch.pow(2.0, t.clamp(-100, 100))).float()
+    nudged = torch.nextafter(ties, torch.where(torch.rand(rows, 32, generator=g) < 0.5, 0.0, 1e30).float())
+    x = x.float()
+    x[::3] = ties[::3]
+    x[1::6] = nudged[1::6]
+    x[2::6, 1:] = nudged[2::6, 1:]
+    x[4::17, 0] = 448.0 * 2.0 ** 20  # block maxima on the FLOOR saturation / RCEIL thresholds
+    x[5::17, 0] = 464.0 * 2.0 ** -30
+    x[7::17, 0] = 480.0
+    x[10, :] = 0.0
+    x[11, :5] = 1e-42  # fp32 subnormals
+    x[13, 7] = float("nan")
+    x[14, 1] = float("-inf")
+    return x
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on the inf block
+@pytest.mark.parametrize("rule", ["floor", "rceil"])
+def test_value_rounding_equals_the_quantizers_bytes(rule, device):
+    """The kernels' value-domain MX rounding (``_mx_round``: P in the forward, P and dS in the backward)
+    returns bitwise what the quantizer's bytes (``mx_quant._quantize_tile``, tested bit-exact against the
+    NumPy quantizer) decode to, on blocks that probe every rounding branch."""
+    for seed in range(3):
+        x = _rounding_blocks(seed).to(device)
+        values, decoded = torch.empty_like(x), torch.empty_like(x)
+        _round_both_ways[(1,)](x, values, decoded, RCEIL=rule == "rceil", ROWS=x.shape[0])
+        same = (values.view(torch.int32) == decoded.view(torch.int32)) | (values.isnan() & decoded.isnan())
+        assert same.all(), f"seed {seed}: {int((~same).sum())} elements differ, first at {(~same).nonzero()[:4].tolist()}"
+
+
 def test_bf16_dots_equal_fp32_dots(device):
     """The GPU's dot path (dequantized tiles as bf16, exact) gives the fp32 path's results."""
     pb = _problem(Case("bf16-dots", (70, 33), (90, 64), kv_heads=1, causal=True, seed=9), device, inputs="grid")
@@ -376,3 +458,120 @@ def test_bad_arguments_are_rejected(device):
         mxa.mx_forward(qm, km, vm, *cu, **{**args, "rule": "nearest"})
     with pytest.raises(ValueError, match="dot"):
         mxa.mx_forward(qm, km, vm, *cu, dot="tf32", **args)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the TLX MXFP8 forward (jfa.kernels.tlx.hopper.forward, MX build) on the CPU simulator
+# ----------------------------------------------------------------------------------------------------
+TLX_CASES = [
+    # an empty query sequence, 1-token sequences, tails off the 64-key blocks and the 128-row tiles
+    Case("tlx-ragged", (70, 0, 150, 1), (90, 5, 130, 1), heads=3, kv_heads=3),
+    Case("tlx-causal-d128", (100, 7, 45, 130), (60, 0, 130, 130), head_dim=128, causal=True, rule="rceil",
+         dtype=torch.bfloat16, seed=1),
+    Case("tlx-causal-gqa", (70, 40), (50, 130), kv_heads=1, causal=True, seed=2),
+    Case("tlx-bcastq-causal-d128", (45,), (70, 100, 0), head_dim=128, broadcast_q=True, causal=True, seed=3),
+    Case("tlx-fp16-causal-gqa-d128", (33, 64), (64, 33), kv_heads=1, head_dim=128, causal=True,
+         dtype=torch.float16, seed=12),
+]
+SIM_SEEDS = (1, 2)
+
+
+def _tlx_forward(pb: Problem, schedule):
+    """(out, lse) of the TLX MX forward on the simulator (3 SMs: CTAs walk several items), poisoned outputs;
+    asserts the TLX kernel ran there and the simulator reported nothing."""
+    sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU interpreter", exc_type=ImportError)
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    rule = pb.case.rule
+    qm, km = jmx.quantize(pb.q, "dim", rule=rule), jmx.quantize(pb.k, "dim", rule=rule)
+    vm = jmx.quantize(pb.v, "tokens", pb.cu_k, rule)
+    with sim.simulated(arch=(9, 0), sm_count=3, schedule=schedule) as session, alloc.poisoned_outputs():
+        out, lse = tlx_forward.mx_forward_tlx(qm, km, vm, pb.cu_q, pb.cu_k, out_dtype=pb.case.dtype,
+                                              **_launch_args(pb))
+    assert session.kernels() == ["jagged_fwd_tlx_kernel"], session.kernels()
+    assert not [w for r in session.reports for w in r.warnings]
+    return out, lse
+
+
+@pytest.mark.parametrize("case", TLX_CASES, ids=[c.name for c in TLX_CASES])
+def test_tlx_mx_forward_matches_the_oracle_to_fp32_noise_on_the_simulator(case, device):
+    """The TLX MX build (E4M3 staging, dequantization in the producer, P quantized by the consumers) on the
+    exact inputs: the portable kernel's tight rule against the MX oracle."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tools/gpu/mx_smoke.py)")
+    _check_tlx_exact(case, device, None)
+
+
+def _check_tlx_exact(case, device, seed):
+    pb = _problem(case, device)
+    out, lse = _tlx_forward(pb, _sim_schedule(seed))
+    want_out, want_lse = oracle.mx_forward(_np(pb.q), _np(pb.k), _np(pb.v), **_oracle_kw(pb))
+    assert out.dtype == case.dtype and lse.dtype == torch.float32
+    _assert_within("out", out, want_out, _tight(want_out, case.dtype, device))
+    _assert_lse(lse, want_lse, REL * np.abs(want_lse[np.isfinite(want_lse)]).max(initial=0.0))
+
+
+@pytest.mark.parametrize("seed", SIM_SEEDS)
+@pytest.mark.parametrize("case", TLX_CASES[1:3], ids=[c.name for c in TLX_CASES[1:3]])
+def test_tlx_mx_forward_meets_the_kernel_bound_under_seeded_schedules(case, seed, device):
+    """Gaussian inputs under seeded schedules (random switches and copy order): bound (a) against the MX
+    oracle, as the portable kernel is judged."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tools/gpu/mx_smoke.py)")
+    pb = _problem(case, device, inputs="gauss")
+    out, lse = _tlx_forward(pb, _sim_schedule(seed))
+    q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
+    kw = _oracle_kw(pb)
+    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
+                                     out_dtype=DTYPE_NAMES[case.dtype], **kw)
+    want_out, want_lse = oracle.mx_forward(q, k, v, **_oracle_kw(pb))
+    _assert_within("out", out, want_out, tol["out"])
+    _assert_lse(lse, want_lse, tol["lse"])
+
+
+def test_tlx_mx_forward_refuses_a_window_and_other_axes(device):
+    """What the MX build does not run is refused by name before any launch (the API runs the portable MX
+    kernel there): a sliding window, operands blocked along other axes."""
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    pb = _problem(Case("refused", (40,), (40,)), device)
+    qm, km = jmx.quantize(pb.q, "dim"), jmx.quantize(pb.k, "dim")
+    vm = jmx.quantize(pb.v, "tokens", pb.cu_k)
+    with pytest.raises(ValueError, match="window_size"):
+        tlx_forward.mx_forward_tlx(qm, km, vm, pb.cu_q, pb.cu_k, causal=False, softmax_scale=0.1,
+                                   broadcast_q=False, num_seqs=1, window=(8, 8))
+    with pytest.raises(ValueError, match="MX axes"):
+        tlx_forward.mx_forward_tlx(qm, km, km, pb.cu_q, pb.cu_k, causal=False, softmax_scale=0.1,
+                                   broadcast_q=False, num_seqs=1)
+
+
+def _sim_schedule(seed):
+    import jfa.sim as sim
+
+    return sim.Schedule.deterministic() if seed is None else sim.Schedule.seeded(seed)
+
+
+@pytest.mark.parametrize("mutant", TLX_MX_MUTANTS, ids=[m.name for m in TLX_MX_MUTANTS])
+def test_simulator_kills(mutant, device, record_property):
+    """Each mutant of the TLX MXFP8 forward's own code fails its simulator check on one of the TLX cases
+    (the tight rule on exact inputs; the deterministic schedule, then seeded ones): by a wrong value or by the
+    simulator's report (a race, an out-of-bounds read)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import time
+
+    from jfa.fuzz.mutants import applied
+
+    start, killed_by = time.perf_counter(), None
+    runs = [(case, seed) for seed in (None, *SIM_SEEDS) for case in TLX_CASES]
+    with applied(mutant):
+        for examples, (case, seed) in enumerate(runs, 1):
+            try:
+                _check_tlx_exact(case, device, seed)
+            except Exception as exc:  # noqa: BLE001 - an assertion, a race or an out-of-bounds report all kill
+                killed_by = f"{case.name} (schedule seed {seed}): {type(exc).__name__}"
+                break
+    record_property("examples_to_kill", examples)
+    record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
+    record_property("killed_by", killed_by or "")
+    assert killed_by, f"TLX MX mutant {mutant.name} ({mutant.why}) survived every TLX case on the simulator"

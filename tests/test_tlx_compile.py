@@ -28,7 +28,7 @@ def results(device, compile_gate):
 def test_every_shipped_config_is_a_target():
     from jfa.kernels.tlx.hopper.forward import SUPPORTED_HEAD_DIMS
 
-    combos = {(t.dtype, t.head_dim, t.causal, t.broadcast_q) for t in tlx_targets()}
+    combos = {(t.dtype, t.head_dim, t.causal, t.broadcast_q) for t in tlx_targets() if not t.mx}
     assert combos == {(dt, d, c, b) for dt in ("bf16", "fp16") for d in SUPPORTED_HEAD_DIMS
                       for c in (False, True) for b in (False, True)}
 
@@ -50,10 +50,13 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
         regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq").consumer_regs
     else:
-        regs = module.config_for(target["head_dim"]).consumer_regs
+        regs = module.config_for(target["head_dim"], target["mx"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]
     assert details["setmaxnreg"]["dec"], "the producer never gives registers back"
-    assert details["tma_loads"] > 0 and details["expect_tx"] > 0, "no TMA loads"
+    if target["mx"]:  # the MXFP8 producer loads E4M3 bytes into registers to dequantize them: no TMA
+        assert details["vector_loads"] > 0, "the MX producer's loads are not 16-byte vectors"
+    else:
+        assert details["tma_loads"] > 0 and details["expect_tx"] > 0, "no TMA loads"
     assert details["mbarrier_waits"] > 0
     assert not set(details["ptxas_warnings"]) & WGMMA_SERIALISED, "ptxas serialises the wgmma pipeline"
     if target["kernel"] == "forward":
@@ -85,6 +88,15 @@ def test_layout_rules_for_tma():
     assert layout_problem("k", fused[:, 1]) is None
     assert "16 bytes" in layout_problem("q", torch.zeros(10, 2, 68, dtype=torch.bfloat16)[..., :60])
     assert "overlap" in layout_problem("q", torch.zeros(10, 64, dtype=torch.bfloat16)[:, None, :].expand(10, 2, 64))
+
+
+def test_every_mx_forward_build_is_a_target():
+    """The MXFP8 forward's builds are compiled by the gate: both head dims, both P rules, the three output
+    dtypes, causal, broadcast Q, grouped heads."""
+    mx = [t for t in tlx_targets() if t.mx]
+    assert {t.head_dim for t in mx} == {64, 128} and {t.mx for t in mx} == {"floor", "rceil"}
+    assert {t.dtype for t in mx} == {"bf16", "fp16", "fp32"}
+    assert any(t.causal for t in mx) and any(t.broadcast_q for t in mx) and any(t.group > 1 for t in mx)
 
 
 def test_variants_and_timeline_build_are_targets():

@@ -51,6 +51,7 @@ class Target:
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
     sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
+    mx: str = ""  # tlx forward: the MXFP8 build with this P rule (E4M3 inputs; ``dtype`` is the output's)
 
     def window_size(self) -> tuple:
         """The ``window_size`` a launch of this target passes (the band's values do not change the build)."""
@@ -105,7 +106,20 @@ def tlx_targets() -> list:
                           backend="tlx", variant="schedule=dynamic", profile=True))
     targets += _window_and_group_targets("forward", "")
     targets += _sparse_targets("forward", "")
+    targets += mx_targets()
     return targets + tlx_backward_targets()
+
+
+def mx_targets() -> list:
+    """The TLX MXFP8 forward builds: FLOOR at both head dims (causal, broadcast Q and grouped heads at D 128),
+    RCEIL, and fp16 / fp32 outputs (the output type is the build's only dtype). Sliding windows stay on the
+    portable MX kernel (``mx_supports``)."""
+    def mx(name, dtype="bf16", head_dim=128, causal=False, broadcast_q=False, rule="floor", **kw):
+        return Target(f"tlx-forward-mx{rule}-{dtype}-D{head_dim}{name}", "forward", dtype, head_dim, causal,
+                      broadcast_q, backend="tlx", mx=rule, **kw)
+    return [mx("", head_dim=64), mx("-causal", head_dim=64), mx(""), mx("-causal", causal=True),
+            mx("-causal-bcastq", causal=True, broadcast_q=True), mx("-gqa4", group=4), mx("", rule="rceil"),
+            mx("", dtype="fp16"), mx("-causal", dtype="fp32", causal=True)]
 
 
 def _sparse_targets(kernel: str, variant: str) -> list:
@@ -343,7 +357,7 @@ def _launch_inputs(target: Target):
 
     from jfa.kernels.schedule import virtual_cu_seqlens
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[target.dtype]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[target.dtype]
     heads, lengths = 4, [300, 0, 700]
     if target.group > 1:  # packed [T, H + 2 H_kv, D] projection
         kv_heads = heads // target.group
@@ -401,7 +415,17 @@ def tlx_launch_binding(target: Target) -> dict:
     rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
     out = torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype)
     lse = torch.empty(rows, q.shape[1])
-    cfg = tlx_forward.config_for(target.head_dim)
+    cfg = tlx_forward.config_for(target.head_dim, target.mx)
+    mx = None
+    if target.mx:  # E4M3 bytes in the inputs' layout, scales as jfa.mx lays them out
+        from jfa import mx as jmx
+
+        q, k, v = (torch.zeros(t.shape, dtype=torch.uint8) for t in (q, k, v))  # contiguous, as jfa.mx makes them
+        blocks = target.head_dim // jmx.BLOCK
+        mx = (target.mx, torch.zeros(q.shape[0], q.shape[1], blocks, dtype=torch.uint8),
+              torch.zeros(k.shape[0], k.shape[1], blocks, dtype=torch.uint8),
+              torch.zeros(jmx.token_scale_rows(k.shape[0], num_seqs), k.shape[1], target.head_dim, dtype=torch.uint8),
+              jmx.token_block_offsets(cu_k))
     lists = _every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse else None
     if lists is not None:
         tiles = tlx_forward.sparse_tiles(lists, out_cu, rows)
@@ -413,7 +437,8 @@ def tlx_launch_binding(target: Target) -> dict:
                                                    causal=target.causal, softmax_scale=target.head_dim ** -0.5,
                                                    broadcast_q=target.broadcast_q, num_seqs=num_seqs,
                                                    len_q_bcast=len_q, window=target.window_size(),
-                                                   variant=_variant(target), profile=target.profile, lists=lists)
+                                                   variant=_variant(target), profile=target.profile, lists=lists,
+                                                   mx=mx)
     with _offline_launches() as seen:
         tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
     return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
@@ -546,8 +571,15 @@ def _check_tlx(target: Target) -> Result:
     variant = _variant(target)
     spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                     broadcast_q=target.broadcast_q, window=target.window, group=target.group,
-                                    variant=variant, profile=target.profile, sparse=target.sparse)
-    _, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
+                                    variant=variant, profile=target.profile, sparse=target.sparse, mx=target.mx)
+    compiled, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
+    if target.mx:  # the MX producer reads E4M3 bytes with coalesced 16-byte loads, not TMA
+        del expected["TMA loads (cp.async.bulk.tensor)"]
+        vector_loads = len(re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+)?\.v4", compiled.asm["ptx"]))
+        result.details["vector_loads"] = vector_loads
+        expected["16-byte loads of the E4M3 bytes (ld.global.v4)"] = vector_loads > 0
+        expected["16-byte stores of the dequantized tiles (st.shared.v4)"] = \
+            re.search(r"st\.shared(?:::cta)?\.v4", compiled.asm["ptx"]) is not None
     expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])
     expected.update(_binds_as_compiled(tlx_launch_binding(target), spec, result))
@@ -555,7 +587,7 @@ def _check_tlx(target: Target) -> Result:
 
 
 def _targets(backend: str) -> list:
-    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets}[backend]()
+    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets}[backend]()
 
 
 def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None) -> dict:
@@ -599,8 +631,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
-    parser.add_argument("--backend", choices=("all", "triton", "tlx"), default="all",
-                        help="only the portable Triton targets, or only the TLX ones")
+    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx"), default="all",
+                        help="only the portable Triton targets, only the TLX ones, or the TLX MXFP8 forward's")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)

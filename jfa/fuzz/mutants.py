@@ -171,8 +171,8 @@ MUTANTS: tuple = (
            "dK/dV run a sequence's last partial query chunk unmasked: rows past the sequence add to dK, dV"),
     # --- TLX forward (run on the simulator: protocol bugs show as deadlocks, races, bounds errors) --------
     Mutant("tlx-fwd-empty-wait-wrong-parity", TLX_FORWARD,
-           "tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)",
-           "tlx.barrier_wait(k_empties[kv_buf], kv_phase)",
+           "tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)\n            tlx.barrier_expect_bytes(k_fulls[kv_buf]",
+           "tlx.barrier_wait(k_empties[kv_buf], kv_phase)\n            tlx.barrier_expect_bytes(k_fulls[kv_buf]",
            "the producer waits for the wrong phase of a K slot's empty barrier: a slot refilled while read"),
     Mutant("tlx-fwd-expect-bytes-off", TLX_FORWARD,
            "tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)",
@@ -195,8 +195,8 @@ MUTANTS: tuple = (
            "pass",
            "the first pingpong turn is never handed to consumer 0: both consumers wait for each other"),
     Mutant("tlx-fwd-store-mask-dropped", TLX_FORWARD,
-           "tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])",
-           "tl.store(o_ptrs, out.to(DTYPE))",
+           "tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])",
+           "tl.store(o_ptrs, out.to(OUT.dtype.element_ty))",
            "the epilogue stores a tile's rows past its sequence: into the next sequence, or past the tensor"),
     Mutant("tlx-fwd-tail-mask-off-by-one", TLX_FORWARD,
            "visible = (offs_n < len_k)[None, :]",
@@ -272,13 +272,33 @@ MX_MUTANTS: tuple = (
            "dv = _dot_acc(dv, p_t, do_t, DOT)",
            "dV multiplies the unquantized P: the backward is not the MX product the semantics define"),
     Mutant("mx-fwd-block-shift-dropped", MX_ATTENTION,
-           "p = _decode(codes.to(tl.int32), (sb - 127 + shift)[:, :, None], (sb == 255)[:, :, None])",
-           "p = _decode(codes.to(tl.int32), (sb - 127)[:, :, None], (sb == 255)[:, :, None])",
+           "_ldexp(q, (se + shift)[:, :, None]))",
+           "_ldexp(q, se[:, :, None]))",
            "P^ blocks quantized against their own maxima are not rescaled to the running maximum"),
     Mutant("mx-dq-ds-unquantized", MX_ATTENTION,
            "return _dot_acc(dq, _mx_round(ds, RCEIL, BLOCK_M, BLOCK_N), k_t, DOT)",
            "return _dot_acc(dq, ds, k_t, DOT)",
            "dQ multiplies the unquantized dS"),
+)
+
+# The TLX MXFP8 forward's own code (its producer: loads, dequantization, fences); killed by its simulator
+# tests (tests/test_mx_kernels.py, test_simulator_kills), which run it against the MX oracle.
+TLX_MX_MUTANTS: tuple = (
+    Mutant("tlx-mx-fence-dropped", TLX_FORWARD,
+           "    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))\n    tlx.fence_async_shared()\n\n\n"
+           "@triton.jit\ndef _store_token_tile",
+           "    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))\n\n\n"
+           "@triton.jit\ndef _store_token_tile",
+           "the dequantized Q/K tiles are stored without the proxy fence: wgmma may read them before the stores land"),
+    Mutant("tlx-mx-v-rows-unmasked", TLX_FORWARD,
+           "codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols, mask=(keys < len_k)[:, None],\n"
+           "                    other=0)",
+           "codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols)",
+           "V rows past the sequence are read: the next sequence's, or past the tensor"),
+    Mutant("tlx-mx-k-scales-of-query-head", TLX_FORWARD,
+           "_store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)",
+           "_store_dim_tile(k_tiles[kv_buf], k_codes, tl.flip(k_scales, 1), BLOCK_N, HEAD_DIM)",
+           "K's scales applied to the wrong 32-element blocks of D"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}

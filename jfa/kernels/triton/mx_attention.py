@@ -47,7 +47,7 @@ from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.backward import key_tile_queries, row_delta
 from jfa.kernels.triton.configs import Configs, KernelConfig, MAX_HEAD_DIM, padded_head_dim
 from jfa.kernels.triton.forward import _head_dim_mask, _seq_bounds, dot_accumulate, query_tile_keys
-from jfa.kernels.triton.mx_quant import _quantize_tile
+from jfa.kernels.triton.mx_quant import _scale_exponent
 
 install_bf16_dot_fix()
 
@@ -59,8 +59,8 @@ DOTS = ("ieee", "bf16")
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _ldexp(x, n):
-    """``x * 2^n`` for fp32 x with |x| < 16 and int32 n: two normal power-of-two factors built from their
-    exponent bits (exact wherever the result is an fp32 number; below 2^-252 the result is 0)."""
+    """``x * 2^n`` for fp32 x and int32 n: two normal power-of-two factors built from their exponent bits,
+    exact wherever ``x * 2^(n // 2)`` and the result are fp32 numbers (below 2^-252 the result is 0)."""
     n = tl.minimum(tl.maximum(n, -300), 254)
     a = n >> 1  # arithmetic shift: floor(n / 2)
     b = n - a
@@ -79,6 +79,23 @@ def _decode(codes, exp, nan):
     val = _ldexp(mant.to(tl.float32), tl.maximum(e, 1) - 10 + exp)
     val = tl.where((codes & 0x80) != 0, -val, val)
     return tl.where(nan | ((codes & 0x7F) == 0x7F), float("nan"), val)
+
+
+@triton.jit
+def e8m0_factor(scales):
+    """fp32 ``2^(b - 127)`` of E8M0 bytes ``scales`` (uint8), NaN for 0xFF (2^-127 is an fp32 subnormal)."""
+    sb = scales.to(tl.int32)
+    factor = tl.where(sb == 0, 0x00400000, sb << 23).to(tl.float32, bitcast=True)
+    return tl.where(sb == 255, float("nan"), factor)
+
+
+@triton.jit
+def dequantize(codes, scales):
+    """fp32 value of E4M3 bytes ``codes`` (uint8) times E8M0 scale bytes ``scales`` (uint8, broadcast against
+    codes): the hardware fp8 conversion (exact; NaN for the bytes 0x7F/0xFF) and one multiply by
+    ``e8m0_factor`` (exact: every product is an fp32 number or overflows). ``_decode``'s values with two
+    instructions per element (the TLX producer's way); the factors are computed at the scales' shape."""
+    return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * e8m0_factor(scales)
 
 
 @triton.jit
@@ -131,44 +148,67 @@ def _dot_acc(acc, a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _mx_round(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """``x`` ``[ROWS, COLS]`` fp32 MX-quantized in blocks of 32 consecutive columns and dequantized (fp32)."""
-    bits = tl.reshape(x.to(tl.int32, bitcast=True), [ROWS, COLS // 32, 32])
-    codes, sb = _quantize_tile(bits, 2, RCEIL)
-    sb = sb.to(tl.int32)
-    val = _decode(codes.to(tl.int32), (sb - 127)[:, :, None], (sb == 255)[:, :, None])
-    return tl.reshape(val, [ROWS, COLS])
+def _e4m3_grid(a):
+    """``a`` (fp32, finite, 0 <= a <= 512) rounded to the nearest E4M3 value, ties to even, saturating at
+    448: the value the quantizer's byte decodes to (``mx_quant._encode_e4m3``). The hardware conversion
+    (``cvt.rn.satfinite.e4m3x2.f32`` and back, 3 instructions per 2 elements on sm_89+); the clamp first,
+    so the result never depends on how a conversion saturates (tested bitwise against the quantizer on the
+    interpreter and the GPU)."""
+    return tl.minimum(a, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
 
 
 @triton.jit
-def _quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _mx_values(x3, RCEIL: tl.constexpr):
+    """``x3`` ``[R, NB, 32]`` fp32 MX-quantized in its blocks of 32 (the last axis) and dequantized: exactly
+    ``_decode`` of ``mx_quant._quantize_tile``'s bytes (tested bitwise), NaN for a block holding a NaN or an
+    infinity. Exact in fp32: the scaled values lie below 512 and every E4M3 value times ``2^s`` (s >= -127)
+    is an fp32 number."""
+    bits = x3.to(tl.int32, bitcast=True)
+    amax = tl.max(bits & 0x7FFFFFFF, 2)  # fp32 patterns of non-negatives order like the values
+    s = _scale_exponent(amax, RCEIL)[:, :, None]
+    q = _e4m3_grid(tl.abs(_ldexp(x3, -s)))
+    val = _ldexp(tl.where(x3 < 0, -q, q), s)
+    return tl.where((amax >= 0x7F800000)[:, :, None], float("nan"), val)
+
+
+@triton.jit
+def _mx_round(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``x`` ``[ROWS, COLS]`` fp32 MX-quantized in blocks of 32 consecutive columns and dequantized (fp32)."""
+    return tl.reshape(_mx_values(tl.reshape(x, [ROWS, COLS // 32, 32]), RCEIL), [ROWS, COLS])
+
+
+@triton.jit
+def quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(P^, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible): ``m_new`` is the integer
     running maximum ``max(m_i, ceil(max s))`` and P^ the chunk's weights ``(2^(s - M))^(keys)``
     dequantized relative to m_new. Each 32-key block is quantized from ``2^(s - c)``, c the ceil of its
-    own max, then scaled by the exact ``2^(c - m_new)`` (module docstring)."""
+    own max, then scaled by the exact ``2^(c - m_new)`` (module docstring). Shared by the TLX forward."""
     s3 = tl.reshape(s, [BLOCK_M, BLOCK_N // 32, 32])
     c = tl.math.ceil(tl.max(s3, 2))  # [BLOCK_M, blocks]; -inf for a block with no visible key
     c_use = tl.where(c == float("-inf"), 0.0, c)
-    p3 = tl.math.exp2(s3 - c_use[:, :, None])  # in (0, 1], the block's largest in (1/2, 1]; 0 where invisible
-    codes, sb = _quantize_tile(p3.to(tl.int32, bitcast=True), 2, RCEIL)
+    p3 = tl.math.exp2(s3 - c_use[:, :, None])  # >= 0, the block's largest in (1/2, 1] (NaN from a NaN logit)
+    # _mx_values for non-negative blocks whose largest is at most 1: the scale exponent se <= -7, so 2^-se is
+    # one normal factor, and the dequantization and the move to the running maximum are one _ldexp
+    amax = tl.max(p3.to(tl.int32, bitcast=True), 2)
+    se = _scale_exponent(amax, RCEIL)
+    q = _e4m3_grid(p3 * ((127 - se) << 23).to(tl.float32, bitcast=True)[:, :, None])
     m_new = tl.maximum(m_i, tl.max(c, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     # c - m_new <= 0 is an integer (an all-zero block's shift is irrelevant); below -300 the values are 0
     shift = tl.minimum(tl.maximum(c_use - m_use[:, None], -300.0), 0.0).to(tl.int32)
-    sb = sb.to(tl.int32)
-    p = _decode(codes.to(tl.int32), (sb - 127 + shift)[:, :, None], (sb == 255)[:, :, None])
+    p = tl.where((amax >= 0x7F800000)[:, :, None], float("nan"), _ldexp(q, (se + shift)[:, :, None]))
     return tl.reshape(p, [BLOCK_M, BLOCK_N]), m_new
 
 
 @triton.jit
-def _pow2_step(m_old, m_new):
+def pow2_step(m_old, m_new):
     """The exact rescale factor ``2^(m_old - m_new)`` of two integer running maxima (0 for m_old = -inf)."""
     d = tl.minimum(tl.maximum(m_old - m_new, -300.0), 0.0).to(tl.int32)
     return _ldexp(tl.full(m_old.shape, 1.0, tl.float32), d)
 
 
 @triton.jit
-def _visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL: tl.constexpr,
+def visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL: tl.constexpr,
                   WINDOW: tl.constexpr):
     """``[BLOCK_M, BLOCK_N]``: query row i (local) sees key j (local): in range, inside the band or causal."""
     visible = (offs_kn < len_k)[None, :]
@@ -197,10 +237,10 @@ def _mx_fwd_kv_step(acc, m_i, l_i, q, K, KS, V, VS, k_row0, vb0, n_start, offs_m
     v = _load_tokens(V, VS, rows, vb0 + offs_kn // 32, n_mask, offs_d, d_mask, stride_kt)
     s = _dot(q, tl.trans(k), DOT) * qk_scale
     if MASKED:
-        visible = _visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL, WINDOW)
+        visible = visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL, WINDOW)
         s = tl.where(visible, s, float("-inf"))
-    p, m_new = _quantized_weights(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
-    alpha = _pow2_step(m_i, tl.where(m_new == float("-inf"), 0.0, m_new))
+    p, m_new = quantized_weights(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    alpha = pow2_step(m_i, tl.where(m_new == float("-inf"), 0.0, m_new))
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = _dot_acc(acc * alpha[:, None], p, v, DOT)
     return acc, m_new, l_i
@@ -417,7 +457,7 @@ def _mx_dq_kv_step(dq, q, do, lse2, delta, K, KS, KT, KTS, V, VS, k_row0, kb0, n
     s = _dot(q, tl.trans(k), DOT) * qk_scale
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
-        visible = _visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL, WINDOW)
+        visible = visible_keys(offs_m, offs_kn, len_k, causal_shift, band_lo, band_hi, CAUSAL, WINDOW)
         p = tl.where(visible, p, 0.0)
     dp = _dot(do, tl.trans(v), DOT)
     ds = p * (dp - delta[:, None])

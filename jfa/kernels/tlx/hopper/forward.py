@@ -47,6 +47,14 @@ rows of the next sequence; a non-finite V value there (inf/NaN in another sequen
 
 Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads, sliding windows, q/k/v with
 contiguous last dim, 16-byte aligned base and token stride (``supports`` says why not otherwise).
+
+MXFP8 (``MX`` builds, :func:`mx_forward_tlx`; docs/mxfp8.md section 2, the portable MX kernel's semantics
+exactly): the same consumers and protocol with 64-key blocks; the softmax step takes an integer running
+maximum and quantizes P in its 32-key blocks (``quantized_weights``, shared with the portable kernel, so
+P's values do not depend on the tiling). The producer loads the E4M3 bytes and E8M0 scales with
+coalesced 16-byte loads (rows past the sequence masked: unlike the bf16 build, no value of another
+sequence is read), dequantizes them exactly into the bf16 buffers and fences the stores for wgmma. No
+sliding windows (``mx_supports``).
 """
 from __future__ import annotations
 
@@ -64,6 +72,7 @@ from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, make_variant, offline_signature, sm_count, tlx
+from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -110,8 +119,22 @@ SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the s
 ITEM_BUFFERS = tl.constexpr(2)  # dynamic: items the producer may fetch ahead of the consumers
 
 
-def config_for(head_dim: int) -> HopperForwardConfig:
-    return _CONFIGS[head_dim]
+
+# MXFP8 builds (``MX``): 64-key blocks at both head dims. The producer loads and dequantizes whole tiles in
+# registers (the next K or V tile in flight while one is converted), so producer and consumers split the
+# registers evenly at D 128 (256 * 168 + 128 * 168 <= 65536: the consumers' S is 64x64 fp32, 32 regs/thread);
+# at D 64 the tiles are half as large. Shared memory: the bf16 kernel's buffers only (D 128: Q 2x2x16 KB +
+# K/V 2 stages x 2 x 16 KB = 128 KB).
+_MX_CONFIGS: dict[int, HopperForwardConfig] = {
+    64: HopperForwardConfig(block_m=64, block_n=64, num_buffers_q=2, num_buffers_kv=3, consumer_regs=184),
+    128: HopperForwardConfig(block_m=64, block_n=64, num_buffers_q=2, num_buffers_kv=2, consumer_regs=176),
+}
+MX_RULES = ("floor", "rceil")
+
+
+def config_for(head_dim: int, mx: str = "") -> HopperForwardConfig:
+    """The config of a build: bf16/fp16 (``mx=""``) or MXFP8 (``mx`` the P rule)."""
+    return (_MX_CONFIGS if mx else _CONFIGS)[head_dim]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -211,34 +234,48 @@ def _issue_qk(q_tile, k_tile, CID: tl.constexpr, PINGPONG: tl.constexpr):
 @triton.jit
 def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, MX: tl.constexpr):
     """Online softmax of one K/V block in base 2. Returns (p, m_new, l_new, alpha).
 
     The bulk instantiation (MASKED=False) has no mask at all and folds the scale into one FMA per
     element (the row max of S * scale is max(S) * scale for a non-negative scale). The tail masks keys
     past the sequence end (rows of the next sequence or TMA zero fill) and, if CAUSAL, past the
     diagonal, or with WINDOW outside the band; a row that has seen no key yet keeps m = -inf and subtracts
-    0 so exp2 gives 0, not NaN."""
-    if MASKED:
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        visible = (offs_n < len_k)[None, :]
-        if WINDOW:
-            offset = offs_n[None, :] - offs_m[:, None]
-            visible = visible & (offset >= lo) & (offset <= hi)
-        elif CAUSAL:
-            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
-        s = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
+    0 so exp2 gives 0, not NaN.
+
+    MX ("floor" or "rceil", the rule P is quantized with): the portable MXFP8 kernel's step exactly
+    (``jfa.kernels.triton.mx_attention``): logits ``qk * qk_scale``, an integer running maximum, P MX-quantized
+    in its 32-key blocks (``quantized_weights``) and power-of-two rescales, so P's bytes do not depend on
+    BLOCK_N."""
+    if MX != "":
+        s = qk * qk_scale
+        if MASKED:
+            visible = visible_keys(offs_m, n_start + tl.arange(0, BLOCK_N), len_k, causal_shift, lo, hi, CAUSAL,
+                                   WINDOW)
+            s = tl.where(visible, s, float("-inf"))
+        p, m_new = quantized_weights(s, m_i, MX == "rceil", qk.shape[0], BLOCK_N)
+        alpha = pow2_step(m_i, tl.where(m_new == float("-inf"), 0.0, m_new))
     else:
-        if SCALE_NONNEG:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:
+            offs_n = n_start + tl.arange(0, BLOCK_N)
+            visible = (offs_n < len_k)[None, :]
+            if WINDOW:
+                offset = offs_n[None, :] - offs_m[:, None]
+                visible = visible & (offset >= lo) & (offset <= hi)
+            elif CAUSAL:
+                visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
+            s = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-        m_use = m_new
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
+            if SCALE_NONNEG:
+                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            else:
+                m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+            m_use = m_new
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, m_new, l_new, alpha
 
@@ -248,7 +285,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
              n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
              SCALE_NONNEG: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-             DTYPE: tl.constexpr):
+             DTYPE: tl.constexpr, MX: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
     k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
@@ -262,7 +299,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
     tlx.barrier_arrive(k_empties[k_buf], 1)
     p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
-                                         MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
+                                         MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N, MX)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
@@ -343,6 +380,135 @@ def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
 
 
 @triton.jit
+def _load_dim_tile(DATA, SCALES, row0, rows_valid, col, scale_col, stride_t, scale_stride,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """MX producer: (E4M3 bytes ``[ROWS, HEAD_DIM]`` of rows ``row0 ..`` of a D-axis operand at column ``col``,
+    their scales ``[ROWS, HEAD_DIM // 32]``), plain vector loads (16 bytes a thread); rows from ``rows_valid``
+    on (past the sequence) read nothing and hold zeros."""
+    NB: tl.constexpr = HEAD_DIM // 32
+    rows = tl.arange(0, ROWS)
+    ok = (rows < rows_valid)[:, None]
+    r = (row0 + rows).to(tl.int64)[:, None]
+    codes = tl.load(DATA + r * stride_t + col + tl.arange(0, HEAD_DIM)[None, :], mask=ok, other=0)
+    scales = tl.load(SCALES + r * scale_stride + scale_col + tl.arange(0, NB)[None, :], mask=ok, other=127)
+    return codes, scales
+
+
+@triton.jit
+def _load_token_tile(DATA, SCALES, row0, n_start, len_k, scale_row0, col, stride_t, ROWS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr):
+    """MX producer: (E4M3 bytes ``[ROWS, HEAD_DIM]`` of keys ``n_start ..`` of the token-axis V (packed rows
+    ``row0 + n_start ..``), their scales ``[ROWS // 32, HEAD_DIM]``: the sequence's 32-key blocks from its first
+    scale row ``scale_row0``; n_start is a multiple of 32). Keys from ``len_k`` on read nothing and hold
+    zeros; data and scales share their strides."""
+    keys = n_start + tl.arange(0, ROWS)
+    cols = col + tl.arange(0, HEAD_DIM)[None, :]
+    codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols, mask=(keys < len_k)[:, None],
+                    other=0)
+    blocks = n_start // 32 + tl.arange(0, ROWS // 32)
+    scales = tl.load(SCALES + (scale_row0 + blocks).to(tl.int64)[:, None] * stride_t + cols,
+                     mask=(blocks * 32 < len_k)[:, None], other=127)
+    return codes, scales
+
+
+@triton.jit
+def _store_dim_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """MX producer: ``tile`` (bf16) = ``codes`` dequantized with their D-axis ``scales`` (one per 32 elements),
+    exact in bf16 down to 2^-126 (as the portable kernel's bf16 dots); then fenced for the consumers' wgmma
+    (a generic-proxy store read by the async proxy)."""
+    NB: tl.constexpr = HEAD_DIM // 32
+    x = dequantize(tl.reshape(codes, [ROWS, NB, 32]), scales[:, :, None])
+    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))
+    tlx.fence_async_shared()
+
+
+@triton.jit
+def _store_token_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """MX producer: ``tile`` (bf16) = ``codes`` dequantized with their token-axis ``scales`` (one per 32 keys
+    and column), then fenced for the consumers' wgmma."""
+    x = dequantize(tl.reshape(codes, [ROWS // 32, 32, HEAD_DIM]), scales[:, None, :])
+    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))
+    tlx.fence_async_shared()
+
+
+@triton.jit
+def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles,
+                     q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
+                     num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                     TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """MX producer, one work item: the bf16 kernel's fills (same buffers, same barriers, same order), each
+    made from E4M3 bytes and scales loaded straight into registers (coalesced 16-byte loads; rows past the
+    sequence are masked, so nothing of another sequence is read) and dequantized into the bf16 buffer.
+    Software-pipelined by hand: V(j) is loaded before K(j) is stored, K(j + 1) before V(j) is stored, so
+    each tile's load latency hides behind the other's conversion. The operands are contiguous: a token's
+    row stride is heads x HEAD_DIM bytes. Returns the advanced (q_cnt, kv_cnt)."""
+    head, q_row0, _o, len_q, k_row0, len_k, m_start, _cs, j0, n_blocks, _lo, _hi = _work_item(
+        TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, False, TILE_M, BLOCK_N)
+    NB: tl.constexpr = HEAD_DIM // 32
+    if n_blocks > 0:
+        kv_head = head // GROUP
+        num_kv_heads = num_heads // GROUP
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        for c in tl.static_range(_CONSUMERS):
+            codes, scales = _load_dim_tile(Q8, QS, q_row0 + m_start + c * BLOCK_M, len_q - m_start - c * BLOCK_M,
+                                           head * HEAD_DIM, head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M,
+                                           HEAD_DIM)
+            tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+            _store_dim_tile(q_tiles[c * NUM_BUFFERS_Q + q_buf], codes, scales, BLOCK_M, HEAD_DIM)
+            tlx.barrier_arrive(q_fulls[c * NUM_BUFFERS_Q + q_buf], 1)
+        scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
+        k_codes, k_scales = _load_dim_tile(K8, KS, k_row0 + j0 * BLOCK_N, len_k - j0 * BLOCK_N, kv_head * HEAD_DIM,
+                                           kv_head * NB, num_kv_heads * HEAD_DIM, num_kv_heads * NB, BLOCK_N, HEAD_DIM)
+        for j in tl.range(0, n_blocks):
+            n_start = (j0 + j) * BLOCK_N
+            kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+            v_codes, v_scales = _load_token_tile(V8, VS, k_row0, n_start, len_k, scale_row0, kv_head * HEAD_DIM,
+                                                 num_kv_heads * HEAD_DIM, BLOCK_N, HEAD_DIM)
+            tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
+            _store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)
+            tlx.barrier_arrive(k_fulls[kv_buf], 1)
+            # the next block's K (none past the item's last block: its rows are all masked)
+            k_codes, k_scales = _load_dim_tile(K8, KS, k_row0 + n_start + BLOCK_N,
+                                               tl.where(j + 1 < n_blocks, len_k - n_start - BLOCK_N, 0),
+                                               kv_head * HEAD_DIM, kv_head * NB, num_kv_heads * HEAD_DIM,
+                                               num_kv_heads * NB, BLOCK_N, HEAD_DIM)
+            tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
+            _store_token_tile(v_tiles[kv_buf], v_codes, v_scales, BLOCK_N, HEAD_DIM)
+            tlx.barrier_arrive(v_fulls[kv_buf], 1)
+            kv_cnt += 1
+        q_cnt += 1
+    return q_cnt, kv_cnt
+
+
+@triton.jit
+def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
+               k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+               col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
+               TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
+               KV_BYTES: tl.constexpr):
+    """Producer, one work item: TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes)
+    loaded and dequantized. Returns the advanced (q_cnt, kv_cnt)."""
+    if MX != "":
+        q_cnt, kv_cnt = _produce_item_mx(
+            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls,
+            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
+            len_q_bcast, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N,
+            NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+    else:
+        q_cnt, kv_cnt = _produce_item(
+            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
+            k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs,
+            len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL, WINDOW, GROUP,
+            BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+    return q_cnt, kv_cnt
+
+
+@triton.jit
 def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties,
                        CID: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                        NUM_BUFFERS_KV: tl.constexpr):
@@ -376,7 +542,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   SPARSE: tl.constexpr,
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
-                  PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr):
+                  PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
@@ -422,11 +588,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         if n_bulk > 0:
             p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
                                                   offs_m, len_k, causal_shift, qk_scale, lo, hi, False, CAUSAL,
-                                                  WINDOW, SCALE_NONNEG, BLOCK_N)
+                                                  WINDOW, SCALE_NONNEG, BLOCK_N, MX)
         else:
             p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
                                                   offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
-                                                  WINDOW, SCALE_NONNEG, BLOCK_N)
+                                                  WINDOW, SCALE_NONNEG, BLOCK_N, MX)
         p = p.to(DTYPE)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
@@ -439,7 +605,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
@@ -447,7 +613,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
         tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
@@ -464,15 +630,20 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 
     # epilogue: rows that saw no key have l == 0 exactly -> out 0, lse -inf (the contract).
     # Masked pointer stores: a row past this sequence's Lq belongs to the next sequence.
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc * (1.0 / l_safe)[:, None]
+    if MX != "":  # the portable MX kernel's epilogue: a NaN operand's NaN reaches out and lse
+        seen = l_i != 0.0
+        l_safe = tl.where(seen, l_i, 1.0)
+        out = acc / l_safe[:, None]
+    else:
+        seen = l_i > 0.0
+        l_safe = tl.where(seen, l_i, 1.0)
+        out = acc * (1.0 / l_safe)[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     row_ok = offs_m < len_q
     offs_d = tl.arange(0, HEAD_DIM)
     out_rows = out_row0 + offs_m.to(tl.int64)
     o_ptrs = OUT + out_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(DTYPE), mask=row_ok[:, None])
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + out_rows * num_heads + head, lse, mask=row_ok)
     if PROFILE:
         if cid == 0:  # one record per item: SM, start and end (ns), CTA
@@ -488,18 +659,22 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast", "band_lo",
                                "band_hi"])
 def jagged_fwd_tlx_kernel(
-    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, ROW_OFF, KV_IDX, COUNTER, TIMELINE,
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, ROW_OFF, KV_IDX, QS, KS, VS, VB_OFF, COUNTER, TIMELINE,
     stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale, band_lo, band_hi,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
     PROFILE: tl.constexpr,
 ):
+    """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
+    build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
+    (token-axis, sequence b's first scale row VB_OFF[b]); its producer dequantizes into the bf16 buffers
+    (``_produce_item_mx``)."""
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
-    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
 
@@ -531,11 +706,13 @@ def jagged_fwd_tlx_kernel(
                 item = tl.atomic_add(COUNTER, 1)
                 _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
-                    q_cnt, kv_cnt = _produce_item(
+                    q_cnt, kv_cnt = _fill_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
-                        k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
+                        k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
+                        TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
                         num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL,
-                        WINDOW, GROUP, BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                        WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
+                        NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
                     item = tl.atomic_add(COUNTER, 1)
                     _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
@@ -549,12 +726,13 @@ def jagged_fwd_tlx_kernel(
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
-                        q_cnt, kv_cnt = _produce_item(
+                        q_cnt, kv_cnt = _fill_item(
                             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
-                            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX,
-                            num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                            band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
-                            NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                            q_empties, k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
+                            TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
+                            num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
+                            band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M,
+                            BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -574,7 +752,7 @@ def jagged_fwd_tlx_kernel(
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
                         stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PEEL, PROFILE, DTYPE)
+                        PEEL, PROFILE, DTYPE, MX)
                     rounds += 1
                     item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -586,7 +764,7 @@ def jagged_fwd_tlx_kernel(
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE,
                             stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
                             band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE)
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -639,11 +817,11 @@ def variant_from_knobs() -> Variant:
 
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
                 scale_nonneg: bool, window: bool = False, group: int = 1, variant: Variant = SHIPPED,
-                profile: bool = False, sparse: bool = False) -> dict:
+                profile: bool = False, sparse: bool = False, mx: str = "") -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate).
     Without a window the band offsets are constexpr None: the build takes no band parameters at all."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
-                     SCALE_NONNEG=scale_nonneg, SPARSE=sparse, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                     SCALE_NONNEG=scale_nonneg, SPARSE=sparse, MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                      NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.schedule == "dynamic",
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile)
@@ -659,17 +837,20 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                 group: int = 1, variant: Variant = SHIPPED, profile: bool = False, sparse: bool = False):
+                 group: int = 1, variant: Variant = SHIPPED, profile: bool = False, sparse: bool = False,
+                 mx: str = ""):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one
     config (the compile gate). Descriptors are typed from the config's block shapes (as the launcher's
-    binder spells them)."""
-    cfg = config_for(head_dim)
+    binder spells them). ``dtype``: the inputs' (and output's) type; with ``mx`` (an MXFP8 build) the
+    output's, the inputs being E4M3 bytes."""
+    cfg = config_for(head_dim, mx)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True,
-                            window=window, group=group, variant=variant, profile=profile, sparse=sparse)
-    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+                            window=window, group=group, variant=variant, profile=profile, sparse=sparse, mx=mx)
+    types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    scales = "*u8" if mx else "*i32"  # a bf16 launch passes the tile list for the unused scale pointers
     types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", ROW_OFF="*i32",
-                 KV_IDX="*i32", COUNTER="*i32",
+                 KV_IDX="*i32", QS=scales, KS=scales, VS=scales, VB_OFF="*i32", COUNTER="*i32",
                  TIMELINE="*i64", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_fwd_tlx_kernel, constants, types)
     return jagged_fwd_tlx_kernel, signature, constants, attrs, _launch_options()
@@ -678,28 +859,34 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
                      window=(-1, -1), variant: Variant = SHIPPED, profile: bool = False,
-                     lists=None) -> tuple[tuple, dict, int]:
+                     lists=None, mx=None) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
     very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in).
     ``lists``: block-sparse lists (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's rows);
-    ``tiles`` then carries each slot's query block as a third row (``sparse_tiles``)."""
+    ``tiles`` then carries each slot's query block as a third row (``sparse_tiles``). ``mx``: an MXFP8
+    launch's ``(rule, q scales, k scales, v scales, v block offsets)``, with q, k, v its E4M3 bytes (uint8)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     causal, banded, band_lo, band_hi = window_band(causal, window)
-    cfg = config_for(head_dim)
-    desc_q, col_q = descriptor(q, cfg.block_m)
-    desc_k, col_k = descriptor(k, cfg.block_n)
-    desc_v, col_v = descriptor(v, cfg.block_n)
+    rule = mx[0] if mx is not None else ""
+    cfg = config_for(head_dim, rule)
+    if mx is not None:  # the MX producer reads the (contiguous) E4M3 bytes with plain loads
+        (desc_q, col_q), (desc_k, col_k), (desc_v, col_v) = ((t, head_dim) for t in (q, k, v))
+    else:
+        desc_q, col_q = descriptor(q, cfg.block_m)
+        desc_k, col_k = descriptor(k, cfg.block_n)
+        desc_v, col_v = descriptor(v, cfg.block_n)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
     # a dense launch never reads the lists: any int32 pointer stands in
     row_off, kv_idx = (lists.offsets, lists.indices) if lists is not None else (tiles.tiles, tiles.tiles)
-    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, row_off, kv_idx, counter, timeline, out.stride(0),
-            out.stride(1), col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast,
-            softmax_scale)
+    scales = tuple(mx[1:]) if mx is not None else (tiles.tiles,) * 4  # (never read by a bf16 launch)
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, row_off, kv_idx, *scales, counter, timeline,
+            out.stride(0), out.stride(1), col_q, col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads,
+            len_q_bcast, softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
                             window=banded, group=num_heads // k.shape[1], variant=variant, profile=profile,
-                            sparse=lists is not None)
+                            sparse=lists is not None, mx=rule)
     # the band offsets are positional (None without a window, which the binder makes constexpr)
     args += (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))
     kwargs = {**constants, **_launch_options()}
@@ -795,6 +982,55 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
     expand = lambda t: t.repeat_interleave(num_heads)  # noqa: E731 - items are (slot, head), head fastest
     return out, lse, Timeline(timeline, expand(seq), expand(tile), expand(kv), num_heads, grid, variant)
+
+
+def mx_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:
+    """Whether the MXFP8 build runs these operands, and why not: MXTensors (q, k along dim, v along tokens)
+    or the high-precision tensors a call quantizes; head dim 64 or 128, an sm_90 device, no sliding window
+    (its build spills a register at D 128). The launcher makes the E4M3 bytes contiguous, so their layout
+    is never the reason."""
+    axes = tuple(getattr(t, "axis", None) for t in (q, k, v))
+    if axes != (None,) * 3 and axes != ("dim", "dim", "tokens"):
+        return False, f"MX axes {axes} (the kernel takes ('dim', 'dim', 'tokens'))"
+    if tuple(window) not in ((-1, -1), (-1, 0)):
+        return False, f"window_size {tuple(window)} (the TLX MXFP8 forward has no windowed build)"
+    probe = torch.empty((0, q.shape[1], q.shape[-1]), dtype=torch.uint8, device=q.device)
+    return check_inputs({"q": probe}, dtype=torch.bfloat16, head_dim=q.shape[-1],
+                        head_dims=tuple(sorted(_MX_CONFIGS)))
+
+
+def mx_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int,
+                   len_q_bcast: int = 0, window=(-1, -1), rule: str = "floor", out_dtype=torch.bfloat16):
+    """MXFP8 forward on the TLX kernel (``MX`` build): the contract of the portable
+    ``jfa.kernels.triton.mx_attention.mx_forward`` (docs/mxfp8.md section 2), q, k, v MXTensors. Returns
+    (out ``[rows, H, D]`` out_dtype, lse ``[rows, H]`` fp32). Raises ValueError where ``mx_supports`` says no."""
+    from jfa import mx as jmx
+
+    if rule not in MX_RULES:
+        raise ValueError(f"rule: must be one of {MX_RULES}, got {rule!r}")
+    ok, reason = mx_supports(q, k, v, window)
+    if not ok:
+        raise ValueError(f"mx_forward_tlx: {reason}")
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfg = config_for(head_dim, rule)
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = alloc.empty((rows, num_heads, head_dim), out_dtype, q.device)
+    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows == 0 or k.shape[0] == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
+    data = [t.data.contiguous().view(torch.uint8) for t in (q, k, v)]
+    scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(),
+              jmx.token_block_offsets(cu_k))
+    args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles, work_counter(q.device),
+                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
+                                               broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
+                                               window=window, mx=scales)
+    target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+    return out, lse
 
 
 def sparse_tiles(lists, out_cu, rows: int):

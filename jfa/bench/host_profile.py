@@ -1,0 +1,97 @@
+"""Where the host time of one jfa call goes, on the machine that runs it (issue 21's "profile it there").
+
+For each problem of a suite: one input copy, a warm-up call (compilation, caches), then ``--calls`` calls
+under cProfile while a sleep kernel keeps the GPU busy (so nothing waits on the device and the profile is
+the host's own work, as ``jfa.bench.runner.host_us`` measures it). Writes, per problem and pass, the
+median wall time of a call and the functions with the most cumulative and own time per call.
+
+    python -m jfa.bench.host_profile --suite gem --pass fwd,bwd --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from jfa.bench.impls import JfaImpl
+from jfa.bench.runner import launcher_inputs
+from jfa.bench.suites import get_suite
+
+SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU time queued ahead of the profiled calls
+
+
+def _profile(fn: Callable[[], object], calls: int, top: int) -> dict:
+    """Median wall time of ``fn`` (us) and its cProfile rows per call, the GPU kept busy meanwhile."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    walls = []
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        start = time.perf_counter()
+        prof.enable()
+        fn()
+        prof.disable()
+        walls.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, name), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
+        rows.append({"function": f"{os.path.relpath(path) if path.startswith('/') else path}:{line}({name})",
+                     "calls": ncalls / calls, "own_us": tottime / calls * 1e6, "cum_us": cumtime / calls * 1e6})
+    by_cum = sorted(rows, key=lambda r: -r["cum_us"])[:top]
+    by_own = sorted(rows, key=lambda r: -r["own_us"])[:top]
+    return {"wall_us": statistics.median(walls) * 1e6, "by_cumulative": by_cum, "by_own": by_own}
+
+
+def _text(name: str, result: dict) -> str:
+    out = io.StringIO()
+    out.write(f"## {name}: {result['wall_us']:.0f} us per call (median; cProfile adds its own overhead)\n")
+    for key in ("by_own", "by_cumulative"):
+        out.write(f"### {key}\n")
+        for r in result[key]:
+            out.write(f"{r['own_us']:9.1f} {r['cum_us']:9.1f} {r['calls']:6.1f}  {r['function']}\n")
+    return out.getvalue()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="gem")
+    parser.add_argument("--pass", dest="passes", default="fwd,bwd", help="fwd and/or bwd (fwd+bwd call)")
+    parser.add_argument("--backend", default="tlx")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", default=None, help="directory for host_profile.json and host_profile.txt")
+    args = parser.parse_args(argv)
+    impl = JfaImpl(args.backend)
+    results = {}
+    for problem in get_suite(args.suite):
+        batch, _ = launcher_inputs(problem)
+        out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
+        grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
+        prepared = impl.prepare(batch, grad)
+        if "fwd" in args.passes:
+            results[f"{problem.name} fwd"] = _profile(prepared.fwd, args.calls, args.top)
+        if "bwd" in args.passes and prepared.fwd_bwd is not None:
+            results[f"{problem.name} fwd+bwd"] = _profile(prepared.fwd_bwd, args.calls, args.top)
+        for name in [n for n in results if n.startswith(problem.name)]:
+            print(f"{name}: {results[name]['wall_us']:.0f} us", flush=True)
+        if args.out:  # written after every problem: a call cut by a time limit keeps what it measured
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "host_profile.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            with open(os.path.join(args.out, "host_profile.txt"), "w") as f:
+                f.write("\n".join(_text(n, r) for n, r in results.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -117,3 +117,17 @@ def test_sampler_covers_every_family_and_rule_and_is_reproducible():
     assert {(c.family, c.rule) for c in cases} == {(f, r) for f in FAMILIES for r in RULES}
     assert cases == [mx.sample_case(1, i) for i in range(2 * len(FAMILIES))]
     assert all(c.rows + sum(c.lengths_k) <= mx.MAX_TOKENS for c in cases)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "peaked", "blockscale", "outliers"])
+def test_the_tlx_forward_on_the_simulator_meets_both_bounds(family, device):
+    """The fuzzer's simulator leg: the TLX MXFP8 forward (run on the TLX simulator under a seeded schedule,
+    asserted to be the forward that ran) with the portable backward meets (a), (b) and kernel-vs-exact."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    case = MXCase((37, 0, 70), (45, 3, 70), heads=2, kv_heads=1, head_dim=64, dtype="bf16", causal=True,
+                  rule="rceil" if family == "peaked" else "floor", family=family, seed=5)
+    assert mx.tlx_eligible(case)
+    report = check_mx_case(case, device, simulate=1)
+    assert report.kernel_ran, "the TLX MXFP8 forward did not run on the simulator"
+    assert report.ok, _explain(report)

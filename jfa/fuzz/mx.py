@@ -438,9 +438,18 @@ def _finite_lse(lse: np.ndarray, like: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(like), lse, 0.0)
 
 
-def check_mx_case(case: MXCase, device="cpu") -> MXReport:
+def tlx_eligible(case: MXCase) -> bool:
+    """Whether the TLX MXFP8 forward has a build for ``case`` (head dim 64 or 128, no sliding window)."""
+    return case.head_dim in (64, 128) and tuple(case.window) in ((-1, -1), (-1, 0))
+
+
+def check_mx_case(case: MXCase, device="cpu", simulate: Optional[int] = None) -> MXReport:
     """Run ``case`` through ``jfa.jagged_attention`` (forward and backward, poisoned outputs) and judge it by
-    bounds (a) and (b) and the kernel against exact attention (module docstring)."""
+    bounds (a) and (b) and the kernel against exact attention (module docstring). ``simulate`` (CPU only): run
+    the TLX MXFP8 forward on the TLX simulator with this schedule seed (0: the deterministic schedule) where
+    it has a build for the case, which must then be the forward that ran (the backward is portable)."""
+    import contextlib
+
     import torch
 
     import jfa
@@ -453,13 +462,23 @@ def check_mx_case(case: MXCase, device="cpu") -> MXReport:
     start = time.perf_counter()
     q, k, v, dout, cu_q, cu_k = make_mx_inputs(case, device)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    with alloc.poisoned_outputs(), recording_dispatch() as ran:
+    on_simulator = simulate is not None and tlx_eligible(case)
+    if on_simulator:
+        import jfa.sim as sim
+
+        schedule = sim.Schedule.seeded(simulate) if simulate else sim.Schedule.deterministic()
+        scope = sim.simulated(arch=(9, 0), sm_count=3, schedule=schedule)
+    else:
+        scope = contextlib.nullcontext()
+    with scope, alloc.poisoned_outputs(), recording_dispatch() as ran:
         out, lse = jfa.jagged_attention(*leaves, cu_q, cu_k, causal=case.causal, window_size=tuple(case.window),
                                         softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q,
-                                        precision=PRECISION[case.rule], return_lse=True)
+                                        precision=PRECISION[case.rule], return_lse=True,
+                                        backend="tlx" if on_simulator else "auto")
         out.backward(dout)
     passes = {r[:2] for r in ran}
-    kernel_ran = bool({("forward", KERNEL), ("forward", TLX_KERNEL)} & set(passes)) and ("backward", KERNEL) in passes
+    forwards = {("forward", TLX_KERNEL)} if on_simulator else {("forward", KERNEL), ("forward", TLX_KERNEL)}
+    kernel_ran = bool(forwards & passes) and ("backward", KERNEL) in passes
     got = dict(out=_f64(out), lse=_f64(lse))
     for name, leaf in zip(("dq", "dk", "dv"), leaves):
         got[name] = _f64(leaf.grad) if leaf.grad is not None else np.zeros(tuple(leaf.shape))
@@ -497,10 +516,11 @@ def check_mx_case(case: MXCase, device="cpu") -> MXReport:
 
 
 def run_mx_fuzz(examples: int, seed: int, device="cpu", progress: Optional[Callable[[MXReport], None]] = None,
-                deadline: Optional[float] = None) -> list:
+                deadline: Optional[float] = None, simulate: bool = False) -> list:
     """:func:`check_mx_case` on examples ``0 .. examples - 1`` of :func:`sample_case` (seed ``seed``), stopping
     early once ``time.perf_counter()`` passes ``deadline``; an example that raises becomes a failed report
-    naming the exception."""
+    naming the exception. ``simulate``: the TLX MXFP8 forward on the simulator where it applies, example i
+    under schedule seed i (0: deterministic)."""
     reports = []
     for i in range(examples):
         if deadline is not None and time.perf_counter() > deadline:
@@ -508,7 +528,7 @@ def run_mx_fuzz(examples: int, seed: int, device="cpu", progress: Optional[Calla
         case = sample_case(seed, i)
         start = time.perf_counter()
         try:
-            report = check_mx_case(case, device)
+            report = check_mx_case(case, device, simulate=i if simulate else None)
         except Exception as e:  # noqa: BLE001 - a crash is a finding, reported with the case
             report = MXReport(case, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - start)
         reports.append(report)
@@ -581,13 +601,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=Path("mx-fuzz"), help="directory for mx-fuzz.json and mx-fuzz.md")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting examples after this long")
+    parser.add_argument("--simulate", action="store_true",
+                        help="CPU: the TLX MXFP8 forward on the TLX simulator wherever it has a build")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.simulate and args.device != "cpu":
+        parser.error("--simulate: the TLX simulator runs on the CPU interpreter (use --device cpu)")
     _prepare_device(args.device)
     started = time.perf_counter()
     show = None if args.quiet else (lambda r: print(f"{r.seconds:6.2f}s {r}", flush=True))
     deadline = None if args.minutes is None else started + 60 * args.minutes
-    reports = run_mx_fuzz(args.examples, args.seed, args.device, progress=show, deadline=deadline)
+    reports = run_mx_fuzz(args.examples, args.seed, args.device, progress=show, deadline=deadline,
+                          simulate=args.simulate)
     args.out.mkdir(parents=True, exist_ok=True)
     failing = sum(not r.ok for r in reports)
     (args.out / "mx-fuzz.json").write_text(json.dumps(

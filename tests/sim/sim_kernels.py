@@ -276,3 +276,73 @@ def masked_gather_kernel(X, OUT, row, n_rows, D: tl.constexpr):
     offs = tl.arange(0, D)
     x = tl.load(X + row * D + offs, mask=(offs < D) & (row < n_rows), other=0.0)
     tl.store(OUT + offs, x)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tcgen05 (Blackwell): the producer loads A [M, K] and B [K, N] tiles by TMA, the MMA task accumulates A_i B_i
+# into a TMEM accumulator (each MMA releasing its tiles by arriving on their empty barrier, the last one
+# also on `done`, or a tcgen05_commit on `done`), the epilogue waits on `done` and reads TMEM.
+# ---------------------------------------------------------------------------------------------------------
+TCGEN05_BUGS = {
+    "none": 0,
+    "commit": 1,  # not a bug: the MMAs arrive on nothing, a tcgen05_commit arrives on `done`
+    "read_before_done": 2,  # the epilogue reads the accumulator without waiting on `done`
+    "no_commit": 3,  # `done` is never arrived on: the epilogue waits for ever
+    "release_at_issue": 4,  # the MMA task hands the tiles back at issue, not when the MMA completes
+}
+
+
+@triton.jit
+def tcgen05_kernel(desc_a, desc_b, OUT, N_STEPS, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+                   TMEM_BUFFERS: tl.constexpr, BUG: tl.constexpr):
+    a_tiles = tlx.local_alloc((M, K), tl.bfloat16, 2)
+    b_tiles = tlx.local_alloc((K, N), tl.bfloat16, 2)
+    acc = tlx.local_alloc((M, N), tl.float32, TMEM_BUFFERS, tlx.storage_kind.tmem)  # <tc-tmem-alloc>
+    fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    done = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA
+            for i in range(0, N_STEPS):
+                b = i % 2
+                tlx.barrier_wait(empties[b], ((i // 2) & 1) ^ 1)
+                tlx.barrier_expect_bytes(fulls[b], (M * K + K * N) * 2)
+                tlx.async_descriptor_load(desc_a, a_tiles[b], [i * M, 0], fulls[b])  # <tc-load-a>
+                tlx.async_descriptor_load(desc_b, b_tiles[b], [i * K, 0], fulls[b])
+        with tlx.async_task(num_warps=1):  # the MMA issuer
+            for i in range(0, N_STEPS):
+                b = i % 2
+                tlx.barrier_wait(fulls[b], (i // 2) & 1)
+                if BUG == 1 or BUG == 3:
+                    tlx.async_dot(a_tiles[b], b_tiles[b], acc[0], use_acc=i > 0)
+                    tlx.tcgen05_commit(empties[b])
+                elif BUG == 4:
+                    tlx.async_dot(a_tiles[b], b_tiles[b], acc[0], use_acc=i > 0)
+                    tlx.barrier_arrive(empties[b], 1)  # <tc-release-at-issue>
+                elif i == N_STEPS - 1:
+                    tlx.async_dot(a_tiles[b], b_tiles[b], acc[0], use_acc=i > 0, mBarriers=[empties[b], done[0]])
+                else:
+                    tlx.async_dot(a_tiles[b], b_tiles[b], acc[0], use_acc=i > 0, mBarriers=[empties[b]])  # <tc-mma>
+            if BUG == 1:
+                tlx.tcgen05_commit(done[0])
+            if BUG == 4:
+                tlx.tcgen05_commit(done[0])
+        with tlx.async_task(num_warps=4):  # epilogue
+            if BUG != 2:
+                tlx.barrier_wait(done[0], 0)  # <tc-wait-done>
+            result = tlx.local_load(acc[0])  # <tc-read-acc>
+            offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+            tl.store(OUT + offs, result)
+
+
+def run_tcgen05(bug="none", n_steps=4, m=128, k=32, n=64, tmem_buffers=1, **launch_kw):
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(n_steps * m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n_steps * k, n, generator=g).to(torch.bfloat16)
+    out = torch.zeros(m, n)
+    da = TensorDescriptor(a, list(a.shape), list(a.stride()), [m, k])
+    db = TensorDescriptor(b, list(b.shape), list(b.stride()), [k, n])
+    report = sim.launch(tcgen05_kernel, (1,), da, db, out, n_steps, M=m, K=k, N=n, TMEM_BUFFERS=tmem_buffers,
+                        BUG=TCGEN05_BUGS[bug], arch=(10, 0), **launch_kw)
+    expected = sum(a[i * m:(i + 1) * m].float() @ b[i * k:(i + 1) * k].float() for i in range(n_steps))
+    return (out - expected).abs().max().item(), report

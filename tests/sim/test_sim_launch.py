@@ -11,7 +11,7 @@ from triton.runtime import interpreter
 import jfa.sim as sim
 from jfa.kernels.tlx.common import target
 from jfa.sim import _env
-from sim_kernels import line_of, ring_kernel, run_ring, spin_kernel
+from sim_kernels import line_of, ring_kernel, run_mma, run_ring, spin_kernel
 
 
 def test_a_launch_report_says_what_ran():
@@ -89,9 +89,18 @@ def test_an_op_the_simulator_does_not_model_is_named():
         sim.launch(uses_tmem, (1,), torch.zeros(1))
 
 
-def test_blackwell_is_refused_at_launch():
-    with pytest.raises(sim.UnsupportedError, match="sm_100 is not simulated"):
-        run_ring("none", arch=(10, 0))
+def test_an_architecture_without_an_op_table_is_refused_at_launch():
+    with pytest.raises(sim.UnsupportedError, match="sm_120 is not simulated"):
+        run_ring("none", arch=(12, 0))
+
+
+def test_blackwell_runs_the_shared_ops_and_refuses_hopper_mma():
+    """sm_100 keeps TMA, mbarriers and shared memory (the ring runs) but has no wgmma: an MMA into registers
+    is refused with the rule (tcgen05 accumulates in tensor memory)."""
+    err, _ = run_ring("none", arch=(10, 0))
+    assert err < 1e-5
+    with pytest.raises(sim.ProtocolError, match="tensor memory"):
+        run_mma("none", arch=(10, 0))
 
 
 def test_a_kernel_decorated_without_the_interpreter_is_refused():

@@ -3,9 +3,9 @@
 An ``OpTable`` maps a TLX op name to its implementation ``fn(cta, *args, **kwargs)``. Tables inherit:
 ``CORE`` holds what every NVIDIA architecture shares (shared memory, mbarriers, named barriers, TMA,
 proxy fences, the small helpers), ``HOPPER`` adds wgmma (``async_dot``/``async_dot_wait`` with register
-or shared-memory A). A Blackwell table would start from ``CORE`` and add tcgen05 MMA completing on
-mbarriers (an ``AsyncOp`` landing on a barrier, like a TMA load), TMEM allocations and views, CLC and
-cluster ops; the scheduler, the barriers and the shadow memory need no change for that.
+or shared-memory A). ``BLACKWELL`` starts from ``CORE`` and adds TMEM allocations and tcgen05 MMA
+completing on mbarriers (an ``AsyncOp`` landing on barriers, like a TMA load) and tcgen05_commit
+(``blackwell``); CLC and cluster ops are not modelled yet.
 
 During a launch every op of the table replaces the function of that name on the ``tlx`` module; every
 other TLX builtin is replaced by a stub that raises UnsupportedError naming it, so a kernel never runs
@@ -48,10 +48,12 @@ class OpTable:
 def table_for(arch: tuple) -> OpTable:
     """The op table of compute capability ``arch`` ((9, 0): Hopper)."""
     from ..errors import UnsupportedError
-    from . import core, hopper  # noqa: F401 - registers the ops
+    from . import blackwell, core, hopper  # noqa: F401 - registers the ops
 
     major = int(arch[0])
     if major == 9:
         return hopper.HOPPER
-    raise UnsupportedError(f"architecture sm_{arch[0]}{arch[1]} is not simulated (only Hopper, sm_90: "
-                           "Blackwell's tcgen05, TMEM, CLC and clusters are not modelled yet)")
+    if major == 10:
+        return blackwell.BLACKWELL
+    raise UnsupportedError(f"architecture sm_{arch[0]}{arch[1]} is not simulated (Hopper sm_90 and Blackwell "
+                           "sm_100: tensor memory and tcgen05 MMA; CLC and clusters are not modelled yet)")

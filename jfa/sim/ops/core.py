@@ -58,8 +58,13 @@ def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
     site = source.capture(2)
     storage = unwrap(storage)
     if storage is not None and getattr(storage, "name", str(storage)).endswith("tmem"):
-        raise UnsupportedError("local_alloc(storage=tmem): tensor memory is Blackwell's and is not simulated yet",
+        raise UnsupportedError("local_alloc(storage=tmem): tensor memory is Blackwell's (simulate with arch=(10, 0))",
                                site=site)
+    return alloc_smem(cta, shape, dtype, num, reuse, site)
+
+
+def alloc_smem(cta, shape, dtype, num, reuse, site):
+    """A shared-memory allocation of ``num`` buffers (the op's work, shared with the Blackwell table's)."""
     if reuse is not None:
         raise UnsupportedError("local_alloc(reuse=...): aliased shared-memory allocations are not simulated yet",
                                site=site)

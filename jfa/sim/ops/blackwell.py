@@ -1,0 +1,238 @@
+"""Blackwell (sm_100) ops: tensor memory and tcgen05 MMA completing on mbarriers.
+
+- ``local_alloc(..., storage=tmem)``: a TMEM allocation (lanes x 32-bit columns); the CTA's 512 columns are
+  a budget checked at allocation. Its buffers are views like shared memory's, so ``local_load``,
+  ``local_store`` and ``local_slice`` (core) work on them, with the same shadow checks.
+- ``async_dot`` (tcgen05.mma): A from shared or tensor memory, B from shared memory, the accumulator in
+  tensor memory. It runs asynchronously: issued, it reads its operands and writes the accumulator when it
+  lands (the scheduler decides when), then arrives once on each of its ``mBarriers``. Until then the
+  accumulator reads as a write in flight (reading it is a race) and its shared-memory operands as reads
+  in flight (overwriting them is a race); what waits on a barrier it arrives on sees its result. One
+  issuer's MMAs land in issue order (the tensor core executes them so: an accumulation chain is exact).
+- ``tcgen05_commit(bar)``: one arrival on ``bar`` once every MMA its task issued so far has landed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton.language as tl
+
+from .. import source
+from ..errors import ProtocolError, UnsupportedError
+from ..sched import AsyncOp
+from ..sync import join
+from ..values import as_bool, as_int, to_f32, unwrap
+from . import OpTable, core
+from .hopper import _matmul
+
+BLACKWELL = OpTable("blackwell", core.CORE)
+TMEM_LANES = 128
+TMEM_COLUMNS = 512  # 32-bit columns per lane, per SM (a CTA's allocations share them)
+
+
+def _is_tmem(storage) -> bool:
+    return storage is not None and getattr(storage, "name", str(storage)).endswith("tmem")
+
+
+def _in_tmem(view) -> bool:
+    return getattr(view.alloc, "storage", "smem") == "tmem"
+
+
+@BLACKWELL.op(sync=False)
+def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
+    storage = unwrap(storage)
+    site = source.capture(2)
+    if not _is_tmem(storage):
+        return core.alloc_smem(cta, shape, dtype, num, reuse, site)
+    if reuse is not None:
+        raise UnsupportedError("local_alloc(storage=tmem, reuse=...): aliased TMEM is not simulated yet", site=site)
+    dims = [as_int(d, "local_alloc shape") for d in unwrap(shape)]
+    dtype, num = unwrap(dtype), as_int(num, "local_alloc num")
+    if len(dims) != 2 or dims[0] > TMEM_LANES or min(dims) < 1 or num < 1:
+        raise ProtocolError(f"local_alloc({dims}, {dtype}, {num}, tmem): TMEM holds 2-d buffers of at most "
+                            f"{TMEM_LANES} rows (lanes)", site=site)
+    if dtype != tl.float32:
+        raise UnsupportedError(f"local_alloc({dims}, {dtype}, tmem): only fp32 TMEM (accumulators) is simulated",
+                               site=site)
+    columns = num * -(-dims[1] * dtype.primitive_bitwidth // 32)
+    used = getattr(cta, "tmem_columns", 0) + columns
+    if used > TMEM_COLUMNS:
+        raise ProtocolError(f"local_alloc({dims}, {dtype}, {num}, tmem) needs {columns} TMEM columns; with the "
+                            f"CTA's earlier allocations that is {used} of the SM's {TMEM_COLUMNS}", site=site)
+    cta.tmem_columns = used
+    a = cta.smem.alloc(core._alloc_name(cta, site, "tmem"), dims, dtype, num, site)
+    a.storage = "tmem"
+    cta.trace(cta.task, "local_alloc", f"{a.name}: {num} x {dtype}{dims} in TMEM ({columns} columns)", site)
+    return a
+
+
+class Tcgen05Mma(AsyncOp):
+    """One tcgen05.mma in flight: ``acc (+)= A @ B`` when it lands, then an arrival on each barrier."""
+
+    kind = "tcgen05 MMA"
+    __slots__ = ("cta", "task", "a", "b", "acc", "use_acc", "barriers", "site", "vc", "seq", "prev", "landed",
+                 "reads", "box", "barrier")
+
+    def __init__(self, cta, task, a, b, acc, use_acc, barriers, site, vc, seq, prev):
+        self.cta, self.task, self.a, self.b, self.acc, self.use_acc = cta, task, a, b, acc, use_acc
+        self.barriers, self.site, self.vc, self.seq, self.prev = barriers, site, vc, seq, prev
+        self.landed, self.reads, self.box = False, [], acc.box
+        self.barrier = barriers[0] if barriers else _Uncommitted()  # what a reader must wait on (hints)
+
+    def describe(self) -> str:
+        return f"tcgen05 MMA #{self.seq} into {self.acc.name()}"
+
+    def describe_full(self) -> str:
+        on = ", ".join(b.name for b in self.barriers) or "no barrier (tcgen05_commit)"
+        return f"{self.describe()}, arriving on {on}, issued by {self.task.name} at {self.site.format(indent='    ')}"
+
+    def follows(self, other) -> bool:
+        """Whether this MMA was issued after ``other`` by the same task (it then executes after it)."""
+        p = self.prev
+        while p is not None:
+            if p is other:
+                return True
+            p = p.prev
+        return False
+
+    def wait_hint(self) -> str:
+        return (f"wait on {self.barrier.name} (the barrier the MMA arrives on, or a tcgen05_commit's) before "
+                "reusing its operands")
+
+    def land(self) -> None:
+        while self.prev is not None and not self.prev.landed:  # one issuer's MMAs land in issue order
+            self.cta.sched.land(self.prev)
+        self.landed = True
+        cta, task = self.cta, self.task
+        a = to_f32(np.array(self.a.read()), self.a.dtype)
+        b = to_f32(np.array(self.b.read()), self.b.dtype)
+        out = _matmul(a, b)
+        if self.use_acc:
+            out = out + to_f32(np.array(self.acc.read()), self.acc.dtype)
+        agent = _mma_agent(cta)  # the tensor core: one agent, its MMAs ordered by its clock
+        cta.tcgen05_clock = clock = getattr(cta, "tcgen05_clock", 0) + 1
+        vc = dict(self.vc)
+        vc[agent] = clock
+        sh = self.acc.alloc.shadows[self.acc.index]
+        sh.loads.remove(self)
+        rec = cta.smem.write(self.acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
+                             "tcgen05 MMA", self.site, landing=self)
+        self.acc.write(out.astype(np.float32))
+        for r in self.reads:  # its operand reads end now: ordered before whatever waits for the arrival
+            r.inflight, r.agent, r.clock = None, agent, clock
+        for bar in self.barriers:
+            _arrive_async(cta, bar, vc, self.describe(), self.site)
+        cta.trace(None, "tcgen05 MMA lands", f"#{self.seq} {self.acc.name()}", self.site)
+
+
+class _Uncommitted:
+    name = "the barrier of a later tcgen05_commit"
+
+
+class Tcgen05Commit(AsyncOp):
+    """tcgen05.commit: one arrival on ``barrier`` once every MMA issued before it (by its task) has landed."""
+
+    kind = "tcgen05 commit"
+    __slots__ = ("cta", "task", "barrier", "last", "site", "vc", "landed")
+
+    def __init__(self, cta, task, barrier, last, site, vc):
+        self.cta, self.task, self.barrier, self.last, self.site, self.vc = cta, task, barrier, last, site, vc
+        self.landed = False
+
+    def describe(self) -> str:
+        return f"tcgen05_commit on {self.barrier.name} by {self.task.name}"
+
+    def land(self) -> None:
+        if self.last is not None and not self.last.landed:
+            self.cta.sched.land(self.last)
+        self.landed = True
+        vc = dict(self.vc)
+        if self.last is not None:
+            vc[_mma_agent(self.cta)] = getattr(self.cta, "tcgen05_clock", 0)
+        _arrive_async(self.cta, self.barrier, vc, self.describe(), self.site)
+
+
+def _mma_agent(cta) -> int:
+    if getattr(cta, "tcgen05_agent", None) is None:
+        cta.tcgen05_agent = cta.new_agent("tcgen05 MMAs")
+    return cta.tcgen05_agent
+
+
+def _arrive_async(cta, bar, vc: dict, who: str, site) -> None:
+    """One arrival on ``bar`` by an asynchronous unit whose knowledge is ``vc``."""
+    if bar.pending < 1:
+        raise ProtocolError(f"over-arrival on {bar.name}: {who} arrives, but no arrival is pending in this phase "
+                            f"({bar.state()})", site=site)
+    join(bar.vc_acc, vc)
+    bar.pending -= 1
+    bar.arrivals.append((who, site))
+    bar._complete_if_done(cta)
+
+
+def _smem_or_tmem(cta, x, which, task, op, site, tmem_ok):
+    if not hasattr(x, "alloc") and not hasattr(x, "shadows"):
+        raise ProtocolError(f"async_dot: operand {which} must be in shared{' or tensor' if tmem_ok else ''} memory "
+                            f"on Blackwell (tcgen05 reads no registers), got {type(x).__name__}", site=site)
+    view = cta.view(x, site, f"async_dot operand {which}")
+    if _in_tmem(view) and not tmem_ok:
+        raise ProtocolError(f"async_dot: operand {which} ({view.name()}) is in tensor memory; tcgen05 reads it from "
+                            "shared memory", site=site)
+    _sh, rec = cta.smem.read(view, task, f"tcgen05 MMA operand {which}", site, async_proxy=not _in_tmem(view),
+                             inflight=op)
+    op.reads.append(rec)
+    return view
+
+
+@BLACKWELL.op()
+def async_dot(cta, A, B, acc=None, use_acc=None, pred=None, mBarriers=None, two_ctas=False, force_async=False,
+              input_precision=None, out_dtype=tl.float32):
+    site = source.capture(2)
+    task = cta.task
+    if unwrap(two_ctas):
+        raise UnsupportedError("async_dot(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
+    if acc is None or isinstance(acc, tl.tensor):
+        raise ProtocolError("async_dot on Blackwell needs acc: a tensor memory accumulator (tcgen05 writes TMEM; "
+                            f"got {'none' if acc is None else 'a register tensor, as wgmma (Hopper) takes'})",
+                            site=site)
+    acc_view = cta.view(acc, site, "async_dot acc")
+    if not _in_tmem(acc_view):
+        raise ProtocolError(f"async_dot: the accumulator {acc_view.name()} must be in tensor memory on Blackwell",
+                            site=site)
+    if pred is not None and not as_bool(pred):
+        cta.trace(task, "async_dot", f"tcgen05 MMA into {acc_view.name()} (pred false: skipped)", site)
+        return acc
+    bars = [cta.barrier(b, site, "async_dot mBarriers") for b in (unwrap(mBarriers) or [])]
+    cta.n_tcgen05 = seq = getattr(cta, "n_tcgen05", 0) + 1
+    last = getattr(task, "last_tcgen05", None)
+    op = Tcgen05Mma(cta, task, None, None, acc_view, True if use_acc is None else as_bool(use_acc), bars, site,
+                    task.release(), seq, last)
+    op.a = _smem_or_tmem(cta, A, "A", task, op, site, True)
+    op.b = _smem_or_tmem(cta, B, "B", task, op, site, False)
+    (m, k), (k2, n) = op.a.shape, op.b.shape
+    if k != k2 or list(acc_view.shape) != [m, n]:
+        raise ProtocolError(f"async_dot: shapes {[m, k]} x {[k2, n]} into {list(acc_view.shape)} do not chain",
+                            site=site)
+    if m not in (64, 128) or k < 16 or n < 8 or n > 256:
+        raise ProtocolError(f"async_dot of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, "
+                            "N 8..256", site=site)
+    if op.a.dtype != op.b.dtype:
+        raise ProtocolError(f"async_dot: operands of different types ({op.a.dtype}, {op.b.dtype})", site=site)
+    acc_view.alloc.shadows[acc_view.index].loads.append(op)
+    task.last_tcgen05 = op
+    cta.sched.inflight.append(op)
+    cta.trace(task, "async_dot", f"tcgen05 MMA #{seq} [{m}x{k}]x[{k}x{n}] {op.a.name()} x {op.b.name()} -> "
+                                 f"{acc_view.name()}{' +acc' if op.use_acc else ''}, arrives on "
+                                 f"{', '.join(b.name for b in bars) or 'nothing (commit)'}", site)
+    return acc
+
+
+@BLACKWELL.op()
+def tcgen05_commit(cta, mBarrier, two_ctas=False):
+    site = source.capture(2)
+    task = cta.task
+    if unwrap(two_ctas):
+        raise UnsupportedError("tcgen05_commit(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
+    bar = cta.barrier(mBarrier, site, "tcgen05_commit")
+    commit = Tcgen05Commit(cta, task, bar, getattr(task, "last_tcgen05", None), site, task.release())
+    cta.sched.inflight.append(commit)
+    cta.trace(task, "tcgen05_commit", f"{bar.name} after the MMAs issued so far", site)
+    return mBarrier

@@ -1,0 +1,48 @@
+"""The simulator's Blackwell ops (jfa.sim.ops.blackwell): TMEM allocations, tcgen05 MMA completing on
+mbarriers, tcgen05_commit; their protocol bugs reported as the races, deadlocks and resource errors they are."""
+import pytest
+
+import jfa.sim as sim
+from sim_kernels import line_of, run_tcgen05
+
+SCHEDULES = [sim.Schedule.deterministic()] + [sim.Schedule.seeded(s) for s in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=["deterministic", "seed1", "seed2", "seed3"])
+@pytest.mark.parametrize("bug", ["none", "commit"], ids=["mma-barriers", "tcgen05-commit"])
+def test_an_accumulation_chain_in_tmem_gives_the_product_sum(bug, schedule):
+    """Four MMAs into one TMEM accumulator (use_acc after the first), their completion seen through the
+    barriers they arrive on, or a tcgen05_commit: the epilogue reads sum_i A_i B_i (fp32 of bf16 products)."""
+    err, report = run_tcgen05(bug, schedule=schedule)
+    assert err < 1e-4, err
+    assert report.op_counts["async_dot"] == 4 and report.warnings == []
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=["deterministic", "seed1", "seed2", "seed3"])
+def test_reading_the_accumulator_before_the_mma_completes_is_caught(schedule):
+    """Without the wait on ``done`` the epilogue reads TMEM no MMA has written yet (uninitialised) or one is
+    still writing (a race with the MMA in flight), whichever the schedule makes happen."""
+    with pytest.raises((sim.RaceError, sim.UninitialisedReadError)) as info:
+        run_tcgen05("read_before_done", schedule=schedule)
+    assert info.value.site.line == line_of("tc-read-acc")
+    if isinstance(info.value, sim.RaceError):
+        assert "tcgen05 MMA" in str(info.value)
+
+
+def test_a_barrier_nothing_arrives_on_deadlocks():
+    with pytest.raises(sim.DeadlockError, match="done"):
+        run_tcgen05("no_commit")
+
+
+def test_handing_the_tiles_back_at_issue_lets_tma_overwrite_an_operand_in_use():
+    """The MMA still reads its shared-memory operands until it completes: the producer's next TMA load into
+    the released slot is a race (seeded schedules land the copy before the MMA)."""
+    with pytest.raises(sim.RaceError, match="tcgen05 MMA"):
+        for seed in range(1, 6):
+            run_tcgen05("release_at_issue", n_steps=6, schedule=sim.Schedule.seeded(seed))
+
+
+def test_tmem_has_512_columns():
+    with pytest.raises(sim.ProtocolError, match="512") as info:
+        run_tcgen05("none", n=256, tmem_buffers=3)  # 768 columns
+    assert info.value.site.line == line_of("tc-tmem-alloc")

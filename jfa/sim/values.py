@@ -36,6 +36,24 @@ def np_dtype(dtype) -> np.dtype:
     return _interp._get_np_dtype(dtype)
 
 
+def _e4m3_table() -> np.ndarray:
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, b & 7
+    mag = np.where(e > 0, (8 + m) * 2.0 ** (e - 10), m * 2.0 ** -9)
+    values = np.where(b & 0x80, -mag, mag).astype(np.float32)
+    values[(b & 0x7F) == 0x7F] = np.nan
+    return values
+
+
+_E4M3 = _e4m3_table()
+
+
+def e8m0_to_f32(data: np.ndarray) -> np.ndarray:
+    """float32 ``2^(b - 127)`` of E8M0 scale bytes (NaN for 0xFF; 2^-127 is an fp32 subnormal)."""
+    b = data.astype(np.int64)
+    return np.where(b == 255, np.nan, np.ldexp(np.float32(1.0), (b - 127).astype(np.int32))).astype(np.float32)
+
+
 def to_f32(data: np.ndarray, dtype) -> np.ndarray:
     """The values of ``data`` (stored as the interpreter stores ``dtype``) as float32."""
     if dtype == tl.float32:
@@ -44,7 +62,11 @@ def to_f32(data: np.ndarray, dtype) -> np.ndarray:
         return (data.astype(np.uint32) << 16).view(np.float32)
     if dtype == tl.float16 or dtype.is_int():
         return data.astype(np.float32)
-    if dtype.is_floating() and dtype.primitive_bitwidth == 8:  # fp8: exact through fp16
+    if dtype == tl.float8e4nv:  # E4M3 (OCP): a table of its 256 values, NaN at S.1111.111
+        return _E4M3[data.astype(np.uint8)]
+    if dtype == tl.float8e5:  # E5M2 is fp16's top byte
+        return (data.astype(np.uint16) << 8).view(np.float16).astype(np.float32)
+    if dtype.is_floating() and dtype.primitive_bitwidth == 8:  # other fp8: exact through fp16
         return _interp._convert_float(data, dtype, tl.float16, None).view(np.float16).astype(np.float32)
     return data.astype(np.float32)
 

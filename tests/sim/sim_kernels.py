@@ -346,3 +346,47 @@ def run_tcgen05(bug="none", n_steps=4, m=128, k=32, n=64, tmem_buffers=1, **laun
                         BUG=TCGEN05_BUGS[bug], arch=(10, 0), **launch_kw)
     expected = sum(a[i * m:(i + 1) * m].float() @ b[i * k:(i + 1) * k].float() for i in range(n_steps))
     return (out - expected).abs().max().item(), report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tcgen05 block-scaled (MXFP8 on Blackwell): E4M3 A [M, K] and B^T [N, K] stored to shared memory, E8M0 scales
+# per 32 along K (A's in TMEM, B's in shared memory), one scaled MMA into TMEM, the epilogue reads it.
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def tcgen05_scaled_kernel(A8, B8, SA, SB, OUT, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                          SCALE_COLS: tl.constexpr):
+    a = tlx.local_alloc((M, K), tl.float8e4nv, 1)
+    bt = tlx.local_alloc((N, K), tl.float8e4nv, 1)
+    sa = tlx.local_alloc((M, SCALE_COLS), tl.uint8, 1, tlx.storage_kind.tmem)
+    sb = tlx.local_alloc((N, SCALE_COLS), tl.uint8, 1)
+    acc = tlx.local_alloc((M, N), tl.float32, 1, tlx.storage_kind.tmem)
+    done = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    rk = tl.arange(0, K)[None, :]
+    tlx.local_store(a[0], tl.load(A8 + tl.arange(0, M)[:, None] * K + rk).to(tl.float8e4nv, bitcast=True))
+    tlx.local_store(bt[0], tl.load(B8 + tl.arange(0, N)[:, None] * K + rk).to(tl.float8e4nv, bitcast=True))
+    rs = tl.arange(0, SCALE_COLS)[None, :]
+    tlx.local_store(sa[0], tl.load(SA + tl.arange(0, M)[:, None] * SCALE_COLS + rs))
+    tlx.local_store(sb[0], tl.load(SB + tl.arange(0, N)[:, None] * SCALE_COLS + rs))
+    tlx.fence_async_shared()
+    tlx.async_dot_scaled(a[0], tlx.local_trans(bt[0]), acc[0], sa[0], "e4m3", sb[0], "e4m3",  # <tcs-mma>
+                         use_acc=False, mBarriers=[done[0]])
+    tlx.barrier_wait(done[0], 0)
+    result = tlx.local_load(acc[0])
+    tl.store(OUT + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], result)
+
+
+def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, **launch_kw):
+    """(kernel result, the exact block-scaled product in float64) of one scaled MMA."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8)
+    b = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+    a[(a & 0x7F) == 0x7F] = 0  # no NaN elements
+    b[(b & 0x7F) == 0x7F] = 0
+    sa = torch.randint(117, 137, (m, k // 32), generator=g, dtype=torch.uint8)
+    sb = torch.randint(117, 137, (n, k // 32), generator=g, dtype=torch.uint8)
+    out = torch.zeros(m, n)
+    sim.launch(tcgen05_scaled_kernel, (1,), a, b, sa, sb, out, M=m, N=n, K=k, SCALE_COLS=scale_cols or k // 32,
+               arch=(10, 0), **launch_kw)
+    dec = lambda codes, s: (codes.view(torch.float8_e4m3fn).double()  # noqa: E731
+                            * torch.pow(2.0, s.double() - 127).repeat_interleave(32, dim=1))
+    return out.double(), dec(a, sa) @ dec(b, sb).T

@@ -3,7 +3,9 @@ mbarriers, tcgen05_commit; their protocol bugs reported as the races, deadlocks 
 import pytest
 
 import jfa.sim as sim
-from sim_kernels import line_of, run_tcgen05
+import torch
+
+from sim_kernels import line_of, run_tcgen05, run_tcgen05_scaled
 
 SCHEDULES = [sim.Schedule.deterministic()] + [sim.Schedule.seeded(s) for s in (1, 2, 3)]
 
@@ -46,3 +48,16 @@ def test_tmem_has_512_columns():
     with pytest.raises(sim.ProtocolError, match="512") as info:
         run_tcgen05("none", n=256, tmem_buffers=3)  # 768 columns
     assert info.value.site.line == line_of("tc-tmem-alloc")
+
+
+def test_a_block_scaled_mma_multiplies_the_dequantized_operands():
+    """async_dot_scaled with E4M3 operands and E8M0 scales per 32 along K (A's in TMEM, B's in shared
+    memory) gives (A x 2^(sa-127)) (B x 2^(sb-127))^T: the fp32 sum of exact products."""
+    got, want = run_tcgen05_scaled()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_a_scale_tensor_of_the_wrong_shape_is_refused_at_the_mma():
+    with pytest.raises(sim.ProtocolError, match="one scale per 32 elements along K") as info:
+        run_tcgen05_scaled(scale_cols=1)
+    assert info.value.site.line == line_of("tcs-mma")

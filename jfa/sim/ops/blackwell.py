@@ -9,6 +9,9 @@
   accumulator reads as a write in flight (reading it is a race) and its shared-memory operands as reads
   in flight (overwriting them is a race); what waits on a barrier it arrives on sees its result. One
   issuer's MMAs land in issue order (the tensor core executes them so: an accumulation chain is exact).
+- ``async_dot_scaled`` (tcgen05.mma block-scaled, E4M3/E5M2 operands): the same, with one E8M0 scale per 32
+  elements along K for each row of A (``A_scale [M, K/32]``) and each column of B (``B_scale [N, K/32]``),
+  from shared or tensor memory.
 - ``tcgen05_commit(bar)``: one arrival on ``bar`` once every MMA its task issued so far has landed.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .. import source
 from ..errors import ProtocolError, UnsupportedError
 from ..sched import AsyncOp
 from ..sync import join
-from ..values import as_bool, as_int, to_f32, unwrap
+from ..values import as_bool, as_int, e8m0_to_f32, to_f32, unwrap
 from . import OpTable, core
 from .hopper import _matmul
 
@@ -50,9 +53,9 @@ def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
     if len(dims) != 2 or dims[0] > TMEM_LANES or min(dims) < 1 or num < 1:
         raise ProtocolError(f"local_alloc({dims}, {dtype}, {num}, tmem): TMEM holds 2-d buffers of at most "
                             f"{TMEM_LANES} rows (lanes)", site=site)
-    if dtype != tl.float32:
-        raise UnsupportedError(f"local_alloc({dims}, {dtype}, tmem): only fp32 TMEM (accumulators) is simulated",
-                               site=site)
+    if dtype not in (tl.float32, tl.uint8):
+        raise UnsupportedError(f"local_alloc({dims}, {dtype}, tmem): TMEM is simulated for fp32 accumulators and "
+                               "uint8 E8M0 scales", site=site)
     columns = num * -(-dims[1] * dtype.primitive_bitwidth // 32)
     used = getattr(cta, "tmem_columns", 0) + columns
     if used > TMEM_COLUMNS:
@@ -70,12 +73,12 @@ class Tcgen05Mma(AsyncOp):
 
     kind = "tcgen05 MMA"
     __slots__ = ("cta", "task", "a", "b", "acc", "use_acc", "barriers", "site", "vc", "seq", "prev", "landed",
-                 "reads", "box", "barrier")
+                 "reads", "box", "barrier", "scales")
 
     def __init__(self, cta, task, a, b, acc, use_acc, barriers, site, vc, seq, prev):
         self.cta, self.task, self.a, self.b, self.acc, self.use_acc = cta, task, a, b, acc, use_acc
         self.barriers, self.site, self.vc, self.seq, self.prev = barriers, site, vc, seq, prev
-        self.landed, self.reads, self.box = False, [], acc.box
+        self.landed, self.reads, self.box, self.scales = False, [], acc.box, None
         self.barrier = barriers[0] if barriers else _Uncommitted()  # what a reader must wait on (hints)
 
     def describe(self) -> str:
@@ -105,6 +108,10 @@ class Tcgen05Mma(AsyncOp):
         cta, task = self.cta, self.task
         a = to_f32(np.array(self.a.read()), self.a.dtype)
         b = to_f32(np.array(self.b.read()), self.b.dtype)
+        if self.scales is not None:  # block-scaled: one E8M0 scale per 32 elements along K, per row / column
+            sa, sb = (e8m0_to_f32(np.array(v.read())) for v in self.scales)
+            a = a * np.repeat(sa, 32, axis=1)
+            b = b * np.repeat(sb, 32, axis=1).T
         out = _matmul(a, b)
         if self.use_acc:
             out = out + to_f32(np.array(self.acc.read()), self.acc.dtype)
@@ -182,25 +189,23 @@ def _smem_or_tmem(cta, x, which, task, op, site, tmem_ok):
     return view
 
 
-@BLACKWELL.op()
-def async_dot(cta, A, B, acc=None, use_acc=None, pred=None, mBarriers=None, two_ctas=False, force_async=False,
-              input_precision=None, out_dtype=tl.float32):
-    site = source.capture(2)
+def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
+    site = source.capture(3)
     task = cta.task
     if unwrap(two_ctas):
-        raise UnsupportedError("async_dot(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
+        raise UnsupportedError(f"{what}(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
     if acc is None or isinstance(acc, tl.tensor):
-        raise ProtocolError("async_dot on Blackwell needs acc: a tensor memory accumulator (tcgen05 writes TMEM; "
+        raise ProtocolError(f"{what} on Blackwell needs acc: a tensor memory accumulator (tcgen05 writes TMEM; "
                             f"got {'none' if acc is None else 'a register tensor, as wgmma (Hopper) takes'})",
                             site=site)
-    acc_view = cta.view(acc, site, "async_dot acc")
-    if not _in_tmem(acc_view):
-        raise ProtocolError(f"async_dot: the accumulator {acc_view.name()} must be in tensor memory on Blackwell",
+    acc_view = cta.view(acc, site, f"{what} acc")
+    if not _in_tmem(acc_view) or acc_view.dtype != tl.float32:
+        raise ProtocolError(f"{what}: the accumulator {acc_view.name()} must be fp32 in tensor memory on Blackwell",
                             site=site)
     if pred is not None and not as_bool(pred):
-        cta.trace(task, "async_dot", f"tcgen05 MMA into {acc_view.name()} (pred false: skipped)", site)
+        cta.trace(task, what, f"tcgen05 MMA into {acc_view.name()} (pred false: skipped)", site)
         return acc
-    bars = [cta.barrier(b, site, "async_dot mBarriers") for b in (unwrap(mBarriers) or [])]
+    bars = [cta.barrier(b, site, f"{what} mBarriers") for b in (unwrap(mBarriers) or [])]
     cta.n_tcgen05 = seq = getattr(cta, "n_tcgen05", 0) + 1
     last = getattr(task, "last_tcgen05", None)
     op = Tcgen05Mma(cta, task, None, None, acc_view, True if use_acc is None else as_bool(use_acc), bars, site,
@@ -209,20 +214,52 @@ def async_dot(cta, A, B, acc=None, use_acc=None, pred=None, mBarriers=None, two_
     op.b = _smem_or_tmem(cta, B, "B", task, op, site, False)
     (m, k), (k2, n) = op.a.shape, op.b.shape
     if k != k2 or list(acc_view.shape) != [m, n]:
-        raise ProtocolError(f"async_dot: shapes {[m, k]} x {[k2, n]} into {list(acc_view.shape)} do not chain",
+        raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]} into {list(acc_view.shape)} do not chain",
                             site=site)
     if m not in (64, 128) or k < 16 or n < 8 or n > 256:
-        raise ProtocolError(f"async_dot of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, "
-                            "N 8..256", site=site)
+        raise ProtocolError(f"{what} of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, N 8..256",
+                            site=site)
     if op.a.dtype != op.b.dtype:
-        raise ProtocolError(f"async_dot: operands of different types ({op.a.dtype}, {op.b.dtype})", site=site)
+        raise ProtocolError(f"{what}: operands of different types ({op.a.dtype}, {op.b.dtype})", site=site)
+    if scales is not None:
+        views = tuple(_smem_or_tmem(cta, x, name, task, op, site, True) for x, name in zip(scales, ("A_scale",
+                                                                                                    "B_scale")))
+        for v, rows, name in zip(views, (m, n), ("A_scale", "B_scale")):
+            if v.dtype != tl.uint8 or list(v.shape) != [rows, k // 32]:
+                raise ProtocolError(f"{what}: {name} {v.name()} must be uint8 E8M0 [{rows}, {k // 32}] (one scale "
+                                    f"per 32 elements along K), got {v.dtype}{list(v.shape)}", site=site)
+        op.scales = views
     acc_view.alloc.shadows[acc_view.index].loads.append(op)
     task.last_tcgen05 = op
     cta.sched.inflight.append(op)
-    cta.trace(task, "async_dot", f"tcgen05 MMA #{seq} [{m}x{k}]x[{k}x{n}] {op.a.name()} x {op.b.name()} -> "
-                                 f"{acc_view.name()}{' +acc' if op.use_acc else ''}, arrives on "
-                                 f"{', '.join(b.name for b in bars) or 'nothing (commit)'}", site)
+    cta.trace(task, what, f"tcgen05 MMA #{seq} [{m}x{k}]x[{k}x{n}] {op.a.name()} x {op.b.name()} -> "
+                          f"{acc_view.name()}{' +acc' if op.use_acc else ''}, arrives on "
+                          f"{', '.join(b.name for b in bars) or 'nothing (commit)'}", site)
     return acc
+
+
+@BLACKWELL.op()
+def async_dot(cta, A, B, acc=None, use_acc=None, pred=None, mBarriers=None, two_ctas=False, force_async=False,
+              input_precision=None, out_dtype=tl.float32):
+    return _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, None, "async_dot")
+
+
+SCALED_FORMATS = {"e4m3": tl.float8e4nv, "e5m2": tl.float8e5}
+
+
+@BLACKWELL.op()
+def async_dot_scaled(cta, A, B, acc, A_scale, A_format, B_scale, B_format, use_acc=None, pred=None, mBarriers=None,
+                     two_ctas=False, force_async=False, out_dtype=tl.float32):
+    site = source.capture(2)
+    for x, fmt, name in ((A, A_format, "A"), (B, B_format, "B")):
+        fmt = unwrap(fmt)
+        if fmt not in SCALED_FORMATS:
+            raise UnsupportedError(f"async_dot_scaled: {name}_format {fmt!r} (simulated: {sorted(SCALED_FORMATS)}; "
+                                   "e2m1 is not)", site=site)
+        dtype = cta.view(x, site, f"async_dot_scaled {name}").dtype
+        if dtype != SCALED_FORMATS[fmt]:
+            raise ProtocolError(f"async_dot_scaled: {name} holds {dtype}, its format says {fmt}", site=site)
+    return _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, (A_scale, B_scale), "async_dot_scaled")
 
 
 @BLACKWELL.op()

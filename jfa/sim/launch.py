@@ -335,9 +335,12 @@ class Launch:
                 self._install(patches)
                 runtime.ACTIVE = self
                 _interp.interpreter_builder.set_grid_dim(*g3)
+                self.grid3, self.cancelled = g3, set()
                 for x in range(g3[0]):
                     for y in range(g3[1]):
                         for z in range(g3[2]):
+                            if (x, y, z) in self.cancelled:  # taken over by another CTA (CLC): never starts
+                                continue
                             _interp.interpreter_builder.set_grid_idx(x, y, z)
                             cta = self.cta = Cta(self, (x, y, z))
                             try:
@@ -358,6 +361,20 @@ class Launch:
         return LaunchReport(kernel=fn.__name__, grid=g, ctas=ctas, schedule=self.schedule.describe(),
                             task_switches=switches, copies=copies, op_counts=dict(self.op_counts), steps=steps,
                             seconds=time.perf_counter() - t0, warnings=list(self.warnings), tracer=self.tracer)
+
+    def cancel_next(self, current: tuple) -> int:
+        """Cluster launch control's try_cancel, answered: the first CTA after ``current`` in launch order that
+        has neither started nor been cancelled is cancelled (it will never start) and its x coordinate
+        returned; -1 once there is none. The CTAs run one after another, so every CTA after the current
+        one has not started."""
+        gx, gy, gz = self.grid3
+        if gy * gz != 1:
+            raise UnsupportedError("cluster launch control on a grid of more than one dimension is not simulated")
+        for x in range(current[0] + 1, gx):
+            if (x, 0, 0) not in self.cancelled:
+                self.cancelled.add((x, 0, 0))
+                return x
+        return -1
 
     def _annotate(self, exc: BaseException, cta: Cta, grid) -> BaseException:
         err = exc

@@ -390,3 +390,35 @@ def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, **launch_kw):
     dec = lambda codes, s: (codes.view(torch.float8_e4m3fn).double()  # noqa: E731
                             * torch.pow(2.0, s.double() - 127).repeat_interleave(32, dim=1))
     return out.double(), dec(a, sa) @ dec(b, sb).T
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cluster launch control: each CTA works its own tile, then asks CLC for another CTA's, until none is left.
+# ---------------------------------------------------------------------------------------------------------
+CLC_BUGS = {"none": 0, "wrong_phase": 1, "stop_after_first": 2}
+
+
+@triton.jit
+def clc_kernel(OUT, WHO, BUG: tl.constexpr):
+    ctx = tlx.clc_create_context(1, 1)
+    pid = tl.program_id(0)
+    tile = pid
+    i = 0
+    while tile != -1:
+        tl.store(OUT + tile, tl.load(OUT + tile) + 1)  # every tile worked exactly once: OUT all 1
+        tl.store(WHO + tile, pid)
+        if BUG == 1:
+            tlx.clc_producer(ctx, i & 1)  # <clc-producer-wrong-phase>
+        else:
+            tlx.clc_producer(ctx, (i & 1) ^ 1)
+        tile = tlx.clc_consumer(ctx, i & 1)
+        if BUG == 2:
+            tile = -1
+        i += 1
+
+
+def run_clc(bug="none", grid=7, **launch_kw):
+    out = torch.zeros(grid, dtype=torch.int32)
+    who = torch.full((grid,), -1, dtype=torch.int32)
+    report = sim.launch(clc_kernel, (grid,), out, who, BUG=CLC_BUGS[bug], arch=(10, 0), **launch_kw)
+    return out, who, report

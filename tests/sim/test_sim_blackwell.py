@@ -5,7 +5,7 @@ import pytest
 import jfa.sim as sim
 import torch
 
-from sim_kernels import line_of, run_tcgen05, run_tcgen05_scaled
+from sim_kernels import line_of, run_clc, run_tcgen05, run_tcgen05_scaled
 
 SCHEDULES = [sim.Schedule.deterministic()] + [sim.Schedule.seeded(s) for s in (1, 2, 3)]
 
@@ -61,3 +61,24 @@ def test_a_scale_tensor_of_the_wrong_shape_is_refused_at_the_mma():
     with pytest.raises(sim.ProtocolError, match="one scale per 32 elements along K") as info:
         run_tcgen05_scaled(scale_cols=1)
     assert info.value.site.line == line_of("tcs-mma")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=["deterministic", "seed1"])
+def test_cluster_launch_control_hands_out_every_tile_once(schedule):
+    """A CTA that asks for more work gets the tiles of CTAs that have not started (which then never start);
+    after the last one it gets -1: every tile is worked exactly once, by fewer CTAs than the grid."""
+    out, who, report = run_clc(schedule=schedule)
+    assert out.tolist() == [1] * 7
+    assert report.ctas < 7 and set(who.tolist()) == {0}  # CTAs run in turn: the first takes every other tile
+
+
+def test_a_clc_producer_waiting_on_the_wrong_phase_deadlocks():
+    with pytest.raises(sim.DeadlockError) as info:
+        run_clc("wrong_phase")
+    assert "clc_empty" in str(info.value)
+
+
+def test_a_cancelled_tile_nobody_works_is_lost():
+    """The CLC contract: a cancelled CTA never starts, so a kernel that drops the tile it was handed loses it."""
+    out, _, report = run_clc("stop_after_first")
+    assert out.tolist() == [1, 0, 1, 0, 1, 0, 1] and report.ctas == 4

@@ -13,6 +13,11 @@
   elements along K for each row of A (``A_scale [M, K/32]``) and each column of B (``B_scale [N, K/32]``),
   from shared or tensor memory.
 - ``tcgen05_commit(bar)``: one arrival on ``bar`` once every MMA its task issued so far has landed.
+- Cluster launch control (``clc_create_context``, ``clc_producer``, ``clc_consumer``; single-CTA clusters):
+  the producer's try_cancel is answered when it lands (16 bytes on the full barrier, as the hardware's
+  response): the next CTA of the grid that has not started is cancelled, never starts, and its x is the
+  response; -1 once every CTA has started or been taken. The consumer reads it after the full barrier and
+  arrives on the empty one.
 """
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ import triton.language as tl
 from .. import source
 from ..errors import ProtocolError, UnsupportedError
 from ..sched import AsyncOp
-from ..sync import join
-from ..values import as_bool, as_int, e8m0_to_f32, to_f32, unwrap
+from ..sync import BarrierArray, join
+from ..values import as_bool, as_int, e8m0_to_f32, scalar_tensor, to_f32, unwrap
 from . import OpTable, core
 from .hopper import _matmul
 
@@ -273,3 +278,79 @@ def tcgen05_commit(cta, mBarrier, two_ctas=False):
     cta.sched.inflight.append(commit)
     cta.trace(task, "tcgen05_commit", f"{bar.name} after the MMAs issued so far", site)
     return mBarrier
+
+
+# ---- cluster launch control ----------------------------------------------------------------------------
+class ClcContext:
+    """The pipeline of CLC responses: ``num_stages`` response slots, a full barrier each (the response's 16
+    bytes land on it) and an empty barrier each (``num_consumers`` arrivals hand the slot back)."""
+
+    def __init__(self, cta, num_consumers: int, num_stages: int, site):
+        self.fulls = BarrierArray(cta, core._alloc_name(cta, site, "clc_full"), num_stages, 1, site)
+        self.empties = BarrierArray(cta, core._alloc_name(cta, site, "clc_empty"), num_stages, num_consumers, site)
+        cta.barriers += [self.fulls, self.empties]
+        self.responses: list = [None] * num_stages
+
+
+class ClcResponse(AsyncOp):
+    """A try_cancel in flight: answered when it lands (the scheduler decides when, as the hardware's)."""
+
+    kind = "CLC try_cancel"
+    __slots__ = ("cta", "task", "context", "k", "site", "vc", "seq")
+
+    def __init__(self, cta, task, context, k, site, vc, seq):
+        self.cta, self.task, self.context, self.k, self.site, self.vc, self.seq = cta, task, context, k, site, vc, seq
+
+    def describe(self) -> str:
+        return f"CLC try_cancel #{self.seq} (response slot {self.k})"
+
+    def land(self) -> None:
+        cta = self.cta
+        self.context.responses[self.k] = cta.launch.cancel_next(cta.index)
+        self.context.fulls[self.k].complete_tx(cta, self, 16)
+        cta.trace(None, "CLC response lands", f"#{self.seq}: {self.context.responses[self.k]}", self.site)
+
+
+def _clc_slot(context, k, site, what) -> int:
+    if not isinstance(context, ClcContext):
+        raise ProtocolError(f"{what}: expected a clc_create_context() result, got {type(context).__name__}",
+                            site=site)
+    k = as_int(k, "k")
+    if not 0 <= k < len(context.responses):
+        raise ProtocolError(f"{what}: response slot {k} of a context with {len(context.responses)}", site=site)
+    return k
+
+
+@BLACKWELL.op(sync=False)
+def clc_create_context(cta, num_consumers, num_stages=1):
+    site = source.capture(2)
+    return ClcContext(cta, as_int(num_consumers, "num_consumers"), as_int(num_stages, "num_stages"), site)
+
+
+@BLACKWELL.op()
+def clc_producer(cta, context, p_producer=None, multi_ctas=False, k=0):
+    site = source.capture(2)
+    if unwrap(multi_ctas):
+        raise UnsupportedError("clc_producer(multi_ctas=True): clusters are not simulated yet", site=site)
+    k = _clc_slot(context, k, site, "clc_producer")
+    task = cta.task
+    core.wait_on(cta, context.empties[k], as_int(p_producer, "p_producer") & 1, site)
+    context.fulls[k].expect(cta, task, 16, site)
+    cta.n_copies += 1
+    op = ClcResponse(cta, task, context, k, site, task.release(), cta.n_copies)
+    cta.sched.inflight.append(op)
+    cta.trace(task, "clc_producer", f"try_cancel #{op.seq} into slot {k}", site)
+
+
+@BLACKWELL.op()
+def clc_consumer(cta, context, p_consumer=None, multi_ctas=False, k=0):
+    site = source.capture(2)
+    if unwrap(multi_ctas):
+        raise UnsupportedError("clc_consumer(multi_ctas=True): clusters are not simulated yet", site=site)
+    k = _clc_slot(context, k, site, "clc_consumer")
+    task = cta.task
+    core.wait_on(cta, context.fulls[k], as_int(p_consumer, "p_consumer") & 1, site)
+    tile = context.responses[k]
+    context.empties[k].arrive(cta, task, 1, site)
+    cta.trace(task, "clc_consumer", f"slot {k}: {tile}", site)
+    return scalar_tensor(tile, tl.int32)

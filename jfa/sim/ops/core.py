@@ -193,11 +193,16 @@ def barrier_arrive(cta, bar, arrive_count=1, remote_cta_rank=None):
 def barrier_wait(cta, bar, phase, pred=None):
     site = source.capture(2)
     b = cta.barrier(bar, site, "barrier_wait")
-    task = cta.task
     if pred is not None and not as_bool(pred):
-        cta.trace(task, "barrier_wait", f"{b.name} (pred false: skipped)", site)
+        cta.trace(cta.task, "barrier_wait", f"{b.name} (pred false: skipped)", site)
         return
-    parity = as_int(phase, "phase") & 1
+    wait_on(cta, b, as_int(phase, "phase") & 1, site)
+
+
+def wait_on(cta, b, parity: int, site) -> None:
+    """The calling task waits until ``b``'s phase of ``parity`` has completed, then acquires what it carries
+    (barrier_wait's work, shared with the ops that wait inside, as CLC's)."""
+    task = cta.task
     if not b.passed(parity):
         cta.trace(task, "barrier_wait", f"{b.name} parity {parity}: blocks ({b.state()})", site)
         start = b.completed

@@ -354,20 +354,33 @@ def run_tcgen05(bug="none", n_steps=4, m=128, k=32, n=64, tmem_buffers=1, **laun
 # ---------------------------------------------------------------------------------------------------------
 @triton.jit
 def tcgen05_scaled_kernel(A8, B8, SA, SB, OUT, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                          SCALE_COLS: tl.constexpr):
+                          SCALE_COLS: tl.constexpr, COPY: tl.constexpr):
+    """COPY: 0 stores A's scales into TMEM from registers; 1 copies them from shared memory (tmem_copy) and
+    waits for the copy's commit; 2 overwrites the copy's source before that (a race)."""
     a = tlx.local_alloc((M, K), tl.float8e4nv, 1)
     bt = tlx.local_alloc((N, K), tl.float8e4nv, 1)
     sa = tlx.local_alloc((M, SCALE_COLS), tl.uint8, 1, tlx.storage_kind.tmem)
+    sa_smem = tlx.local_alloc((M, SCALE_COLS), tl.uint8, 1)
     sb = tlx.local_alloc((N, SCALE_COLS), tl.uint8, 1)
     acc = tlx.local_alloc((M, N), tl.float32, 1, tlx.storage_kind.tmem)
-    done = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    done = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     rk = tl.arange(0, K)[None, :]
     tlx.local_store(a[0], tl.load(A8 + tl.arange(0, M)[:, None] * K + rk).to(tl.float8e4nv, bitcast=True))
     tlx.local_store(bt[0], tl.load(B8 + tl.arange(0, N)[:, None] * K + rk).to(tl.float8e4nv, bitcast=True))
     rs = tl.arange(0, SCALE_COLS)[None, :]
-    tlx.local_store(sa[0], tl.load(SA + tl.arange(0, M)[:, None] * SCALE_COLS + rs))
+    scales_a = tl.load(SA + tl.arange(0, M)[:, None] * SCALE_COLS + rs)
+    if COPY == 0:
+        tlx.local_store(sa[0], scales_a)
+    else:
+        tlx.local_store(sa_smem[0], scales_a)
     tlx.local_store(sb[0], tl.load(SB + tl.arange(0, N)[:, None] * SCALE_COLS + rs))
     tlx.fence_async_shared()
+    if COPY > 0:
+        tlx.tmem_copy(sa_smem[0], sa[0])
+        if COPY == 2:
+            tlx.local_store(sa_smem[0], scales_a)  # <tcs-overwrite-copy-source>
+        tlx.tcgen05_commit(done[1])
+        tlx.barrier_wait(done[1], 0)
     tlx.async_dot_scaled(a[0], tlx.local_trans(bt[0]), acc[0], sa[0], "e4m3", sb[0], "e4m3",  # <tcs-mma>
                          use_acc=False, mBarriers=[done[0]])
     tlx.barrier_wait(done[0], 0)
@@ -375,7 +388,7 @@ def tcgen05_scaled_kernel(A8, B8, SA, SB, OUT, M: tl.constexpr, N: tl.constexpr,
     tl.store(OUT + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], result)
 
 
-def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, **launch_kw):
+def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, copy=0, **launch_kw):
     """(kernel result, the exact block-scaled product in float64) of one scaled MMA."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8)
@@ -386,7 +399,7 @@ def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, **launch_kw):
     sb = torch.randint(117, 137, (n, k // 32), generator=g, dtype=torch.uint8)
     out = torch.zeros(m, n)
     sim.launch(tcgen05_scaled_kernel, (1,), a, b, sa, sb, out, M=m, N=n, K=k, SCALE_COLS=scale_cols or k // 32,
-               arch=(10, 0), **launch_kw)
+               COPY=copy, arch=(10, 0), **launch_kw)
     dec = lambda codes, s: (codes.view(torch.float8_e4m3fn).double()  # noqa: E731
                             * torch.pow(2.0, s.double() - 127).repeat_interleave(32, dim=1))
     return out.double(), dec(a, sa) @ dec(b, sb).T

@@ -50,11 +50,18 @@ def test_tmem_has_512_columns():
     assert info.value.site.line == line_of("tc-tmem-alloc")
 
 
-def test_a_block_scaled_mma_multiplies_the_dequantized_operands():
-    """async_dot_scaled with E4M3 operands and E8M0 scales per 32 along K (A's in TMEM, B's in shared
-    memory) gives (A x 2^(sa-127)) (B x 2^(sb-127))^T: the fp32 sum of exact products."""
-    got, want = run_tcgen05_scaled()
+@pytest.mark.parametrize("copy", [0, 1], ids=["scales-stored", "scales-tmem-copied"])
+def test_a_block_scaled_mma_multiplies_the_dequantized_operands(copy):
+    """async_dot_scaled with E4M3 operands and E8M0 scales per 32 along K (A's in TMEM, stored there or
+    copied there by tmem_copy; B's in shared memory) gives (A x 2^(sa-127)) (B x 2^(sb-127))^T."""
+    got, want = run_tcgen05_scaled(copy=copy)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_overwriting_a_tmem_copy_source_before_its_commit_is_a_race():
+    with pytest.raises(sim.RaceError, match="tcgen05 copy") as info:
+        run_tcgen05_scaled(copy=2)
+    assert info.value.site.line == line_of("tcs-overwrite-copy-source")
 
 
 def test_a_scale_tensor_of_the_wrong_shape_is_refused_at_the_mma():

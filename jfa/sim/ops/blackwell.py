@@ -12,6 +12,8 @@
 - ``async_dot_scaled`` (tcgen05.mma block-scaled, E4M3/E5M2 operands): the same, with one E8M0 scale per 32
   elements along K for each row of A (``A_scale [M, K/32]``) and each column of B (``B_scale [N, K/32]``),
   from shared or tensor memory.
+- ``tmem_copy(src, dst)`` (tcgen05.cp, shared memory into TMEM): asynchronous, in the issuer's tcgen05 order
+  (an MMA issued after it reads the copy), its source read in flight until it lands.
 - ``tcgen05_commit(bar)``: one arrival on ``bar`` once every MMA its task issued so far has landed.
 - Cluster launch control (``clc_create_context``, ``clc_producer``, ``clc_consumer``; single-CTA clusters):
   the producer's try_cancel is answered when it lands (16 bytes on the full barrier, as the hardware's
@@ -134,6 +136,45 @@ class Tcgen05Mma(AsyncOp):
         for bar in self.barriers:
             _arrive_async(cta, bar, vc, self.describe(), self.site)
         cta.trace(None, "tcgen05 MMA lands", f"#{self.seq} {self.acc.name()}", self.site)
+
+
+class Tcgen05Copy(AsyncOp):
+    """tcgen05.cp in flight: ``dst`` (TMEM) = ``src`` (shared memory) when it lands; in the issuer's tcgen05
+    order, so an MMA issued after it reads what it copied."""
+
+    kind = "tcgen05 copy"
+    __slots__ = ("cta", "task", "src", "dst", "site", "vc", "seq", "prev", "landed", "read", "box", "barrier")
+
+    def __init__(self, cta, task, src, dst, site, vc, seq, prev):
+        self.cta, self.task, self.src, self.dst, self.site, self.vc, self.seq = cta, task, src, dst, site, vc, seq
+        self.prev, self.landed, self.read, self.box, self.barrier = prev, False, None, dst.box, _Uncommitted()
+
+    def describe(self) -> str:
+        return f"tcgen05 copy #{self.seq} of {self.src.name()} into {self.dst.name()}"
+
+    def describe_full(self) -> str:
+        return f"{self.describe()}, issued by {self.task.name} at {self.site.format(indent='    ')}"
+
+    def follows(self, other) -> bool:
+        return Tcgen05Mma.follows(self, other)
+
+    def wait_hint(self) -> str:
+        return "wait for a tcgen05_commit issued after the copy before reusing its source"
+
+    def land(self) -> None:
+        while self.prev is not None and not self.prev.landed:
+            self.cta.sched.land(self.prev)
+        self.landed = True
+        cta = self.cta
+        agent = _mma_agent(cta)
+        cta.tcgen05_clock = clock = getattr(cta, "tcgen05_clock", 0) + 1
+        vc = dict(self.vc)
+        vc[agent] = clock
+        self.dst.alloc.shadows[self.dst.index].loads.remove(self)
+        cta.smem.write(self.dst, agent, vc, clock, f"{self.describe()} (issued by {self.task.name})",
+                       "tcgen05 copy", self.site, landing=self)
+        self.dst.write(np.array(self.src.read()))
+        self.read.inflight, self.read.agent, self.read.clock = None, agent, clock
 
 
 class _Uncommitted:
@@ -354,3 +395,23 @@ def clc_consumer(cta, context, p_consumer=None, multi_ctas=False, k=0):
     context.empties[k].arrive(cta, task, 1, site)
     cta.trace(task, "clc_consumer", f"slot {k}: {tile}", site)
     return scalar_tensor(tile, tl.int32)
+
+
+@BLACKWELL.op()
+def tmem_copy(cta, src, dst):
+    site = source.capture(2)
+    task = cta.task
+    src_view, dst_view = cta.view(src, site, "tmem_copy source"), cta.view(dst, site, "tmem_copy destination")
+    if _in_tmem(src_view) or not _in_tmem(dst_view):
+        raise ProtocolError(f"tmem_copy: copies shared memory ({src_view.name()}) into tensor memory "
+                            f"({dst_view.name()})", site=site)
+    if list(src_view.shape) != list(dst_view.shape) or src_view.dtype != dst_view.dtype:
+        raise ProtocolError(f"tmem_copy: {src_view.dtype}{list(src_view.shape)} into "
+                            f"{dst_view.dtype}{list(dst_view.shape)}", site=site)
+    cta.n_tcgen05 = seq = getattr(cta, "n_tcgen05", 0) + 1
+    op = Tcgen05Copy(cta, task, src_view, dst_view, site, task.release(), seq, getattr(task, "last_tcgen05", None))
+    _sh, op.read = cta.smem.read(src_view, task, "tcgen05 copy source", site, async_proxy=True, inflight=op)
+    dst_view.alloc.shadows[dst_view.index].loads.append(op)
+    task.last_tcgen05 = op
+    cta.sched.inflight.append(op)
+    cta.trace(task, "tmem_copy", op.describe(), site)

@@ -33,7 +33,8 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
         q, k, v: the tensors a call would get (packed; jagged NestedTensors give their values).
         backend, window_size: as for ``jagged_attention``.
         block_size: the kernels of ``block_sparse_attention(..., block_size=block_size)`` instead.
-        precision: as for ``jagged_attention`` ("mxfp8": the portable MXFP8 kernels, or why not).
+        precision: as for ``jagged_attention`` ("mxfp8": the TLX MXFP8 forward on sm_90 or the portable one,
+            and why; the backward is portable).
 
     Returns:
         A :class:`KernelChoice`: the forward and backward kernels and the reason either is not TLX.
@@ -353,7 +354,8 @@ def jagged_attention(
             semantics of docs/mxfp8.md section 2 (q, k, v, P and the backward's operands quantized along
             their products' reduction axes; a straight-through backward). q, k, v may then be
             ``jfa.mx.MXTensor``s quantized beforehand (q, k ``axis="dim"``, v ``axis="tokens"`` by
-            cu_seqlens_k; forward only). MXFP8 runs the portable Triton kernels.
+            cu_seqlens_k; forward only). The MXFP8 forward runs the TLX kernel on sm_90 (no sliding
+            window), the portable Triton kernel elsewhere; the backward the portable one.
         backend: "auto" (the TLX Hopper kernels where they apply on an sm_90 GPU, the portable Triton
             kernel elsewhere, Triton's interpreter for CPU tensors), "tlx", "triton" or "torch" (the
             reference). ``jfa.which_kernels`` says which kernel a call gets and why.

@@ -231,9 +231,9 @@ def _cuda_and_import(module: str, names: tuple, label: str) -> tuple[bool, str]:
 # ---------------------------------------------------------------------------------------
 
 class JfaImpl(Impl):
-    """``jfa.jagged_attention`` with a fixed backend ("triton" or "tlx") and precision ("auto": the input
-    dtype; "mxfp8": the portable MXFP8 kernels, judged by docs/mxfp8.md's bounds in the tests, not by the
-    bench's bf16 oracle check)."""
+    """``jfa.jagged_attention`` with a fixed backend ("triton" or "tlx"; "auto" for MXFP8) and precision ("auto":
+    the input dtype; "mxfp8": what the op runs for it, the TLX MXFP8 forward on sm_90 and the portable MXFP8
+    backward, judged by docs/mxfp8.md's bounds in the tests, not by the bench's bf16 oracle check)."""
 
     def __init__(self, backend: str, precision: str = "auto"):
         self.backend = backend
@@ -805,7 +805,7 @@ class FA4VarlenImpl(Impl):
 IMPLS: dict[str, Callable[[], Impl]] = {
     "jfa-triton": lambda: JfaImpl("triton"),
     "jfa-tlx": lambda: JfaImpl("tlx"),
-    "jfa-mxfp8": lambda: JfaImpl("triton", "mxfp8"),
+    "jfa-mxfp8": lambda: JfaImpl("auto", "mxfp8"),
     "torch-varlen": TorchVarlenImpl,
     "flex-docmask": FlexDocMaskImpl,
     "sdpa-padded": PaddedSDPAImpl,

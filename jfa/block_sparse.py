@@ -15,7 +15,7 @@ import torch
 
 from jfa import knobs
 from jfa.dispatch import (Problem, check_offsets_values, last_dim_contiguous, launcher,
-                          log_fallback_once, record, resolve_backend, traced, untraced, validate)
+                          log_fallback_once, record, resolve_backend, tlx_or_fallback, traced, untraced, validate)
 
 SPARSE_BLOCK_SIZES = (16, 32, 64, 128, 256)
 # per kernel backend: the forward and backward launchers, as (module, name); the TLX forward's backward is
@@ -236,15 +236,8 @@ def sparse_backend(backend: str, q, k, v, block_size: int) -> tuple[str, str]:
         return resolved, ""
     from jfa.kernels.tlx.hopper.forward import sparse_supports
 
-    ok, reason = sparse_supports(last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v),
-                                 block_size)
-    if ok:
-        return "tlx", ""
-    if backend == "tlx":
-        raise ValueError(f"backend: 'tlx' cannot run this block-sparse call: {reason}; use backend='auto' to fall "
-                         "back to the portable kernels")
-    log_fallback_once("jfa: TLX block-sparse forward not used, running the portable Triton kernel: %s", reason)
-    return "triton", reason
+    return tlx_or_fallback(backend, *sparse_supports(last_dim_contiguous(q), last_dim_contiguous(k),
+                                                     last_dim_contiguous(v), block_size), "block-sparse call")
 
 
 def _validate_sparse(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale, broadcast_q,

@@ -187,14 +187,7 @@ def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str
     (an explicit backend='tlx' the kernel cannot run raises; 'auto' falls back, logging the reason once)."""
     from jfa.kernels.tlx.hopper.forward import mx_supports
 
-    ok, reason = mx_supports(q, k, v, window)
-    if ok:
-        return "tlx", ""
-    if backend == "tlx":
-        raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}; use backend='auto' to fall back "
-                         "to the portable MXFP8 kernel")
-    log_fallback_once("jfa: TLX MXFP8 forward not used, running the portable MXFP8 kernel: %s", reason)
-    return "triton", reason
+    return tlx_or_fallback(backend, *mx_supports(q, k, v, window), "MXFP8 call")
 
 
 def tlx_target_registered(device: torch.device) -> bool:
@@ -219,13 +212,19 @@ def tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
     falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
     from jfa.kernels.tlx.hopper.forward import supports
 
-    ok, reason = supports(q, q.shape[-1], q.dtype, k=k, v=v, window=window)
+    return tlx_or_fallback(backend, *supports(q, q.shape[-1], q.dtype, k=k, v=v, window=window), "call")
+
+
+def tlx_or_fallback(backend: str, ok: bool, reason: str, call: str) -> tuple[str, str]:
+    """("tlx", "") where the TLX kernel runs ``call`` (``ok``), else ("triton", ``reason``): an explicit
+    backend='tlx' raises the reason, 'auto' falls back to the portable kernels and logs it once per
+    distinct reason (logger "jfa")."""
     if ok:
         return "tlx", ""
     if backend == "tlx":
-        raise ValueError(f"backend: 'tlx' cannot run this call: {reason}; use backend='auto' to fall back to "
-                         "the portable kernel")
-    log_fallback_once("jfa: TLX forward not used, running the portable Triton kernel: %s", reason)
+        raise ValueError(f"backend: 'tlx' cannot run this {call}: {reason}; use backend='auto' to fall back to "
+                         "the portable kernels")
+    log_fallback_once(f"jfa: no TLX kernel for this {call}, running the portable Triton kernels: %s", reason)
     return "triton", reason
 
 

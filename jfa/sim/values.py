@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as _interp
+from jfa.kernels.triton._interpreter import e4m3_values
 
 _unwrap = tl.core._unwrap_if_constexpr
 
@@ -36,16 +37,7 @@ def np_dtype(dtype) -> np.dtype:
     return _interp._get_np_dtype(dtype)
 
 
-def _e4m3_table() -> np.ndarray:
-    b = np.arange(256)
-    e, m = (b >> 3) & 15, b & 7
-    mag = np.where(e > 0, (8 + m) * 2.0 ** (e - 10), m * 2.0 ** -9)
-    values = np.where(b & 0x80, -mag, mag).astype(np.float32)
-    values[(b & 0x7F) == 0x7F] = np.nan
-    return values
-
-
-_E4M3 = _e4m3_table()
+_E4M3 = e4m3_values()  # E4M3's 256 values, the table the interpreter fix decodes with
 
 
 def e8m0_to_f32(data: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ def _f32_to_e4m3_bits(x: np.ndarray) -> np.ndarray:
     return torch.from_numpy(clamped).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
 
 
-def _e4m3_values() -> np.ndarray:
+def e4m3_values() -> np.ndarray:
     """float32 value of every E4M3 byte (OCP: bias 7, subnormals at exponent 0, NaN at S.1111.111)."""
     b = np.arange(256)
     e, m = (b >> 3) & 15, b & 7
@@ -78,7 +78,7 @@ def install_bf16_dot_fix() -> None:
         return original_cast(self, src, dst_type)
 
     original_fp_to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
-    e4m3 = _e4m3_values()
+    e4m3 = e4m3_values()
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
         if src.dtype.scalar == tl.float8e4nv and dst_type.scalar == tl.float32:

@@ -352,7 +352,10 @@ class ClcResponse(AsyncOp):
         cta.trace(None, "CLC response lands", f"#{self.seq}: {self.context.responses[self.k]}", self.site)
 
 
-def _clc_slot(context, k, site, what) -> int:
+def _clc_slot(context, k, multi_ctas, site, what) -> int:
+    """The response slot ``k`` of ``context`` a single-CTA CLC op uses (refusing clusters and bad slots)."""
+    if unwrap(multi_ctas):
+        raise UnsupportedError(f"{what}(multi_ctas=True): clusters are not simulated yet", site=site)
     if not isinstance(context, ClcContext):
         raise ProtocolError(f"{what}: expected a clc_create_context() result, got {type(context).__name__}",
                             site=site)
@@ -371,9 +374,7 @@ def clc_create_context(cta, num_consumers, num_stages=1):
 @BLACKWELL.op()
 def clc_producer(cta, context, p_producer=None, multi_ctas=False, k=0):
     site = source.capture(2)
-    if unwrap(multi_ctas):
-        raise UnsupportedError("clc_producer(multi_ctas=True): clusters are not simulated yet", site=site)
-    k = _clc_slot(context, k, site, "clc_producer")
+    k = _clc_slot(context, k, multi_ctas, site, "clc_producer")
     task = cta.task
     core.wait_on(cta, context.empties[k], as_int(p_producer, "p_producer") & 1, site)
     context.fulls[k].expect(cta, task, 16, site)
@@ -386,9 +387,7 @@ def clc_producer(cta, context, p_producer=None, multi_ctas=False, k=0):
 @BLACKWELL.op()
 def clc_consumer(cta, context, p_consumer=None, multi_ctas=False, k=0):
     site = source.capture(2)
-    if unwrap(multi_ctas):
-        raise UnsupportedError("clc_consumer(multi_ctas=True): clusters are not simulated yet", site=site)
-    k = _clc_slot(context, k, site, "clc_consumer")
+    k = _clc_slot(context, k, multi_ctas, site, "clc_consumer")
     task = cta.task
     core.wait_on(cta, context.fulls[k], as_int(p_consumer, "p_consumer") & 1, site)
     tile = context.responses[k]

@@ -54,6 +54,12 @@ def _llvm_o0_setting():
     return _build_llvm_o0.get() if setting is None else setting
 
 
+def build_settings() -> tuple:
+    """Both settings as the stages hook adds them to Triton's cache key (``install``): launches under
+    other settings compile other binaries (``jfa.kernels.launch`` keys its kept kernels by it)."""
+    return _flag(knobs.tlx_own_waits), _flag(_llvm_o0_setting())
+
+
 def llvm_o0(kernel: str) -> bool:
     """Whether a TLX compile of ``kernel`` now skips LLVM's optimisation (read at each compile)."""
     return _selects(_llvm_o0_setting(), kernel)
@@ -147,10 +153,8 @@ def install() -> None:
 
     def hook(self=None, stages=None, options=None, language=None, capability=None):
         key, digest = inner(self, stages, options, language, capability)
-        setting = knobs.tlx_own_waits
-        flag = _flag(setting)
-        o0_setting = _llvm_o0_setting()
-        o0_flag = _flag(o0_setting)
+        setting, o0_setting = knobs.tlx_own_waits, _llvm_o0_setting()
+        flag, o0_flag = _flag(setting), _flag(o0_setting)
         nvidia = getattr(self, "name", "") != "amd"
         if stages is not None and nvidia:
             if setting:

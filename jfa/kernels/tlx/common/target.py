@@ -18,6 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
+from jfa.kernels.launch import launch as launch_compiled
+
 LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, kwargs)
 
 
@@ -32,7 +34,7 @@ class LaunchTarget:
 
 
 _registered: dict = {}  # device type -> LaunchTarget (the non-CUDA targets)
-_cuda_sm_counts: dict = {}
+_cuda_targets: dict = {}  # device index -> LaunchTarget, built at the first launch on that GPU
 _lock = threading.Lock()
 
 
@@ -51,15 +53,17 @@ def register_target(device_type: str, target: Optional[LaunchTarget]) -> Optiona
 
 
 def _cuda_launch(kernel, grid, args, kwargs) -> None:
-    kernel[grid](*args, **kwargs)
+    launch_compiled(kernel, grid, *args, **kwargs)
 
 
 def _cuda_target(device: torch.device) -> LaunchTarget:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _cuda_sm_counts:
-        _cuda_sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return LaunchTarget("cuda", tuple(torch.cuda.get_device_capability(index)), _cuda_sm_counts[index],
-                        _cuda_launch)
+    target = _cuda_targets.get(index)
+    if target is None:
+        props = torch.cuda.get_device_properties(index)
+        target = _cuda_targets[index] = LaunchTarget("cuda", (props.major, props.minor), props.multi_processor_count,
+                                                     _cuda_launch)
+    return target
 
 
 def target_for(device: torch.device) -> Optional[LaunchTarget]:

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from jfa.kernels.cache import IdentityCache
+from jfa.kernels.launch import launch
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_seqs", "search_steps"])
@@ -119,13 +120,14 @@ def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, 
         strides, head_dim, block_t = (0, 0, 0, 0), 16, block_rows or 128
     if zero is not None and zero.shape[2] != head_dim:
         raise ValueError(f"row_stats: zero has head dim {zero.shape[2]}, the outputs {head_dim}")
-    row_stats_kernel[(triton.cdiv(rows, block_t), num_heads)](
-        LSE=lse, **tensors, OUT_CU=out_cu, STATS_CU=stats_cu, STATS=stats, DQ_ZERO=stats if zero is None else zero,
-        num_rows=rows, num_heads=num_heads, num_seqs=num_seqs, search_steps=max(1, (num_seqs - 1).bit_length()),
-        stride_stats=stats.stride(0), stride_ot=strides[0], stride_oh=strides[1], stride_dot=strides[2],
-        stride_doh=strides[3], stride_zt=0 if zero is None else zero.stride(0),
-        stride_zh=0 if zero is None else zero.stride(1), FROM_OUTPUTS=delta is None,
-        HAS_DLSE=delta is None and dlse is not None, ZERO_DQ=zero is not None, HEAD_DIM=head_dim, BLOCK_T=block_t)
+    launch(row_stats_kernel, (triton.cdiv(rows, block_t), num_heads),
+           LSE=lse, **tensors, OUT_CU=out_cu, STATS_CU=stats_cu, STATS=stats,
+           DQ_ZERO=stats if zero is None else zero, num_rows=rows, num_heads=num_heads, num_seqs=num_seqs,
+           search_steps=max(1, (num_seqs - 1).bit_length()), stride_stats=stats.stride(0), stride_ot=strides[0],
+           stride_oh=strides[1], stride_dot=strides[2], stride_doh=strides[3],
+           stride_zt=0 if zero is None else zero.stride(0), stride_zh=0 if zero is None else zero.stride(1),
+           FROM_OUTPUTS=delta is None, HAS_DLSE=delta is None and dlse is not None, ZERO_DQ=zero is not None,
+           HEAD_DIM=head_dim, BLOCK_T=block_t)
     return stats, stats_cu
 
 

@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import logging
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -17,7 +18,7 @@ from typing import Iterator, Optional
 import torch
 
 from jfa import knobs
-from jfa.kernels.cache import IdentityCache
+from jfa.kernels.cache import IdentityCache, capturing
 from jfa.kernels.triton.configs import MAX_HEAD_DIM
 
 log = logging.getLogger("jfa")
@@ -303,7 +304,12 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     resolved = resolve_backend(backend, q.device) if mx_rule is None else mx_backend(backend, q.device)
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
-    if not (hints_given and knobs.trust_offsets):
+    trusted = hints_given and knobs.trust_offsets
+    if not trusted and capturing((cu_seqlens_k,)):
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: under CUDA-graph capture the offsets cannot be read back to "
+                         "check them; pass both max_seqlen_q and max_seqlen_k (max_seqlen_k with broadcast_q) and set "
+                         "JFA_TRUST_OFFSETS=1 (jfa.knobs.trust_offsets)")
+    if not trusted:
         check = untraced(check_offsets_values)
         check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:
@@ -331,7 +337,8 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def launcher(module: str, name: str):
     """``module.name``, looked up at each call (tests and measurements replace launchers)."""
-    return getattr(importlib.import_module(module), name)
+    loaded = sys.modules.get(module)
+    return getattr(loaded if loaded is not None else importlib.import_module(module), name)
 
 
 

@@ -2,7 +2,7 @@
 backward (fused dQ and deterministic), each asserting the TLX kernels ran; dispatch and its visible
 fallbacks; stores that stay inside their own sequence; the reported ablations (bitwise equal to what
 ships, or judged by the rule where they round differently); the self-resetting dynamic counter; the
-timeline build; the D 128 build's compile setting; torch.compile."""
+timeline build; the D 128 build's compile setting; torch.compile; CUDA-graph capture of a training step."""
 import logging
 
 import pytest
@@ -279,3 +279,68 @@ def test_a_training_step_under_torch_compile_runs_the_tlx_kernels(head_dim):
             results.append((out, qq.grad, kk.grad, vv.grad))
         for a, b in zip(*results):
             assert torch.equal(a, b), step.__name__
+
+
+def _graphed_training_step(q, k, v, cu, dout, hint: int, deterministic: bool):
+    """(graph, out, (dq, dk, dv)): one causal fwd+bwd of the public op captured in a CUDA graph on static
+    tensors, after two warm-up steps on a side stream (compilation and allocator warm-up, as capture asks)."""
+    def step():
+        out = jfa.jagged_attention(q, k, v, cu, cu, hint, hint, causal=True, deterministic=deterministic)
+        return out, torch.autograd.grad(out, (q, k, v), dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, grads = step()
+    return graph, out, grads
+
+
+@pytest.mark.parametrize("dq", BACKWARDS)
+def test_a_cuda_graph_of_a_training_step_replays_right_after_the_offsets_change(dq):
+    """A captured fwd+bwd (both max_seqlen hints, trusted offsets) replays correctly when the inputs AND the
+    offsets are rewritten in place between replays (same batch size and token count, lengths within the
+    hints: what the contract allows): each replay equals an eager call on the same values, bitwise for
+    out, dk and dv (and dq when deterministic), dq within the fused reduction's rounding otherwise."""
+    heads, head_dim = 2, 128
+    batches = ([300, 0, 17, 700, 129], [1, 640, 0, 300, 205], [146, 146, 146, 562, 146])
+    total, hint = sum(batches[0]), max(max(b) for b in batches)
+    assert all(sum(b) == total for b in batches)
+    q, k, v, cu = packed(batches[0], heads=heads, head_dim=head_dim)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    deterministic = dq == "deterministic"
+    with knobs.scope(trust_offsets=True):
+        graph, out, grads = _graphed_training_step(q, k, v, cu, dout, hint, deterministic)
+        for seed, lengths in enumerate(batches[1:] + batches[:1], start=1):
+            new_q, new_k, new_v, new_cu = packed(lengths, heads=heads, head_dim=head_dim, seed=seed)
+            with torch.no_grad():
+                for static, new in ((q, new_q), (k, new_k), (v, new_v), (cu, new_cu), (dout, torch.randn_like(q))):
+                    static.copy_(new)
+            graph.replay()
+            fresh = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            with recording_dispatch() as ran:
+                ref = jfa.jagged_attention(*fresh, cu.clone(), cu.clone(), hint, hint, causal=True,
+                                           deterministic=deterministic)
+                ref_grads = torch.autograd.grad(ref, fresh, dout)
+            assert [kernel for _, kernel, _ in ran] == ["tlx-hopper", "tlx-hopper"], ran
+            assert torch.equal(out, ref), lengths
+            assert torch.equal(grads[1], ref_grads[1]) and torch.equal(grads[2], ref_grads[2]), lengths
+            if deterministic:
+                assert torch.equal(grads[0], ref_grads[0]), lengths
+            else:  # fp32 reduce-adds in another order, then one rounding to bf16: at most an ulp or two
+                torch.testing.assert_close(grads[0], ref_grads[0], rtol=2 ** -7, atol=2 ** -7 * float(ref_grads[0].abs().max()))
+
+
+def test_capturing_a_graph_without_trusted_offsets_says_how_to_fix_it():
+    """Under capture the offsets cannot be read back: the error names the hints and the knob."""
+    q, k, v, cu = packed([5, 9])
+    jfa.jagged_attention(q, k, v, cu, cu)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="JFA_TRUST_OFFSETS"):
+        with torch.cuda.graph(graph):
+            jfa.jagged_attention(q, k, v, cu, cu)

@@ -124,6 +124,7 @@ KNOBS: dict = {k.name: k for k in (
 _UNSET = object()
 _scopes: tuple = ()  # the open scopes' settings, innermost last (a dict each); replaced, never mutated
 _process: dict = {}
+_parsed: dict = {}  # (name, environment text) -> parsed value: the variable is read at each access, parsed once
 _lock = threading.Lock()
 
 
@@ -157,7 +158,12 @@ def get(name: str) -> Any:
     if value is not _UNSET:
         return value
     text = os.environ.get(knob.env, "")
-    return knob.from_text(text) if text.strip() else knob.default
+    if not text.strip():
+        return knob.default
+    parsed = _parsed.get((name, text), _UNSET)  # (values are immutable: a memo of text -> value is safe)
+    if parsed is _UNSET:
+        parsed = _parsed[(name, text)] = knob.from_text(text)
+    return parsed
 
 
 def __getattr__(name: str) -> Any:  # knobs.trust_offsets etc.

@@ -5,7 +5,7 @@ under cProfile while a sleep kernel keeps the GPU busy (so nothing waits on the 
 the host's own work, as ``jfa.bench.runner.host_us`` measures it). Writes, per problem and pass, the
 median wall time of a call and the functions with the most cumulative and own time per call.
 
-    python -m jfa.bench.host_profile --suite gem --pass fwd,bwd --out DIR
+    python -m jfa.bench.host_profile --suite gem --pass fwd,bwd --out DIR [--triton-launch]
 """
 from __future__ import annotations
 
@@ -29,10 +29,16 @@ SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU time queued ahead of the profiled ca
 
 
 def _profile(fn: Callable[[], object], calls: int, top: int) -> dict:
-    """Median wall time of ``fn`` (us) and its cProfile rows per call, the GPU kept busy meanwhile."""
+    """Median wall time of ``fn`` (us) unprofiled and under cProfile, and its cProfile rows per call, the
+    GPU kept busy meanwhile."""
     fn()
     torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP_CYCLES)
+    plain = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        plain.append(time.perf_counter() - start)
     walls = []
     prof = cProfile.Profile()
     for _ in range(calls):
@@ -49,12 +55,14 @@ def _profile(fn: Callable[[], object], calls: int, top: int) -> dict:
                      "calls": ncalls / calls, "own_us": tottime / calls * 1e6, "cum_us": cumtime / calls * 1e6})
     by_cum = sorted(rows, key=lambda r: -r["cum_us"])[:top]
     by_own = sorted(rows, key=lambda r: -r["own_us"])[:top]
-    return {"wall_us": statistics.median(walls) * 1e6, "by_cumulative": by_cum, "by_own": by_own}
+    return {"wall_us": statistics.median(walls) * 1e6, "plain_us": statistics.median(plain) * 1e6,
+            "by_cumulative": by_cum, "by_own": by_own}
 
 
 def _text(name: str, result: dict) -> str:
     out = io.StringIO()
-    out.write(f"## {name}: {result['wall_us']:.0f} us per call (median; cProfile adds its own overhead)\n")
+    out.write(f"## {name}: {result['plain_us']:.0f} us per call unprofiled, {result['wall_us']:.0f} us under "
+              "cProfile (medians)\n")
     for key in ("by_own", "by_cumulative"):
         out.write(f"### {key}\n")
         for r in result[key]:
@@ -70,7 +78,14 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None, help="directory for host_profile.json and host_profile.txt")
+    parser.add_argument("--triton-launch", action="store_true",
+                        help="every launch through Triton's own binding (jfa.kernels.launch's direct launch off): "
+                             "the comparison for what the direct launch saves")
     args = parser.parse_args(argv)
+    if args.triton_launch:
+        from jfa.kernels import launch
+
+        launch._KernelLaunches.signature = lambda self, values, options, device: None
     impl = JfaImpl(args.backend)
     results = {}
     for problem in get_suite(args.suite):
@@ -83,7 +98,7 @@ def main(argv=None) -> int:
         if "bwd" in args.passes and prepared.fwd_bwd is not None:
             results[f"{problem.name} fwd+bwd"] = _profile(prepared.fwd_bwd, args.calls, args.top)
         for name in [n for n in results if n.startswith(problem.name)]:
-            print(f"{name}: {results[name]['wall_us']:.0f} us", flush=True)
+            print(f"{name}: {results[name]['plain_us']:.0f} us ({results[name]['wall_us']:.0f} profiled)", flush=True)
         if args.out:  # written after every problem: a call cut by a time limit keeps what it measured
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "host_profile.json"), "w") as f:

@@ -274,3 +274,30 @@ def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_knob_overr
             assert hook() == asked
     configs = {(d, f): backward.config_for(d, f) for d in (64, 128) for f in (True, False)}
     assert [key for key, c in configs.items() if c.llvm_o0] == [(128, True)]
+
+
+def test_blackwell_builds_keep_the_partition_registers_their_source_states():
+    """On sm_100 Triton's optimize_partition_warps overwrites the ``registers=`` of a TLX source's partitions
+    (the Blackwell forward's softmax warpgroups asked for 192 and got 88): inside a TLX ttgir compile the
+    wrapped pass adds nothing, outside it (and in another thread) it runs, and the cache key says so."""
+    import threading
+
+    from triton import knobs as triton_knobs
+    from triton._C.libtriton import passes
+
+    from jfa.kernels.tlx import pipeline
+
+    pipeline.install()
+    add = passes.ttgpuir.add_optimize_partition_warps
+    assert getattr(add, "_jfa_wrapped", False)
+    seen = []
+    with pipeline._own_partition_registers():
+        assert add(None) is None  # skipped: never touches the (absent) pass manager
+        other = threading.Thread(target=lambda: seen.append(pipeline._in_tlx_ttgir_compile.get()))
+        other.start()
+        other.join()
+    assert seen == [False] and not pipeline._in_tlx_ttgir_compile.get()
+    with pytest.raises(TypeError):  # outside: the real pass, which needs a real pass manager
+        add(None)
+    key, digest = triton_knobs.runtime.add_stages_inspection_hook()
+    assert "jfa-own-partition-registers" in key and "jfa-own-partition-registers" in digest

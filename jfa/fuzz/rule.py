@@ -218,6 +218,19 @@ def judge_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                        broadcast_q=broadcast_q)(out)
 
 
+def forward_verdicts(case: Case, inp, out: torch.Tensor, lse: torch.Tensor) -> list:
+    """The rule applied to a forward ``(out, lse)`` of ``case`` computed from its inputs ``inp`` by a kernel
+    launched directly (not through the API): the verdicts :func:`run_case` gives its forward."""
+    window = (case.window[0], 0 if case.causal else case.window[1])
+    kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q, window=window)
+    exact = oracle_values("numpy", inp, out, kwargs, backward=False)
+    with torch.no_grad():
+        o_ref, lse_ref = attention_reference(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, **kwargs)
+    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)
+    return [judge("out", out, o_ref, exact.out, DTYPES[case.dtype], noise=noise("out", exact.out)),
+            judge("lse", lse, lse_ref, exact.lse, torch.float32, noise=noise("lse", exact.lse))]
+
+
 @dataclass
 class Exact:
     """What an oracle says about one case: forward values, and for the backward the exact gradients,

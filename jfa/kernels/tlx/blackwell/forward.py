@@ -55,6 +55,7 @@ import triton.language as tl
 from jfa.kernels import alloc
 from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
@@ -72,6 +73,9 @@ class BlackwellForwardConfig:
     softmax_regs: int  # setmaxnreg of each softmax warpgroup
     o_slices: int  # column slices the correction moves O through: 32 fp32 per row (its warpgroup has what
     # the softmax warpgroups leave: 80 registers a thread)
+    # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0): LLVM hoists the CTA's and the lanes' indices
+    # to the kernel's entry, ahead of every partition's setmaxnreg, and ptxas spills them (12 bytes)
+    llvm_o0: bool = True
 
 
 NUM_GROUPS = 2  # softmax warpgroups, one per block_m-row group of a work item
@@ -81,17 +85,20 @@ SINGLE_WARP = 1  # the load and MMA partitions: one thread issues everything
 _GROUPS = tl.constexpr(NUM_GROUPS)
 _SOFTMAX_WARPS = tl.constexpr(SOFTMAX_WARPS)
 _SINGLE_WARP = tl.constexpr(SINGLE_WARP)
-ISSUER_REGS = tl.constexpr(48)  # the load and MMA partitions hold a few scalars
+# setmaxnreg of the load and MMA partitions (a few scalars). The register file: 2 x 128 threads x 192 (softmax)
+# + 128 x 48 (the two single-warp partitions share one warpgroup's allocation) + 128 x 80 (what is left to the
+# correction) = 65536.
+ISSUER_REGS = tl.constexpr(48)
 
 _CONFIGS: dict[int, BlackwellForwardConfig] = {
     # D 64. Tensor memory: S 2 x 128 columns + O 2 x 64 = 384 of 512. Shared memory: Q 2 groups x 2 x 16 KB
     # (the next item's Q in flight) + K/V ring 4 x 16 KB + P 2 x 32 KB = 192 KB of 227 KB.
-    64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=192,
+    64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
                                o_slices=2),
     # D 128. Tensor memory: S 2 x 128 + O 2 x 128 = 512 columns, all of them. Shared memory: Q 2 x 32 KB +
     # K/V ring 2 x 32 KB + P 2 x 32 KB = 192 KB; a third K/V tile (224 KB) leaves too little for the
     # barriers and the compiler's scratch.
-    128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=1, num_buffers_kv=2, softmax_regs=192,
+    128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=1, num_buffers_kv=2, softmax_regs=184,
                                 o_slices=4),
 }
 
@@ -288,10 +295,11 @@ def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_ful
     tlx.barrier_arrive(s_empties[g], 1)
     p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED,
                                          CAUSAL, SCALE_NONNEG, BLOCK_N)
+    p = p.to(DTYPE)  # before the waits: 16-bit P halves what the warpgroup holds while it waits (fp32 spills)
     if not FIRST:  # O holds PV(j - 1) at the old maximum: the correction rescales it before PV(j)
         _send_scale(alpha, scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
     tlx.barrier_wait(pv_dones[g], (pv_cnt & 1) ^ 1)  # the previous PV has read P
-    tlx.local_store(p_tiles[g], p.to(DTYPE))
+    tlx.local_store(p_tiles[g], p)
     tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)
     tlx.barrier_arrive(p_fulls[g], 1)
     return m_i, l_i, s_cnt + 1, pv_cnt + 1
@@ -585,5 +593,7 @@ def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
                                                softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                                                num_seqs=num_seqs, len_q_bcast=len_q_bcast)
-    target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+    with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
+                      **kwargs)
     return out, lse

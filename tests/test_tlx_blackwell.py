@@ -11,8 +11,8 @@ import torch
 # the simulator needs Triton's interpreter (TRITON_INTERPRET=1, the CPU suite's setting): elsewhere skip
 sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU interpreter", exc_type=ImportError)
 from jfa.fuzz.cases import Case, make_inputs
-from jfa.fuzz.rule import forward_verdicts
-from jfa.kernels.alloc import poisoned_outputs
+from jfa.fuzz.catalog import blackwell_cases
+from jfa.fuzz.rule import forward_verdicts, run_forward_launcher
 from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.blackwell import forward as bw
 from jfa.kernels.tlx.common import target
@@ -26,32 +26,10 @@ def _case(name, lengths_q, lengths_k, **kw):
     return Case(tuple(lengths_q), tuple(lengths_k), name=name, **kw)
 
 
-CATALOGUE = [
-    # an empty query sequence, a 1-token one, one whose keys are empty (its rows see none), tails of 130 and 5
-    _case("empty-and-one-token-D64-bf16", (0, 1, 130, 5), (3, 1, 130, 0), head_dim=64),
-    _case("empty-and-one-token-D128-fp16", (0, 1, 130, 5), (3, 1, 130, 0), head_dim=128, dtype="fp16"),
-    # Lq > Lk, causal: the first Lq - Lk rows of a sequence see no key (out 0, lse -inf), whole work items too
-    _case("causal-lq-gt-lk-D128-bf16", (300, 7), (44, 0), head_dim=128, causal=True),
-    _case("causal-lq-gt-lk-D64-fp16", (300, 7, 2), (100, 3, 0), head_dim=64, dtype="fp16", causal=True),
-    # Lq < Lk, causal: the diagonal and the bulk of fully seen blocks, several key blocks per item
-    _case("causal-lq-lt-lk-D64-bf16", (77, 130, 1), (300, 260, 129), head_dim=64, causal=True),
-    _case("causal-lq-lt-lk-D128-fp16", (77, 130), (300, 260), head_dim=128, dtype="fp16", causal=True),
-    # four key blocks with a partial last one, two work items of a sequence, a row tail of 1
-    _case("multi-block-tails-D128-bf16", (257, 1), (385, 129), head_dim=128),
-    _case("multi-block-tails-D64-fp16", (257, 1), (385, 129), head_dim=64, dtype="fp16"),
-    # one dense Q of 129 rows shared by every key sequence (an empty one and a 1-token one among them)
-    _case("bcastq-causal-D64-bf16", (129,), (260, 0, 1, 130), head_dim=64, causal=True, broadcast_q=True),
-    _case("bcastq-D128-fp16", (129,), (260, 0, 1, 130), head_dim=128, dtype="fp16", broadcast_q=True),
-    # query head h reads key/value head h // 2
-    _case("gqa-causal-D64-bf16", (200, 33), (150, 300), heads=4, kv_heads=2, head_dim=64, causal=True),
-    # q, k, v slices of one fused [T, 3H, D] projection (token stride 3 H D)
-    _case("strided-fused-qkv-D128-bf16", (140, 3), (140, 3), head_dim=128, strided=True),
-    # a negative scale: the bulk's row maximum is min(S) * scale
-    _case("scale-neg0.7-D64-bf16", (200, 60), (260, 60), head_dim=64, softmax_scale=-0.7),
-]
-SEEDED = [c for c in CATALOGUE if c.name in ("empty-and-one-token-D64-bf16", "causal-lq-gt-lk-D64-fp16",
-                                             "causal-lq-lt-lk-D128-fp16", "bcastq-causal-D64-bf16",
-                                             "gqa-causal-D64-bf16")]
+CATALOGUE = blackwell_cases()
+SEEDED = [c for c in CATALOGUE if c.name in ("bw-empty-and-one-token-D64-bf16", "bw-causal-lq-gt-lk-D64-fp16",
+                                             "bw-causal-lq-lt-lk-D128-fp16", "bw-bcastq-causal-D64-bf16",
+                                             "bw-gqa-causal-D64-bf16")]
 
 
 @pytest.fixture(autouse=True)
@@ -62,12 +40,8 @@ def cpu_only(device):
 
 def _launch(case, inp, schedule):
     """(out, lse, session) of the Blackwell forward on ``case``'s inputs, outputs NaN-poisoned."""
-    num_seqs = len(case.lengths_k)
-    scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
-    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT, schedule=schedule) as session, poisoned_outputs():
-        out, lse = bw.jagged_forward_blackwell(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=case.causal,
-                                               softmax_scale=scale, broadcast_q=case.broadcast_q, num_seqs=num_seqs,
-                                               len_q_bcast=case.lengths_q[0] if case.broadcast_q else 0)
+    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT, schedule=schedule) as session:
+        out, lse = run_forward_launcher(bw.jagged_forward_blackwell, case, inp)
     return out, lse, session
 
 

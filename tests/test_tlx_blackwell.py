@@ -4,7 +4,8 @@ oracle, and each run asserting the Blackwell kernel ran on the simulator. The ca
 jagged kernel: empty and one-token sequences, tails that are no multiple of the blocks, Lq != Lk, causal rows
 that see no key, broadcast Q, grouped key/value heads, strided views, a negative scale; head dims 64 and 128,
 bf16 and fp16; under the deterministic schedule (copies and MMAs land as late as possible) and seeds 1-3 (random
-switches and completion order). Fewer CTAs than work items, so every CTA's rings and phases wrap around."""
+switches and completion order). Fewer CTAs than work items, so every CTA's rings and phases wrap around.
+The catalogue is ``jfa.fuzz.catalog.blackwell_cases()``; its mutants are killed in tests/test_mutants.py."""
 import pytest
 import torch
 
@@ -29,7 +30,7 @@ def _case(name, lengths_q, lengths_k, **kw):
 CATALOGUE = blackwell_cases()
 SEEDED = [c for c in CATALOGUE if c.name in ("bw-empty-and-one-token-D64-bf16", "bw-causal-lq-gt-lk-D64-fp16",
                                              "bw-causal-lq-lt-lk-D128-fp16", "bw-bcastq-causal-D64-bf16",
-                                             "bw-gqa-causal-D64-bf16")]
+                                             "bw-gqa-causal-D64-bf16", "bw-many-items-causal-D128-bf16")]
 
 
 @pytest.fixture(autouse=True)

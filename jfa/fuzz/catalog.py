@@ -211,6 +211,8 @@ def blackwell_cases() -> list:
     def case(name, lengths_q, lengths_k, **kw):
         return Case(tuple(lengths_q), tuple(lengths_k), name=name, **kw)
 
+    many = _many_lengths(10, 300, 7)
+
     return [
         # an empty query sequence, a 1-token one, one whose keys are empty (its rows see none), tails of 130 and 5
         case("bw-empty-and-one-token-D64-bf16", (0, 1, 130, 5), (3, 1, 130, 0), head_dim=64),
@@ -233,6 +235,9 @@ def blackwell_cases() -> list:
         case("bw-strided-fused-qkv-D128-bf16", (140, 3), (140, 3), head_dim=128, strided=True),
         # a negative scale: the bulk's row maximum is min(S) * scale
         case("bw-scale-neg0.7-D64-bf16", (200, 60), (260, 60), head_dim=64, softmax_scale=-0.7),
+        # many work items per CTA: every ring and phase wraps around many times, items without keys between
+        case("bw-many-items-causal-D128-bf16", many, many[::-1], head_dim=128, causal=True),
+        case("bw-many-items-bcastq-D64-fp16", (130,), many, head_dim=64, dtype="fp16", broadcast_q=True),
     ]
 
 

@@ -70,9 +70,10 @@ class BlackwellForwardConfig:
     block_n: int  # key rows per K or V tile (the N of QK^T, the K of PV)
     num_buffers_q: int  # Q tiles per group: > 1 lets the load partition fetch the next item's Q early
     num_buffers_kv: int  # tiles of the K/V ring (K(j) and V(j) take turns in it)
-    softmax_regs: int  # setmaxnreg of each softmax warpgroup
+    softmax_regs: int  # setmaxnreg of each softmax warpgroup (S is 128 fp32 a thread; at 192 the D 64 builds
+    # spilled 16 B: ptxas's choice, the gate measures it)
     o_slices: int  # column slices the correction moves O through: 32 fp32 per row (its warpgroup has what
-    # the softmax warpgroups leave: 80 registers a thread)
+    # the other partitions leave: 96 registers a thread)
     # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0): LLVM hoists the CTA's and the lanes' indices
     # to the kernel's entry, ahead of every partition's setmaxnreg, and ptxas spills them (12 bytes)
     llvm_o0: bool = True
@@ -85,8 +86,8 @@ SINGLE_WARP = 1  # the load and MMA partitions: one thread issues everything
 _GROUPS = tl.constexpr(NUM_GROUPS)
 _SOFTMAX_WARPS = tl.constexpr(SOFTMAX_WARPS)
 _SINGLE_WARP = tl.constexpr(SINGLE_WARP)
-# setmaxnreg of the load and MMA partitions (a few scalars). The register file: 2 x 128 threads x 192 (softmax)
-# + 128 x 48 (the two single-warp partitions share one warpgroup's allocation) + 128 x 80 (what is left to the
+# setmaxnreg of the load and MMA partitions (a few scalars). The register file: 2 x 128 threads x 184 (softmax)
+# + 128 x 48 (the two single-warp partitions share one warpgroup's allocation) + 128 x 96 (what is left to the
 # correction) = 65536.
 ISSUER_REGS = tl.constexpr(48)
 
@@ -96,8 +97,8 @@ _CONFIGS: dict[int, BlackwellForwardConfig] = {
     64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
                                o_slices=2),
     # D 128. Tensor memory: S 2 x 128 + O 2 x 128 = 512 columns, all of them. Shared memory: Q 2 x 32 KB +
-    # K/V ring 2 x 32 KB + P 2 x 32 KB = 192 KB; a third K/V tile (224 KB) leaves too little for the
-    # barriers and the compiler's scratch.
+    # K/V ring 2 x 32 KB + P 2 x 32 KB = 192 KB (195 KB with barriers and scratch); a third K/V tile would
+    # take it to 232636 B, past the SM's 232448.
     128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=1, num_buffers_kv=2, softmax_regs=184,
                                 o_slices=4),
 }

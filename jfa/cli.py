@@ -1,5 +1,5 @@
 """The jfa command line: gate (the pre-merge correctness gate), fuzz (time-budgeted fuzzing), repro
-(replay a case file), sim (replay a case on the TLX simulator), compile-check (the offline sm_90a build
+(replay a case file), sim (replay a case on the TLX simulator), compile-check (the offline sm_90a / sm_100a build
 gate), bench, info.
 
 Exit codes, every command: 0 when the work ran and passed, 1 when a check failed, 2 for a usage error
@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     sub.add_parser("bench", help="benchmarks (see jfa bench --help)", add_help=False)
     sub.add_parser("fuzz", help="fuzz the kernels against the oracle (see jfa fuzz --help)", add_help=False)
     sub.add_parser("repro", help="replay a case file (see jfa repro --help)", add_help=False)
-    sub.add_parser("compile-check", help="offline sm_90a compile gate of the shipped kernels", add_help=False)
+    sub.add_parser("compile-check", help="offline sm_90a / sm_100a compile gate of the shipped kernels",
+                   add_help=False)
     sub.add_parser("sim", help="replay a case file on the TLX simulator (see jfa sim --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command in ("gate", "info") and rest:

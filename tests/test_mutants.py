@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from jfa.fuzz.catalog import default_suite
 from jfa.fuzz.mutants import (
+    BLACKWELL_MUTANTS,
     MX_MUTANTS,
     TLX_MX_MUTANTS,
     BACKWARD,
@@ -30,6 +31,7 @@ from jfa.fuzz.mutants import (
     MutantError,
     applied,
     kill,
+    kill_blackwell_on_simulator,
     kill_on_simulator,
     original_source,
     tlx_kill_set,
@@ -79,13 +81,13 @@ def _assert_restored(originals):
 def test_mutant_names_and_count():
     assert len(MUTANTS) >= 12
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert {m.module for m in MUTANTS + MX_MUTANTS} == set(MODULES)
-    names = [m.name for m in MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS]
+    assert {m.module for m in MUTANTS + MX_MUTANTS + BLACKWELL_MUTANTS} == set(MODULES)
+    names = [m.name for m in MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS]
     assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS,
-                         ids=IDS + [m.name for m in MX_MUTANTS + TLX_MX_MUTANTS])
+@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS,
+                         ids=IDS + [m.name for m in MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS])
 def test_mutant_applies_and_is_restored(mutant, device):
     source = original_source(mutant.module)
     mutated = mutant.apply_to(source)  # raises MutantError unless the find text occurs exactly once
@@ -228,6 +230,31 @@ def test_simulator_kills(mutant, device, record_property):
     with sim.simulated(sm_count=3):
         report = run_case(case, backend="tlx", device="cpu")
     assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("mutant", BLACKWELL_MUTANTS, ids=[m.name for m in BLACKWELL_MUTANTS])
+def test_simulator_kills_blackwell_mutants(mutant, device, record_property):
+    """The Blackwell catalogue on the simulator (deterministic schedule, then three seeds) kills every mutant
+    of the TLX Blackwell forward; the killing case passes once the mutant is gone."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import jfa.sim as sim
+    from jfa.fuzz.catalog import blackwell_cases
+    from jfa.fuzz.cases import make_inputs
+    from jfa.fuzz.rule import forward_verdicts, run_forward_launcher
+    from jfa.kernels.tlx.blackwell import forward as bw
+
+    result = kill_blackwell_on_simulator(mutant, blackwell_cases())
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, f"Blackwell mutant {mutant.name} ({mutant.why}) survived {result.examples} simulated cases"
+    case = next(c for c in blackwell_cases() if c.id == result.case_id)
+    inp = make_inputs(case)
+    with sim.simulated(arch=(10, 0), sm_count=2):
+        out, lse = run_forward_launcher(bw.jagged_forward_blackwell, case, inp)
+    verdicts = forward_verdicts(case, inp, out, lse)
+    assert all(v.ok for v in verdicts), "\n".join(map(str, verdicts))
 
 
 @pytest.mark.parametrize("mutant", MX_MUTANTS, ids=[m.name for m in MX_MUTANTS])

@@ -274,3 +274,84 @@ def test_a_build_that_asks_for_llvm_o0_gets_its_own_cache_key_and_the_knob_overr
             assert hook() == asked
     configs = {(d, f): backward.config_for(d, f) for d in (64, 128) for f in (True, False)}
     assert [key for key, c in configs.items() if c.llvm_o0] == [(128, True)]
+
+
+def test_blackwell_builds_keep_the_partition_registers_their_source_states():
+    """On sm_100 Triton's optimize_partition_warps overwrites the ``registers=`` of a TLX source's partitions
+    (the Blackwell forward's softmax warpgroups asked for 192 and got 88): inside a TLX ttgir compile the
+    wrapped pass adds nothing, outside it (and in another thread) it runs, and the cache key says so."""
+    import threading
+
+    from triton import knobs as triton_knobs
+    from triton._C.libtriton import passes
+
+    from jfa.kernels.tlx import pipeline
+
+    pipeline.install()
+    add = passes.ttgpuir.add_optimize_partition_warps
+    assert getattr(add, "_jfa_wrapped", False)
+    seen = []
+    with pipeline._own_partition_registers():
+        assert add(None) is None  # skipped: never touches the (absent) pass manager
+        other = threading.Thread(target=lambda: seen.append(pipeline._in_tlx_ttgir_compile.get()))
+        other.start()
+        other.join()
+    assert seen == [False] and not pipeline._in_tlx_ttgir_compile.get()
+    with pytest.raises(TypeError):  # outside: the real pass, which needs a real pass manager
+        add(None)
+    key, digest = triton_knobs.runtime.add_stages_inspection_hook()
+    assert "jfa-own-partition-registers" in key and "jfa-own-partition-registers" in digest
+
+
+# The TLX Blackwell forward for sm_100a: two builds in the suite (one per head dim, between them causal,
+# broadcast Q, grouped heads, bf16 and fp16; about 10 s each), every shipped build in the gate
+# (``jfa compile-check --backend blackwell``).
+BLACKWELL_SUITE = ("blackwell-forward-bf16-D128-causal-gqa4", "blackwell-forward-fp16-D64-bcastq")
+
+
+@pytest.fixture(scope="module")
+def blackwell_results(device):
+    if device != "cpu":
+        pytest.skip("the offline compile gate runs in the CPU suite")
+    from jfa.fuzz.compile_gate import run_out_of_process
+
+    return run_out_of_process("blackwell", only=BLACKWELL_SUITE, jobs=1)
+
+
+def test_every_shipped_blackwell_config_is_a_gate_target():
+    from jfa.fuzz.compile_gate import blackwell_targets
+    from jfa.kernels.tlx.blackwell.forward import SUPPORTED_HEAD_DIMS
+
+    targets = blackwell_targets()
+    assert {(t.dtype, t.head_dim, t.causal, t.broadcast_q) for t in targets} == {
+        (dt, d, c, b) for dt in ("bf16", "fp16") for d in SUPPORTED_HEAD_DIMS for c in (False, True)
+        for b in (False, True)}
+    assert all(t.arch == 100 for t in targets) and set(BLACKWELL_SUITE) <= {t.name for t in targets}
+
+
+@pytest.mark.parametrize("name", BLACKWELL_SUITE)
+def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_results, record_property):
+    """tcgen05 MMAs with commits and TMEM loads, tensor memory within 512 columns, shared memory within
+    sm_100's 227 KB, five partitions (the default one, two softmax warpgroups, the MMA and load warps) with
+    the registers the source states, TMA loads and mbarrier waits, no local memory and no spill beyond the
+    thread indices Triton computes at the entry for every partition, and a launch that binds to this build."""
+    from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
+    from jfa.kernels.tlx.blackwell import forward
+
+    row = blackwell_results[name]
+    details = row["details"]
+    record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
+                                            | {"tmem_columns": details["tmem_columns"]}))
+    assert row["tensor_core_ops"] > 0, "no tcgen05.mma"
+    assert details["tcgen05_commits"] > 0 and details["tcgen05_loads"] > 0
+    assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
+    assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
+    assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    assert 0 <= details["ptxas_spill_bytes"] <= SM100_ENTRY_SPILL_BYTES, "ptxas reports spill stores"
+    assert details["warp_specialize"] == 1 and details["partitions"] == forward.NUM_GROUPS + 2
+    regs = forward.config_for(row["target"]["head_dim"]).softmax_regs
+    assert details["requested_registers"] == [regs] * forward.NUM_GROUPS + [forward.ISSUER_REGS.value] * 2
+    assert regs in details["setmaxnreg"]["inc"]
+    assert details["tma_loads"] > 0 and details["expect_tx"] > 0 and details["mbarrier_waits"] > 0
+    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting, as compiled)

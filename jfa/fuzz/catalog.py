@@ -203,6 +203,44 @@ def tlx_cases(scale: str = "gpu") -> list:
     return out
 
 
+def blackwell_cases() -> list:
+    """The TLX Blackwell forward's catalogue, at the simulator's scale (its work items are 256 rows, its key
+    blocks 128): empty query and key sequences, 1-token ones, row and key tails, several key blocks per
+    item, Lq != Lk both ways under causal (rows and whole items that see no key), broadcast Q, grouped
+    key/value heads, strided views, a negative scale; head dims 64 and 128, bf16 and fp16."""
+    def case(name, lengths_q, lengths_k, **kw):
+        return Case(tuple(lengths_q), tuple(lengths_k), name=name, **kw)
+
+    many = _many_lengths(10, 300, 7)
+
+    return [
+        # an empty query sequence, a 1-token one, one whose keys are empty (its rows see none), tails of 130 and 5
+        case("bw-empty-and-one-token-D64-bf16", (0, 1, 130, 5), (3, 1, 130, 0), head_dim=64),
+        case("bw-empty-and-one-token-D128-fp16", (0, 1, 130, 5), (3, 1, 130, 0), head_dim=128, dtype="fp16"),
+        # Lq > Lk, causal: the first Lq - Lk rows of a sequence see no key (out 0, lse -inf), whole items too
+        case("bw-causal-lq-gt-lk-D128-bf16", (300, 7), (44, 0), head_dim=128, causal=True),
+        case("bw-causal-lq-gt-lk-D64-fp16", (300, 7, 2), (100, 3, 0), head_dim=64, dtype="fp16", causal=True),
+        # Lq < Lk, causal: the diagonal and the bulk of fully seen blocks, several key blocks per item
+        case("bw-causal-lq-lt-lk-D64-bf16", (77, 130, 1), (300, 260, 129), head_dim=64, causal=True),
+        case("bw-causal-lq-lt-lk-D128-fp16", (77, 130), (300, 260), head_dim=128, dtype="fp16", causal=True),
+        # four key blocks with a partial last one, two work items of a sequence, a row tail of 1
+        case("bw-multi-block-tails-D128-bf16", (257, 1), (385, 129), head_dim=128),
+        case("bw-multi-block-tails-D64-fp16", (257, 1), (385, 129), head_dim=64, dtype="fp16"),
+        # one dense Q of 129 rows shared by every key sequence (an empty one and a 1-token one among them)
+        case("bw-bcastq-causal-D64-bf16", (129,), (260, 0, 1, 130), head_dim=64, causal=True, broadcast_q=True),
+        case("bw-bcastq-D128-fp16", (129,), (260, 0, 1, 130), head_dim=128, dtype="fp16", broadcast_q=True),
+        # query head h reads key/value head h // 2
+        case("bw-gqa-causal-D64-bf16", (200, 33), (150, 300), heads=4, kv_heads=2, head_dim=64, causal=True),
+        # q, k, v slices of one fused [T, 3H, D] projection (token stride 3 H D)
+        case("bw-strided-fused-qkv-D128-bf16", (140, 3), (140, 3), head_dim=128, strided=True),
+        # a negative scale: the bulk's row maximum is min(S) * scale
+        case("bw-scale-neg0.7-D64-bf16", (200, 60), (260, 60), head_dim=64, softmax_scale=-0.7),
+        # many work items per CTA: every ring and phase wraps around many times, items without keys between
+        case("bw-many-items-causal-D128-bf16", many, many[::-1], head_dim=128, causal=True),
+        case("bw-many-items-bcastq-D64-fp16", (130,), many, head_dim=64, dtype="fp16", broadcast_q=True),
+    ]
+
+
 def sanitize_cases() -> list:
     """Small adversarial shapes for compute-sanitizer (memcheck, racecheck): empty sequences, length 1,
     tile tails on both sides, Lq != Lk under causal (rows that see no key), broadcast Q, grouped heads

@@ -8,8 +8,11 @@ NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.fuzz.c
 Each target is one kernel with one shipped config and one set of compile-time flags; the runtime
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
 
-Two target sets: the portable Triton kernels (``shipped_targets``) and the TLX Hopper forward
-(``tlx_targets``, names ``tlx-...``; select them alone with ``--only tlx``). TLX targets get further
+Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels
+(``tlx_targets``, names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward for sm_100a
+(``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the
+PTX, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated registers,
+spill limited to the thread indices Triton's lowering computes once at the entry, ``SM100_ENTRY_SPILL_BYTES``). TLX targets get further
 checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with setmaxnreg, TMA
 (cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named barriers, no spill and no wgmma
 serialisation warning from ptxas; and the arguments its launcher builds are bound to the kernel (on
@@ -32,6 +35,15 @@ import time
 from dataclasses import asdict, dataclass, field
 
 SM90_SHARED_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
+SM100_SHARED_LIMIT = 232448  # the same on sm_100 (227 KB)
+SM100_TMEM_COLUMNS = 512  # 32-bit tensor-memory columns per SM on sm_100
+SHARED_LIMITS = {90: SM90_SHARED_LIMIT, 100: SM100_SHARED_LIMIT}
+TENSOR_CORE_OPS = {90: "wgmma.mma_async", 100: "tcgen05.mma"}  # the MMA instruction each architecture must show
+# Spill a warp-specialised sm_100 build may show: Triton's lowering computes the thread index and a few values
+# derived from it (lane, row, a thread's byte offset) once, at the kernel's entry, for every partition; ptxas
+# keeps them in local memory across the partitions' setmaxnreg (stored once at the entry, reloaded where a
+# partition uses them). At most four such 32-bit values; anything more is a partition running out of registers.
+SM100_ENTRY_SPILL_BYTES = 16
 
 
 @dataclass
@@ -168,8 +180,24 @@ def tlx_backward_targets() -> list:
     return targets
 
 
+def blackwell_targets() -> list:
+    """The TLX Blackwell forward (sm_100a): every shipped config (bf16, fp16 x D 64, 128) x causal x broadcast-Q,
+    and grouped key/value heads (group 4)."""
+    targets = []
+    for dtype in ("bf16", "fp16"):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                for broadcast_q in (False, True):
+                    flags = ("-causal" if causal else "") + ("-bcastq" if broadcast_q else "")
+                    targets.append(Target(f"blackwell-forward-{dtype}-D{head_dim}{flags}", "forward", dtype, head_dim,
+                                          causal, broadcast_q, arch=100, backend="tlx"))
+    targets.append(Target("blackwell-forward-bf16-D128-causal-gqa4", "forward", "bf16", 128, True, False, arch=100,
+                          backend="tlx", group=4))
+    return targets
+
+
 def all_targets() -> list:
-    return shipped_targets() + tlx_targets()
+    return shipped_targets() + tlx_targets() + blackwell_targets()
 
 
 def _signature(fn, dtype: str) -> tuple[dict, dict]:
@@ -210,8 +238,10 @@ def _resource_usage(cubin: bytes) -> dict:
     return usage
 
 
-def _compile(target: Target, fn, signature: dict, constants: dict, attrs: dict, options: dict):
-    """Compile one target and apply the checks every kernel must pass; returns (compiled, result)."""
+def _compile(target: Target, fn, signature: dict, constants: dict, attrs: dict, options: dict,
+             spill_allowance: int = 0):
+    """Compile one target and apply the checks every kernel must pass; returns (compiled, result).
+    ``spill_allowance``: stack bytes tolerated (``SM100_ENTRY_SPILL_BYTES`` for sm_100 TLX builds, else 0)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -220,19 +250,23 @@ def _compile(target: Target, fn, signature: dict, constants: dict, attrs: dict, 
     compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", target.arch, 32),
                               options=options)
     usage = _resource_usage(compiled.asm["cubin"])
-    mma = compiled.asm["ptx"].count("wgmma.mma_async")
+    instruction = TENSOR_CORE_OPS[target.arch]
+    mma = compiled.asm["ptx"].count(instruction)
     result = Result(target, True, [], usage["REG"], usage["STACK"], usage["LOCAL"], compiled.metadata.shared, mma,
                     round(time.time() - start, 2))
     if mma == 0:
-        result.problems.append("no wgmma in the PTX: the dots fell back to a slower path")
-    if usage["LOCAL"] != 0 or usage["STACK"] != 0:
+        result.problems.append(f"no {instruction} in the PTX: the dots fell back to a slower path")
+    if usage["LOCAL"] != 0 or usage["STACK"] > spill_allowance:
         result.problems.append(f"spills: {usage['LOCAL']} B local memory, {usage['STACK']} B stack")
-    if compiled.metadata.shared > SM90_SHARED_LIMIT:
-        result.problems.append(f"shared memory {compiled.metadata.shared} B > sm_90 limit {SM90_SHARED_LIMIT} B")
+    limit = SHARED_LIMITS[target.arch]
+    if compiled.metadata.shared > limit:
+        result.problems.append(f"shared memory {compiled.metadata.shared} B > sm_{target.arch} limit {limit} B")
     return compiled, result
 
 
 def check(target: Target) -> Result:
+    if target.backend == "tlx" and target.arch >= 100:
+        return _check_blackwell(target)
     if target.backend == "tlx":
         return _check_tlx(target)
     import torch
@@ -265,7 +299,9 @@ def _ptxas_log(ptx: str, arch: int) -> str:
     performance warnings such as C7513 (wgmma serialised)."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    # Triton ships the Blackwell assembler beside the Hopper one (the latter rejects sm_100's PTX version)
+    name = "ptxas-blackwell" if arch >= 100 else "ptxas"
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
@@ -445,15 +481,15 @@ def tlx_launch_binding(target: Target) -> dict:
 
 
 @contextlib.contextmanager
-def _offline_target():
-    """CPU tensors launch through Triton's JIT as if on an sm_90 GPU (132 SMs) inside the block: the
+def _offline_target(capability: tuple = (9, 0)):
+    """CPU tensors launch through Triton's JIT as if on a GPU of ``capability`` (132 SMs) inside the block: the
     launchers' own target lookup answers, and ``_offline_launches`` stops each launch before compiling."""
     from jfa.kernels.tlx.common.target import LaunchTarget, register_target
 
     def bind(kernel, grid, args, kwargs):
         kernel[grid](*args, **kwargs)
 
-    previous = register_target("cpu", LaunchTarget("offline-binding", (9, 0), 132, bind))
+    previous = register_target("cpu", LaunchTarget("offline-binding", capability, 132, bind))
     try:
         yield
     finally:
@@ -494,7 +530,8 @@ def _variant(target: Target):
     return Variant.parse(target.variant)
 
 
-def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False):
+def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False, consumer_regs: int = None,
+                 spill_allowance: int = 0):
     """Compile a TLX kernel and judge what every one must show: one warp-specialised region with the
     consumer partitions, setmaxnreg both ways, TMA loads, mbarrier waits, no ptxas spill, no wgmma
     serialisation. ``llvm_o0``: the build's config leaves its LLVM IR to ptxas, as its launcher does
@@ -508,12 +545,12 @@ def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False
     # both compile switches at their defaults, whatever the environment says: the gate judges each build
     # as it ships
     with knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), pipeline.build_llvm_o0(fn.fn.__name__, llvm_o0):
-        compiled, result = _compile(target, fn, sig, constants, attrs, options)
+        compiled, result = _compile(target, fn, sig, constants, attrs, options, spill_allowance)
         own_waits = pipeline.enabled(fn.fn.__name__)
     structure = tlx_structure(compiled.asm["ptx"], compiled.asm["ttgir"],
                               _ptxas_log(compiled.asm["ptx"], target.arch))
     result.details = structure
-    consumer_regs = constants["CONSUMER_REGS"]
+    consumer_regs = constants["CONSUMER_REGS"] if consumer_regs is None else consumer_regs
     expected = {
         "one warp_specialize region": structure["warp_specialize"] == 1,
         f"{num_consumers} consumer partitions": structure["partitions"] == num_consumers,
@@ -521,7 +558,8 @@ def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False
         "setmaxnreg.dec (producer)": bool(structure["setmaxnreg"]["dec"]),
         "TMA loads (cp.async.bulk.tensor)": structure["tma_loads"] > 0,
         "mbarrier waits": structure["mbarrier_waits"] > 0,
-        "ptxas reports 0 spill bytes": structure["ptxas_spill_bytes"] == 0,
+        (f"ptxas reports at most {spill_allowance} spill bytes (the entry's thread indices)" if spill_allowance
+         else "ptxas reports 0 spill bytes"): 0 <= structure["ptxas_spill_bytes"] <= spill_allowance,
         "no ptxas wgmma serialisation (C7513-C7515)": not set(structure["ptxas_warnings"]) & WGMMA_SERIALISED,
     }
     # what ships for the dK/dV kernel is its own waits (knobs.tlx_own_waits' default): required here
@@ -586,21 +624,67 @@ def _check_tlx(target: Target) -> Result:
     return _finish(result, expected)
 
 
+def blackwell_launch_binding(target: Target) -> dict:
+    """What a launch of the Blackwell forward by its launcher (``jagged_forward_blackwell``) would compile, bound
+    on CPU tensors like ``tlx_launch_binding`` (the launch target answering sm_100)."""
+    from jfa import knobs
+    from jfa.kernels.tlx.blackwell import forward as bw
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        bw.jagged_forward_blackwell(q, k, v, None if target.broadcast_q else out_cu, cu_k, causal=target.causal,
+                                    softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
+                                    num_seqs=cu_k.numel() - 1, len_q_bcast=len_q)
+    return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
+
+
+def _check_blackwell(target: Target) -> Result:
+    """The Blackwell forward for sm_100a: tcgen05 MMAs and commits, TMEM within the SM's 512 columns, shared
+    memory within 227 KB, the five partitions with the registers the config states, TMA loads, mbarrier
+    waits, no spill, and a launch that binds to exactly this build (signature, constants, LLVM setting)."""
+    from jfa.kernels.tlx.blackwell import forward as bw
+
+    spec = bw.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
+                           group=target.group)
+    cfg = bw.config_for(target.head_dim)
+    compiled, result, expected = _compile_tlx(target, spec, bw.NUM_GROUPS + 2, llvm_o0=cfg.llvm_o0,
+                                              consumer_regs=cfg.softmax_regs, spill_allowance=SM100_ENTRY_SPILL_BYTES)
+    ptx = compiled.asm["ptx"]
+    tmem = getattr(compiled.metadata, "tmem_size", -1)
+    result.details.update(tmem_columns=tmem, tcgen05_commits=len(re.findall(r"tcgen05\.commit", ptx)),
+                          tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
+    expected.update({
+        f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
+        "tcgen05.commit (Q handed back once its MMAs completed)": result.details["tcgen05_commits"] > 0,
+        "tcgen05.ld (S and O read from tensor memory)": result.details["tcgen05_loads"] > 0,
+        f"partition registers as stated ({cfg.softmax_regs} softmax, {bw.ISSUER_REGS.value} issuers)":
+            result.details["requested_registers"] == [cfg.softmax_regs] * bw.NUM_GROUPS + [bw.ISSUER_REGS.value] * 2,
+    })
+    launch = blackwell_launch_binding(target)
+    expected.update(_binds_as_compiled(launch, spec, result))
+    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
+    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
+        o0 is not None and (o0.group(1) == bw.jagged_fwd_blackwell_kernel.fn.__name__) == cfg.llvm_o0
+    return _finish(result, expected)
+
+
 def _targets(backend: str) -> list:
-    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets}[backend]()
+    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets,
+            "blackwell": blackwell_targets}[backend]()
 
 
-def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None) -> dict:
-    """Run the gate for ``backend`` ("triton" | "tlx" | "all") in ``jobs`` child processes at once (one
-    shard of the targets each; default: one per usable CPU, at most one per target), without the
-    interpreter (callers such as the test suite have it switched on), all within ``timeout`` seconds;
-    results by target name. Raises RuntimeError, with the children's stderr, when a child dies or a
-    target has no result."""
+def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None, only: tuple = ()) -> dict:
+    """Run the gate for ``backend`` ("triton" | "tlx" | "blackwell" | "all"; ``only``: just the targets of these
+    names) in ``jobs`` child processes at once (one shard of the targets each; default: one per usable CPU,
+    at most one per target), without the interpreter (callers such as the test suite have it switched on),
+    all within ``timeout`` seconds; results by target name. Raises RuntimeError, with the children's
+    stderr, when a child dies or a target has no result."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    names = [t.name for t in _targets(backend)]
+    names = [t.name for t in _targets(backend) if not only or t.name in only]
+    select = ["--only", ",".join(names)] if only else []
     jobs = max(1, min(jobs or len(os.sched_getaffinity(0)), len(names)))
     children = [subprocess.Popen([sys.executable, "-m", "jfa.fuzz.compile_gate", "--json", "--backend", backend,
-                                  "--shard", f"{i}/{jobs}"], env=env, stdout=subprocess.PIPE,
+                                  "--shard", f"{i}/{jobs}", *select], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for i in range(jobs)]
     deadline = time.monotonic() + timeout
     rows, errors = [], []
@@ -631,8 +715,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
-    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx"), default="all",
-                        help="only the portable Triton targets, only the TLX ones, or the TLX MXFP8 forward's")
+    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell"), default="all",
+                        help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
+                             "or the TLX Blackwell (sm_100a) forward's")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)
@@ -665,8 +750,11 @@ def main(argv=None) -> int:
                 extra = (f"  setmaxnreg dec {','.join(map(str, regs['dec']))} inc {','.join(map(str, regs['inc']))}"
                          f"  tma {d['tma_loads']}  mbar-waits {d['mbarrier_waits']}"
                          f"  named-bars {','.join(map(str, d['named_barriers']))}")
+                if "tmem_columns" in d:
+                    extra += f"  tmem {d['tmem_columns']}  tcgen05 commits {d['tcgen05_commits']}"
             print(f"{r.target.name:34s} sm_{r.target.arch}a  regs {r.registers:3d}  local {r.local_bytes}  "
-                  f"smem {r.shared_bytes:6d}  wgmma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s{extra}  {status}",
+                  f"stack {r.stack_bytes}  smem {r.shared_bytes:6d}  mma {r.tensor_core_ops:3d}  {r.seconds:5.1f}s"
+                  f"{extra}  {status}",
                   flush=True)
     return 0 if all(r.ok for r in results) else 1
 

@@ -42,11 +42,13 @@ FORWARD = "jfa.kernels.triton.forward"
 BACKWARD = "jfa.kernels.triton.backward"
 BLOCK_SPARSE = "jfa.kernels.triton.block_sparse"
 TLX_COMMON = "jfa.kernels.tlx.common.device"
+TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
-MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)
+MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_FORWARD,
+           TLX_BACKWARD)
 TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
@@ -301,6 +303,30 @@ TLX_MX_MUTANTS: tuple = (
            "K's scales applied to the wrong 32-element blocks of D"),
 )
 
+# The TLX Blackwell forward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell catalogue
+# (``kill_blackwell_on_simulator``; the API does not dispatch to the kernel yet, so its launcher runs directly).
+BLACKWELL_MUTANTS: tuple = (
+    Mutant("bw-fwd-o-read-before-pv-completes", TLX_BLACKWELL,
+           "    tlx.barrier_wait(pv_dones[g], pv_cnt & 1)\n    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)\n"
+           "    alpha = ",
+           "    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)\n    alpha = ",
+           "the correction rescales the TMEM accumulator without waiting for the PV MMA's barrier: it reads and "
+           "writes O while the tensor core still accumulates into it"),
+    Mutant("bw-fwd-k-slot-released-at-issue", TLX_BLACKWELL,
+           "                          mBarriers=[s_fulls[g], kv_empties[k_buf]])\n",
+           "                          mBarriers=[s_fulls[g]])\n            tlx.barrier_arrive(kv_empties[k_buf], 1)\n",
+           "a K slot handed back to the load partition when its QK^T MMA is issued instead of when it completes: "
+           "TMA refills it while the tensor core still reads it"),
+    Mutant("bw-fwd-p-store-not-fenced", TLX_BLACKWELL,
+           "    tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)\n",
+           "",
+           "P stored to shared memory by the softmax and read by the PV MMA (async proxy) with no proxy fence"),
+    Mutant("bw-fwd-s-empty-wait-wrong-parity", TLX_BLACKWELL,
+           "tlx.barrier_wait(s_empties[g], s_phase ^ 1)",
+           "tlx.barrier_wait(s_empties[g], s_phase)",
+           "the MMA waits for the wrong phase of S's empty barrier (a consumer's parity for a producer's wait)"),
+)
+
 BY_NAME = {m.name: m for m in MUTANTS}
 assert len(BY_NAME) == len(MUTANTS), "mutant names must be unique"
 
@@ -495,6 +521,38 @@ def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count:
                     failure = _check(case, "tlx", "cpu")
                 if failure is not None:
                     detail = f"{failure}\n  (schedule {schedule.describe()})"
+                    return KillResult(True, examples, time.perf_counter() - start, detail)
+    return KillResult(False, examples, time.perf_counter() - start, "")
+
+
+def kill_blackwell_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 2) -> KillResult:
+    """Run the TLX Blackwell forward with ``mutant`` on the simulator (arch (10, 0)) over ``cases``, its
+    launcher called directly, under each schedule in turn (default: the deterministic one, then seeds 1, 2,
+    3), until a case fails the oracle rule or the simulator reports a protocol error (deadlock, race,
+    proxy race, bounds)."""
+    import jfa.sim as sim
+    from jfa.fuzz.cases import make_inputs
+    from jfa.fuzz.rule import forward_verdicts, run_forward_launcher
+
+    schedules = schedules or (sim.Schedule.deterministic(), *(sim.Schedule.seeded(s) for s in (1, 2, 3)))
+    start = time.perf_counter()
+    cases = list(cases)
+    examples = 0
+    with applied(mutant) as fresh:
+        launcher = fresh[TLX_BLACKWELL].jagged_forward_blackwell
+        for schedule in schedules:
+            for case in cases:
+                examples += 1
+                inp = make_inputs(case)
+                try:
+                    with sim.simulated(arch=(10, 0), sm_count=sm_count, schedule=schedule):
+                        out, lse = run_forward_launcher(launcher, case, inp)
+                    failed = [str(v) for v in forward_verdicts(case, inp, out, lse) if not v.ok]
+                except Exception as exc:  # a protocol error the simulator reports is a detected bug
+                    failed = ["raised " + "".join(traceback.format_exception_only(type(exc), exc)).strip()]
+                if failed:
+                    detail = f"[tlx-blackwell] {case.id}\n  " + "\n  ".join(failed) + \
+                        f"\n  (schedule {schedule.describe()})"
                     return KillResult(True, examples, time.perf_counter() - start, detail)
     return KillResult(False, examples, time.perf_counter() - start, "")
 

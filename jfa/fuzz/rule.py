@@ -218,6 +218,29 @@ def judge_output(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                        broadcast_q=broadcast_q)(out)
 
 
+def run_forward_launcher(launcher, case: Case, inp) -> tuple:
+    """``(out, lse)`` of a forward launcher with the TLX launchers' contract (``jagged_forward_tlx``,
+    ``jagged_forward_blackwell``) called directly on ``case``'s inputs ``inp``, its outputs NaN-poisoned."""
+    scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
+    with poisoned_outputs():
+        return launcher(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=case.causal, softmax_scale=scale,
+                        broadcast_q=case.broadcast_q, num_seqs=len(case.lengths_k),
+                        len_q_bcast=case.lengths_q[0] if case.broadcast_q else 0)
+
+
+def forward_verdicts(case: Case, inp, out: torch.Tensor, lse: torch.Tensor) -> list:
+    """The rule applied to a forward ``(out, lse)`` of ``case`` computed from its inputs ``inp`` by a kernel
+    launched directly (not through the API): the verdicts :func:`run_case` gives its forward."""
+    window = (case.window[0], 0 if case.causal else case.window[1])
+    kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q, window=window)
+    exact = oracle_values("numpy", inp, out, kwargs, backward=False)
+    with torch.no_grad():
+        o_ref, lse_ref = attention_reference(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, **kwargs)
+    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)
+    return [judge("out", out, o_ref, exact.out, DTYPES[case.dtype], noise=noise("out", exact.out)),
+            judge("lse", lse, lse_ref, exact.lse, torch.float32, noise=noise("lse", exact.lse))]
+
+
 @dataclass
 class Exact:
     """What an oracle says about one case: forward values, and for the backward the exact gradients,

@@ -349,6 +349,44 @@ def run_tcgen05(bug="none", n_steps=4, m=128, k=32, n=64, tmem_buffers=1, **laun
 
 
 # ---------------------------------------------------------------------------------------------------------
+# tlx.subslice: an MMA into a TMEM accumulator, then its column slices scaled in place (local_load/local_store
+# of each slice, as a correction partition rescales O) and read back; OFFSET past the columns is the bug.
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def tmem_subslice_kernel(A, B, OUT, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, SLICES: tl.constexpr,
+                         OFFSET: tl.constexpr):
+    a = tlx.local_alloc((M, K), tl.bfloat16, 1)
+    b = tlx.local_alloc((K, N), tl.bfloat16, 1)
+    acc = tlx.local_alloc((M, N), tl.float32, 1, tlx.storage_kind.tmem)
+    done = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    tlx.local_store(a[0], tl.load(A + tl.arange(0, M)[:, None] * K + tl.arange(0, K)[None, :]))
+    tlx.local_store(b[0], tl.load(B + tl.arange(0, K)[:, None] * N + tl.arange(0, N)[None, :]))
+    tlx.fence_async_shared()
+    tlx.async_dot(a[0], b[0], acc[0], use_acc=False, mBarriers=[done[0]])
+    tlx.barrier_wait(done[0], 0)
+    W: tl.constexpr = N // SLICES
+    for s in tl.static_range(SLICES):
+        part = tlx.subslice(acc[0], OFFSET + s * W, W)  # <tmem-subslice>
+        tlx.local_store(part, tlx.local_load(part) * (s + 1.0))
+    for s in tl.static_range(SLICES):
+        cols = s * W + tl.arange(0, W)
+        tl.store(OUT + tl.arange(0, M)[:, None] * N + cols[None, :], tlx.local_load(tlx.subslice(acc[0], s * W, W)))
+
+
+def run_tmem_subslice(m=128, k=32, n=64, slices=2, offset=0):
+    """(kernel result, expected): column slice s of A @ B scaled by s + 1."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16)
+    out = torch.zeros(m, n)
+    sim.launch(tmem_subslice_kernel, (1,), a, b, out, M=m, K=k, N=n, SLICES=slices, OFFSET=offset, arch=(10, 0))
+    expected = a.float() @ b.float()
+    for s in range(slices):
+        expected[:, s * n // slices:(s + 1) * n // slices] *= s + 1
+    return out, expected
+
+
+# ---------------------------------------------------------------------------------------------------------
 # tcgen05 block-scaled (MXFP8 on Blackwell): E4M3 A [M, K] and B^T [N, K] stored to shared memory, E8M0 scales
 # per 32 along K (A's in TMEM, B's in shared memory), one scaled MMA into TMEM, the epilogue reads it.
 # ---------------------------------------------------------------------------------------------------------

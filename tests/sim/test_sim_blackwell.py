@@ -5,7 +5,7 @@ import pytest
 import jfa.sim as sim
 import torch
 
-from sim_kernels import line_of, run_clc, run_tcgen05, run_tcgen05_scaled
+from sim_kernels import line_of, run_clc, run_tcgen05, run_tcgen05_scaled, run_tmem_subslice
 
 SCHEDULES = [sim.Schedule.deterministic()] + [sim.Schedule.seeded(s) for s in (1, 2, 3)]
 
@@ -89,3 +89,16 @@ def test_a_cancelled_tile_nobody_works_is_lost():
     """The CLC contract: a cancelled CTA never starts, so a kernel that drops the tile it was handed loses it."""
     out, _, report = run_clc("stop_after_first")
     assert out.tolist() == [1, 0, 1, 0, 1, 0, 1] and report.ctas == 4
+
+
+@pytest.mark.parametrize("slices", [1, 2, 4])
+def test_tmem_column_slices_are_views_of_the_accumulator(slices):
+    """tlx.subslice: each slice's load and store reach exactly its columns of the TMEM accumulator."""
+    got, want = run_tmem_subslice(slices=slices)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tmem_column_slice_past_the_buffer_is_out_of_bounds():
+    with pytest.raises(sim.OutOfBoundsError, match="reaches outside") as info:
+        run_tmem_subslice(slices=2, offset=16)
+    assert info.value.site.line == line_of("tmem-subslice")

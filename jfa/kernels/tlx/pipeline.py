@@ -18,6 +18,11 @@ pipeline (its NVPTX code generation still runs) leaves that to ptxas (-O3), whic
 are used. A build asks for it through its config (its launcher wraps the launch in ``build_llvm_o0``);
 ``knobs.tlx_llvm_o0`` (``JFA_TLX_LLVM_O0``), when set, overrides every build.
 
+Own partition registers. On sm_100 stock ``make_ttgir`` runs ``optimize_partition_warps``, which re-estimates
+every warp-specialised partition's registers and overwrites the ``registers=`` a TLX source states (the
+Blackwell forward's softmax warpgroups asked for 192 and got 88, and spilled). TLX modules skip it: their
+partitions' warps and registers are the source's, as on sm_90, where Triton never runs that pass.
+
 Installed once (``install()``, idempotent) as a wrapper around whatever stages hook is set (uTLX's);
 both settings are part of the compilation cache key, so builds under different settings never share a
 cache entry, and one process can time both builds in turn.
@@ -30,6 +35,7 @@ import contextvars
 from jfa import knobs
 
 _SKIPPED_PASSES = ("add_assign_latencies", "add_schedule_loops", "add_pipeline")
+_REGISTER_PASSES = ("add_optimize_partition_warps",)  # skipped for every TLX module (own partition registers)
 # the kernels whose current launch's build asks for its LLVM IR to go unoptimised (set by build_llvm_o0 in
 # the launching thread, where Triton compiles)
 _build_llvm_o0: contextvars.ContextVar = contextvars.ContextVar("jfa_build_llvm_o0", default=frozenset())
@@ -84,6 +90,7 @@ def build_llvm_o0(kernel: str, wanted: bool):
 # module attributes in and out for each compile raced with it).
 _in_own_waits_compile: contextvars.ContextVar = contextvars.ContextVar("jfa_own_waits_compile", default=False)
 _in_llvm_o0_compile: contextvars.ContextVar = contextvars.ContextVar("jfa_llvm_o0_compile", default=False)
+_in_tlx_ttgir_compile: contextvars.ContextVar = contextvars.ContextVar("jfa_tlx_ttgir_compile", default=False)
 
 
 @contextlib.contextmanager
@@ -106,6 +113,11 @@ def _without_generic_pipeline():
     return _flag_set(_in_own_waits_compile)
 
 
+def _own_partition_registers():
+    """optimize_partition_warps does nothing inside the block (this thread's compile only)."""
+    return _flag_set(_in_tlx_ttgir_compile)
+
+
 def _wrap_triton_once() -> None:
     from triton._C.libtriton import llvm, passes
 
@@ -117,13 +129,14 @@ def _wrap_triton_once() -> None:
 
         optimize_module._jfa_wrapped = True
         llvm.optimize_module = optimize_module
-    for name in _SKIPPED_PASSES:
-        add_pass = getattr(passes.ttgpuir, name)
-        if getattr(add_pass, "_jfa_wrapped", False):
+    for name, flag in [(n, _in_own_waits_compile) for n in _SKIPPED_PASSES] + \
+            [(n, _in_tlx_ttgir_compile) for n in _REGISTER_PASSES]:
+        add_pass = getattr(passes.ttgpuir, name, None)
+        if add_pass is None or getattr(add_pass, "_jfa_wrapped", False):
             continue
 
-        def skippable(*args, _add_pass=add_pass, **kwargs):
-            if _in_own_waits_compile.get():
+        def skippable(*args, _add_pass=add_pass, _flag=flag, **kwargs):
+            if _flag.get():
                 return None
             return _add_pass(*args, **kwargs)
 
@@ -157,12 +170,13 @@ def install() -> None:
         flag, o0_flag = _flag(setting), _flag(o0_setting)
         nvidia = getattr(self, "name", "") != "amd"
         if stages is not None and nvidia:
+            _wrap_stage(stages, "ttgir", lambda _kernel: True, _own_partition_registers)
             if setting:
                 _wrap_stage(stages, "ttgir", enabled, _without_generic_pipeline)
             if o0_setting:
                 _wrap_stage(stages, "llir", llvm_o0, _llvm_at_o0)
-        return (f"{key}\njfa-own-waits={flag}\njfa-llvm-o0={o0_flag}",
-                f"{digest}-jfa-own-waits-{flag}-jfa-llvm-o0-{o0_flag}")
+        return (f"{key}\njfa-own-waits={flag}\njfa-llvm-o0={o0_flag}\njfa-own-partition-registers=1",
+                f"{digest}-jfa-own-waits-{flag}-jfa-llvm-o0-{o0_flag}-jfa-own-partition-registers")
 
     triton_knobs.runtime.add_stages_inspection_hook = hook
     _installed = True

@@ -2,7 +2,8 @@
 
 - ``local_alloc(..., storage=tmem)``: a TMEM allocation (lanes x 32-bit columns); the CTA's 512 columns are
   a budget checked at allocation. Its buffers are views like shared memory's, so ``local_load``,
-  ``local_store`` and ``local_slice`` (core) work on them, with the same shadow checks.
+  ``local_store`` and ``local_slice`` (core) work on them, with the same shadow checks; ``subslice`` is
+  TLX's column slice of a TMEM buffer (a slice past its columns is an ``OutOfBoundsError``).
 - ``async_dot`` (tcgen05.mma): A from shared or tensor memory, B from shared memory, the accumulator in
   tensor memory. It runs asynchronously: issued, it reads its operands and writes the accumulator when it
   lands (the scheduler decides when), then arrives once on each of its ``mBarriers``. Until then the
@@ -73,6 +74,18 @@ def local_alloc(cta, shape, dtype, num, storage=None, layout=None, reuse=None):
     a.storage = "tmem"
     cta.trace(cta.task, "local_alloc", f"{a.name}: {num} x {dtype}{dims} in TMEM ({columns} columns)", site)
     return a
+
+
+@BLACKWELL.op(sync=False)
+def subslice(cta, local_allocated_buffer, offset, size):
+    """``tlx.subslice``: columns ``[offset, offset + size)`` of a TMEM buffer, a view like ``local_slice``'s."""
+    site = source.capture(2)
+    view = cta.view(local_allocated_buffer, site, "subslice")
+    if not _in_tmem(view):
+        raise ProtocolError(f"subslice of {view.name()}: slices tensor memory along its columns (shared memory "
+                            "takes local_slice)", site=site)
+    rows, cols = view.shape
+    return view.sliced([0, as_int(offset, "offset")], [rows, as_int(size, "size")], site)
 
 
 class Tcgen05Mma(AsyncOp):

@@ -1,0 +1,600 @@
+"""Jagged FlashAttention forward for Blackwell (sm_100a) in TLX: persistent, warp-specialised, tcgen05 MMA
+with the accumulators in tensor memory.
+
+Same contract as the Hopper forward (``jfa.kernels.tlx.hopper.forward.jagged_forward_tlx``) and the portable
+one: ``out [rows, H, D]`` in q's dtype, ``lse [rows, H]`` float32 (natural log); rows that see no key give
+``out = 0`` and ``lse = -inf``; causal masks are bottom-right aligned (query i of (Lq, Lk) sees keys
+j <= i + Lk - Lq); broadcast-Q output rows are ``b * Lq + i``; query head h reads key/value head
+``h // GROUP``.
+
+Shape of the kernel (the roles of the TLX tutorial ``blackwell_fa_ws_pipelined_persistent``):
+
+* Persistent grid, static schedule: one CTA per SM walks work items (tile-list slot, head), decoded by
+  ``common.device.item_sequence`` and dealt zig-zag over the longest-first tile list
+  (``common.device.static_item``), as on Hopper. Cluster launch control is not used: the simulator runs
+  the CTAs of a launch one after another, so a CLC schedule would prove nothing the static one does not.
+* A work item is ``NUM_GROUPS * block_m`` query rows: two groups of ``block_m`` rows (one tcgen05 M each),
+  whose softmaxes run in two warpgroups while the tensor core works on the other group.
+* Five partitions per CTA, one mbarrier protocol between each pair:
+
+  - load (1 warp): TMA of both groups' Q once per item, then K(j), V(j) alternately through one ring of
+    ``num_buffers_kv`` shared-memory tiles;
+  - MMA (1 warp, the only tcgen05 issuer): ``S_g = Q_g K(j)^T`` into tensor memory, then ``O_g += P_g V(j-1)``
+    (P from shared memory), so QK^T of block j overlaps the softmax of block j - 1; every MMA completes on
+    mbarriers (its consumers' and the ring slot's), ``tcgen05_commit`` hands Q back after the item's last
+    QK^T;
+  - softmax (2 warpgroups, one per group): S from tensor memory, online softmax in base 2 (exp2), P to
+    shared memory (fenced for the async proxy), and one row vector per PV to the correction: the
+    rescale ``alpha = exp2(m_old - m_new)`` after each PV but the item's last, ``1 / l`` after the last;
+    it stores lse;
+  - correction (the default partition, 1 warpgroup): once a PV has completed, multiplies O in tensor
+    memory by that vector (column slices of ``o_slices``), and after the item's last PV stores
+    ``out = O / l`` with a row mask; each time it hands O back to the MMA for the next PV.
+
+* Loop peeling: the softmax runs the blocks every row of its group fully sees without any mask, then
+  the causal diagonal and the sequence's partial last block through the masked step.
+* Jagged tails without padding: TMA reads the packed tensors as 2-D views (``common.host.descriptor``), so
+  a tile may read rows of the next sequence (or zeros past the tensor's end). Key rows past the
+  sequence are masked to -inf before the softmax (their P is exactly 0); query rows past it are computed
+  and never stored (out and lse stores are row-masked against the tile's own sequence).
+
+Divergence from the portable kernel, as on Hopper: a key block straddling a sequence end multiplies P = 0
+by V rows of the next sequence, so an inf/NaN there reaches this sequence's output.
+
+Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads; no sliding window (``supports``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from jfa.kernels import alloc
+from jfa.kernels.bands import window_band
+from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.tlx import pipeline
+from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
+from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configs, as data. One row per head dim; the same row serves bf16 and fp16 (same bytes, same MMA).
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlackwellForwardConfig:
+    block_m: int  # query rows per softmax group (the tcgen05 M); a work item is NUM_GROUPS * block_m rows
+    block_n: int  # key rows per K or V tile (the N of QK^T, the K of PV)
+    num_buffers_q: int  # Q tiles per group: > 1 lets the load partition fetch the next item's Q early
+    num_buffers_kv: int  # tiles of the K/V ring (K(j) and V(j) take turns in it)
+    softmax_regs: int  # setmaxnreg of each softmax warpgroup (S is 128 fp32 a thread; at 192 the D 64 builds
+    # spilled 16 B: ptxas's choice, the gate measures it)
+    o_slices: int  # column slices the correction moves O through: 32 fp32 per row (its warpgroup has what
+    # the other partitions leave: 96 registers a thread)
+    # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0): LLVM hoists the CTA's and the lanes' indices
+    # to the kernel's entry, ahead of every partition's setmaxnreg, and ptxas spills them (12 bytes)
+    llvm_o0: bool = True
+
+
+NUM_GROUPS = 2  # softmax warpgroups, one per block_m-row group of a work item
+SOFTMAX_WARPS = 4  # one warpgroup: 128 threads, one query row each (tcgen05.ld lane = row)
+CORRECTION_WARPS = 4  # the default partition
+SINGLE_WARP = 1  # the load and MMA partitions: one thread issues everything
+_GROUPS = tl.constexpr(NUM_GROUPS)
+_SOFTMAX_WARPS = tl.constexpr(SOFTMAX_WARPS)
+_SINGLE_WARP = tl.constexpr(SINGLE_WARP)
+# setmaxnreg of the load and MMA partitions (a few scalars). The register file: 2 x 128 threads x 184 (softmax)
+# + 128 x 48 (the two single-warp partitions share one warpgroup's allocation) + 128 x 96 (what is left to the
+# correction) = 65536.
+ISSUER_REGS = tl.constexpr(48)
+
+_CONFIGS: dict[int, BlackwellForwardConfig] = {
+    # D 64. Tensor memory: S 2 x 128 columns + O 2 x 64 = 384 of 512. Shared memory: Q 2 groups x 2 x 16 KB
+    # (the next item's Q in flight) + K/V ring 4 x 16 KB + P 2 x 32 KB = 192 KB of 227 KB.
+    64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
+                               o_slices=2),
+    # D 128. Tensor memory: S 2 x 128 + O 2 x 128 = 512 columns, all of them. Shared memory: Q 2 x 32 KB +
+    # K/V ring 2 x 32 KB + P 2 x 32 KB = 192 KB (195 KB with barriers and scratch); a third K/V tile would
+    # take it to 232636 B, past the SM's 232448.
+    128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=1, num_buffers_kv=2, softmax_regs=184,
+                                o_slices=4),
+}
+
+SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+CAPABILITY = (10, 0)
+
+
+def config_for(head_dim: int) -> BlackwellForwardConfig:
+    return _CONFIGS[head_dim]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Device code
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
+               BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks) of work item ``item``,
+    computed identically by every partition (they must agree on the number of K/V blocks, or the
+    mbarrier phases drift). The item's K/V blocks are 0 .. n_blocks - 1; a spare slot has n_blocks 0."""
+    head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
+    m_start = tile * TILE_M
+    causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
+    if CAUSAL:
+        # keys up to the last real row of the tile (its rows past Lq need none)
+        kv_end = tl.maximum(tl.minimum(m_start + TILE_M, len_q) + causal_shift, 0)
+    else:
+        kv_end = len_k
+    n_blocks = tl.cdiv(tl.minimum(kv_end, len_k), BLOCK_N)
+    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, n_blocks
+
+
+# ---- load partition ----------------------------------------------------------------------------------
+@triton.jit
+def _load_tile(desc, tiles, fulls, empties, count, row, col, NUM_BUFFERS: tl.constexpr, BYTES: tl.constexpr):
+    """TMA of one box into the ring's next slot once the MMA that read its last fill has completed."""
+    buf, phase = bufidx_phase(count, NUM_BUFFERS)
+    tlx.barrier_wait(empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(fulls[buf], BYTES)
+    tlx.async_descriptor_load(desc, tiles[buf], [row, col], fulls[buf])
+    return count + 1
+
+
+@triton.jit
+def _load_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
+               kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+               col_stride_k, col_stride_v, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+               NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
+    """Load partition, one work item: both groups' Q, then K(0), V(0), K(1), V(1), ... through the ring."""
+    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if n_blocks > 0:
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        for g in tl.static_range(_GROUPS):
+            tlx.barrier_wait(q_empties[g * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+            tlx.barrier_expect_bytes(q_fulls[g * NUM_BUFFERS_Q + q_buf], Q_BYTES)
+            tlx.async_descriptor_load(desc_q, q_tiles[g * NUM_BUFFERS_Q + q_buf],
+                                      [q_row0 + m_start + g * BLOCK_M, head * col_stride_q],
+                                      q_fulls[g * NUM_BUFFERS_Q + q_buf])
+        k_col = (head // GROUP) * col_stride_k  # grouped-query attention: the query head's key/value head
+        v_col = (head // GROUP) * col_stride_v
+        for j in tl.range(0, n_blocks):
+            kv_cnt = _load_tile(desc_k, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, k_col,
+                                NUM_BUFFERS_KV, KV_BYTES)
+            kv_cnt = _load_tile(desc_v, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, v_col,
+                                NUM_BUFFERS_KV, KV_BYTES)
+        q_cnt += 1
+    return q_cnt, kv_cnt
+
+
+# ---- MMA partition ------------------------------------------------------------------------------------
+@triton.jit
+def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf, k_use, s_cnt,
+              NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """S_g = Q_g K^T for both groups, K the ring's ``k_use``-th fill. Each waits until its softmax has read
+    the previous S_g; it completes on s_fulls[g], the last one also on the K slot's empty barrier."""
+    k_buf, k_phase = bufidx_phase(k_use, NUM_BUFFERS_KV)
+    tlx.barrier_wait(kv_fulls[k_buf], k_phase)
+    k_t = tlx.local_trans(kv_tiles[k_buf])
+    s_phase = s_cnt & 1
+    for g in tl.static_range(_GROUPS):
+        tlx.barrier_wait(s_empties[g], s_phase ^ 1)
+        if g == _GROUPS - 1:
+            tlx.async_dot(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g], use_acc=False,
+                          mBarriers=[s_fulls[g], kv_empties[k_buf]])
+        else:
+            tlx.async_dot(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g], use_acc=False,
+                          mBarriers=[s_fulls[g]])
+    return s_cnt + 1
+
+
+@triton.jit
+def _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, v_use, pv_cnt,
+              use_acc, NUM_BUFFERS_KV: tl.constexpr):
+    """O_g (+)= P_g V for both groups, V the ring's ``v_use``-th fill, once the softmax has stored P_g and
+    the correction has handed O_g back. Each completes on pv_dones[g], the last one also on the V slot's
+    empty barrier."""
+    v_buf, v_phase = bufidx_phase(v_use, NUM_BUFFERS_KV)
+    tlx.barrier_wait(kv_fulls[v_buf], v_phase)
+    pv_phase = pv_cnt & 1
+    for g in tl.static_range(_GROUPS):
+        tlx.barrier_wait(p_fulls[g], pv_phase)
+        tlx.barrier_wait(o_readies[g], pv_phase ^ 1)
+        if g == _GROUPS - 1:
+            tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc,
+                          mBarriers=[pv_dones[g], kv_empties[v_buf]])
+        else:
+            tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc, mBarriers=[pv_dones[g]])
+    return pv_cnt + 1
+
+
+@triton.jit
+def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls, q_empties,
+              kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, TILES, CU_Q, CU_K, num_slots,
+              num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """MMA partition, one work item: QK^T(0), then per block j >= 1 QK^T(j) before PV(j - 1) (the tensor core
+    computes S(j) while the softmax turns S(j - 1) into P), then PV of the last block. K(j) is the ring's
+    fill kv_cnt + 2 j and V(j) the next one, in the load partition's order."""
+    _h, _qr, _o, _lq, _kr, _lk, _m, _cs, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if n_blocks > 0:
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        for g in tl.static_range(_GROUPS):
+            tlx.barrier_wait(q_fulls[g * NUM_BUFFERS_Q + q_buf], q_phase)
+        s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf, kv_cnt, s_cnt,
+                          NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+        for j in tl.range(1, n_blocks):
+            s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf,
+                              kv_cnt + 2 * j, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+            pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies,
+                               kv_cnt + 2 * j - 1, pv_cnt, j > 1, NUM_BUFFERS_KV)
+        # every QK^T of the item is issued: Q goes back to the load partition once they have completed
+        for g in tl.static_range(_GROUPS):
+            tlx.tcgen05_commit(q_empties[g * NUM_BUFFERS_Q + q_buf])
+        pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies,
+                           kv_cnt + 2 * n_blocks - 1, pv_cnt, n_blocks > 1, NUM_BUFFERS_KV)
+        kv_cnt += 2 * n_blocks
+        q_cnt += 1
+    return q_cnt, kv_cnt, s_cnt, pv_cnt
+
+
+# ---- softmax partitions -------------------------------------------------------------------------------
+@triton.jit
+def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax of one block in base 2. Returns (p, m_new, l_new, alpha).
+
+    The bulk instantiation (MASKED=False) has no mask and folds the scale into the row max (max(S) * scale
+    for a non-negative scale, min(S) * scale otherwise). The masked one drops keys past the sequence end
+    (the next sequence's rows or TMA zero fill) and, if CAUSAL, past the diagonal; a row that has seen no
+    key yet keeps m = -inf and subtracts 0, so exp2 gives 0, not NaN."""
+    if MASKED:
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        visible = (offs_n < len_k)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
+        s = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        if SCALE_NONNEG:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, alpha
+
+
+@triton.jit
+def _send_scale(scale, scale_tiles, scale_fulls, scale_empties, index, g: tl.constexpr):
+    """Softmax -> correction: the row vector that goes with PV number ``index`` of group g."""
+    tlx.barrier_wait(scale_empties[g], (index & 1) ^ 1)
+    tlx.local_store(scale_tiles[g], scale)
+    tlx.barrier_arrive(scale_fulls[g], 1)
+
+
+@triton.jit
+def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                   scale_fulls, scale_empties, n_start, offs_m, len_k, causal_shift, qk_scale, g: tl.constexpr,
+                   FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+    """One K/V block of group g: S from tensor memory (handed back at once), the softmax step, the rescale of
+    the previous PV to the correction (not for the item's FIRST block), P into shared memory once the
+    previous PV has read it. Returns the advanced (m_i, l_i, s_cnt, pv_cnt)."""
+    tlx.barrier_wait(s_fulls[g], s_cnt & 1)
+    qk = tlx.local_load(s_tiles[g])
+    tlx.barrier_arrive(s_empties[g], 1)
+    p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED,
+                                         CAUSAL, SCALE_NONNEG, BLOCK_N)
+    p = p.to(DTYPE)  # before the waits: 16-bit P halves what the warpgroup holds while it waits (fp32 spills)
+    if not FIRST:  # O holds PV(j - 1) at the old maximum: the correction rescales it before PV(j)
+        _send_scale(alpha, scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
+    tlx.barrier_wait(pv_dones[g], (pv_cnt & 1) ^ 1)  # the previous PV has read P
+    tlx.local_store(p_tiles[g], p)
+    tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)
+    tlx.barrier_arrive(p_fulls[g], 1)
+    return m_i, l_i, s_cnt + 1, pv_cnt + 1
+
+
+@triton.jit
+def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                  scale_fulls, scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                  qk_scale, g: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                  SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DTYPE: tl.constexpr):
+    """Softmax of group g, one work item: the peeled first block, the unmasked bulk, the masked tail, then
+    1 / l to the correction and lse (row-masked) to memory."""
+    head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    offs_m = m_start + g * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if n_blocks > 0:
+        # blocks every row of this group fully sees: below the diagonal and inside Lk
+        if CAUSAL:
+            bulk_end = tl.minimum(len_k, tl.maximum(m_start + g * BLOCK_M + causal_shift + 1, 0))
+        else:
+            bulk_end = len_k
+        n_bulk = bulk_end // BLOCK_N
+        if n_bulk > 0:
+            m_i, l_i, s_cnt, pv_cnt = _softmax_block(
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, False, CAUSAL,
+                SCALE_NONNEG, BLOCK_N, DTYPE)
+        else:
+            m_i, l_i, s_cnt, pv_cnt = _softmax_block(
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, True, CAUSAL,
+                SCALE_NONNEG, BLOCK_N, DTYPE)
+        for j in tl.range(1, n_bulk):  # bulk: no mask anywhere
+            m_i, l_i, s_cnt, pv_cnt = _softmax_block(
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, False,
+                CAUSAL, SCALE_NONNEG, BLOCK_N, DTYPE)
+        for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):  # tail: causal diagonal, partial last block
+            m_i, l_i, s_cnt, pv_cnt = _softmax_block(
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, True,
+                CAUSAL, SCALE_NONNEG, BLOCK_N, DTYPE)
+        # rows that saw no key have l == 0 exactly: their O is 0 (every P was 0), scaled by 1
+        _send_scale(1.0 / tl.where(l_i > 0.0, l_i, 1.0), scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
+    lse = tl.where(l_i > 0.0, (m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    out_rows = out_row0 + offs_m.to(tl.int64)
+    tl.store(LSE + out_rows * num_heads + head, lse, mask=offs_m < len_q)
+    return s_cnt, pv_cnt
+
+
+# ---- correction partition -----------------------------------------------------------------------------
+@triton.jit
+def _rescale(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, g: tl.constexpr,
+             HEAD_DIM: tl.constexpr, O_SLICES: tl.constexpr):
+    """After PV number pv_cnt of group g: O_g *= alpha in tensor memory, then O_g back to the MMA."""
+    tlx.barrier_wait(pv_dones[g], pv_cnt & 1)
+    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)
+    alpha = tlx.local_load(scale_tiles[g])
+    tlx.barrier_arrive(scale_empties[g], 1)
+    for s in tl.static_range(O_SLICES):
+        o_slice = tlx.subslice(o_tiles[g], s * (HEAD_DIM // O_SLICES), HEAD_DIM // O_SLICES)
+        tlx.local_store(o_slice, tlx.local_load(o_slice) * alpha[:, None])
+    tlx.barrier_arrive(o_readies[g], 1)
+
+
+@triton.jit
+def _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, OUT, out_row0, head,
+              stride_ot, stride_oh, offs_m, len_q, g: tl.constexpr, HEAD_DIM: tl.constexpr, O_SLICES: tl.constexpr):
+    """After the item's last PV of group g: out = O_g / l, row-masked pointer stores (a row past this
+    sequence's Lq belongs to the next sequence), then O_g back to the MMA."""
+    tlx.barrier_wait(pv_dones[g], pv_cnt & 1)
+    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)
+    inv_l = tlx.local_load(scale_tiles[g])
+    tlx.barrier_arrive(scale_empties[g], 1)
+    SLICE: tl.constexpr = HEAD_DIM // O_SLICES
+    rows = (out_row0 + offs_m.to(tl.int64))[:, None] * stride_ot + head * stride_oh
+    for s in tl.static_range(O_SLICES):
+        o = tlx.local_load(tlx.subslice(o_tiles[g], s * SLICE, SLICE)) * inv_l[:, None]
+        cols = s * SLICE + tl.arange(0, SLICE)
+        tl.store(OUT + rows + cols[None, :], o.to(OUT.dtype.element_ty), mask=(offs_m < len_q)[:, None])
+    tlx.barrier_arrive(o_readies[g], 1)
+
+
+@triton.jit
+def _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, OUT, TILES,
+                  CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast,
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, O_SLICES: tl.constexpr):
+    """Correction, one work item: a rescale after every PV but the last, the epilogue after the last; an
+    item with no K/V block stores zeros (its rows see no key)."""
+    head, _qr, out_row0, len_q, _kr, _lk, m_start, _cs, n_blocks = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if n_blocks > 0:
+        for _j in tl.range(1, n_blocks):
+            for g in tl.static_range(_GROUPS):
+                _rescale(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, g, HEAD_DIM,
+                         O_SLICES)
+            pv_cnt += 1
+        for g in tl.static_range(_GROUPS):
+            _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, OUT, out_row0,
+                      head, stride_ot, stride_oh, m_start + g * BLOCK_M + tl.arange(0, BLOCK_M), len_q, g, HEAD_DIM,
+                      O_SLICES)
+        pv_cnt += 1
+    else:
+        offs_m = m_start + tl.arange(0, TILE_M)
+        rows = (out_row0 + offs_m.to(tl.int64))[:, None] * stride_ot + head * stride_oh
+        zeros = tl.zeros([TILE_M, HEAD_DIM], dtype=OUT.dtype.element_ty)
+        tl.store(OUT + rows + tl.arange(0, HEAD_DIM)[None, :], zeros, mask=(offs_m < len_q)[:, None])
+    return pv_cnt
+
+
+# per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
+@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+def jagged_fwd_blackwell_kernel(
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES,
+    stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
+    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+    SCALE_NONNEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+    NUM_BUFFERS_KV: tl.constexpr, SOFTMAX_REGS: tl.constexpr, O_SLICES: tl.constexpr,
+):
+    TILE_M: tl.constexpr = _GROUPS * BLOCK_M  # rows of one work item: one BLOCK_M group per softmax warpgroup
+    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
+    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
+
+    # shared memory: Q per group (index g * NUM_BUFFERS_Q + b), the K/V ring, P per group, the row vectors
+    # the softmax hands the correction
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, _GROUPS * NUM_BUFFERS_Q)
+    kv_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    p_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), DTYPE, _GROUPS)
+    scale_tiles = tlx.local_alloc((BLOCK_M,), tl.float32, _GROUPS)
+    # tensor memory: S and O per group
+    s_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), tl.float32, _GROUPS, tlx.storage_kind.tmem)
+    o_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, _GROUPS, tlx.storage_kind.tmem)
+
+    q_fulls = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)  # TMA bytes
+    q_empties = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)  # tcgen05_commit
+    kv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # TMA bytes
+    kv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # the slot's last MMA
+    s_fulls = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # QK^T completed
+    s_empties = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # softmax has read S
+    p_fulls = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # softmax has stored P
+    pv_dones = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # PV completed (P free, O final)
+    o_readies = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # correction is done with O
+    scale_fulls = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
+    scale_empties = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- correction + epilogue
+        with tlx.async_task("default"):
+            pv_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    pv_cnt = _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                                           o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots,
+                                           num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, HEAD_DIM, TILE_M,
+                                           BLOCK_M, BLOCK_N, O_SLICES)
+
+        # ---------------------------------------------------------------- softmax, one warpgroup per group
+        with tlx.async_task(num_warps=_SOFTMAX_WARPS, registers=SOFTMAX_REGS, replicate=_GROUPS):
+            g: tl.constexpr = tlx.async_task_replica_id()
+            qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
+            s_cnt = 0
+            pv_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls,
+                                                  s_empties, p_fulls, pv_dones, scale_fulls, scale_empties, LSE,
+                                                  TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                                                  qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
+                                                  BLOCK_N, DTYPE)
+
+        # ---------------------------------------------------------------- MMA issuer
+        with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
+            q_cnt = 0
+            kv_cnt = 0
+            s_cnt = 0
+            pv_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
+                        item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
+                        q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, TILES,
+                        CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M,
+                        BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+
+        # ---------------------------------------------------------------- TMA loads
+        with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
+            q_cnt = 0
+            kv_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    q_cnt, kv_cnt = _load_item(
+                        item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
+                        kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+                        col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------
+def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[torch.Tensor] = None,
+             v: Optional[torch.Tensor] = None, window=(-1, -1)) -> tuple[bool, str]:
+    """Whether this kernel can run these inputs, and why not: bf16/fp16, head dim 64 or 128, an sm_100
+    launch target (read at call time only), TMA-readable q/k/v, no sliding window (causal is the window
+    (-1, 0) and runs)."""
+    ok, reason = check_inputs({"q": q, "k": k, "v": v}, dtype=dtype, head_dim=head_dim,
+                              head_dims=SUPPORTED_HEAD_DIMS, capability=CAPABILITY)
+    if ok and window_band(False, tuple(window))[1]:
+        return False, f"window_size {tuple(window)} (the TLX Blackwell forward has no sliding-window build)"
+    return ok, reason
+
+
+def _constexprs(cfg: BlackwellForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool, scale_nonneg: bool,
+                group: int = 1) -> dict:
+    """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
+    return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices)
+
+
+def _launch_options() -> dict:
+    # num_warps: the default (correction) partition; the others add 2 x 4 + 1 + 1 warps (14 in all).
+    # num_stages=1: the pipelining is explicit (mbarrier rings), Triton's own pipeliner stays off.
+    return dict(num_warps=CORRECTION_WARPS, num_stages=1)
+
+
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, group: int = 1):
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one config
+    (the compile gate). Descriptors are typed from the config's block shapes, as the launcher's binder
+    spells them."""
+    cfg = config_for(head_dim)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True, group=group)
+    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+             for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", sm_scale="fp32")
+    signature, attrs = offline_signature(jagged_fwd_blackwell_kernel, constants, types)
+    return jagged_fwd_blackwell_kernel, signature, constants, attrs, _launch_options()
+
+
+def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, softmax_scale: float,
+                     broadcast_q: bool, num_seqs: int, len_q_bcast: int) -> tuple[tuple, dict, int]:
+    """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the offline
+    gate can bind them to the kernel on a CPU machine and check that a launch specialises to the very
+    signature ``compile_spec`` compiles."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfg = config_for(head_dim)
+    desc_q, col_q = descriptor(q, cfg.block_m)
+    desc_k, col_k = descriptor(k, cfg.block_n)
+    desc_v, col_v = descriptor(v, cfg.block_n)
+    num_items = tiles.num_slots * num_heads
+    cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, out.stride(0), out.stride(1), col_q, col_k,
+            col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
+                            group=num_heads // k.shape[1])
+    return args, {**constants, **_launch_options()}, num_items
+
+
+def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
+                             num_seqs: int, len_q_bcast: int = 0, window=(-1, -1)):
+    """Launch the forward; same contract as ``jfa.kernels.tlx.hopper.forward.jagged_forward_tlx``. Returns
+    (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a broadcast
+    Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
+    if not ok:
+        raise ValueError(f"jagged_forward_blackwell: {reason}")
+    causal = window_band(causal, tuple(window))[0]
+    cfg = config_for(head_dim)
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
+    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows == 0 or k.shape[0] == 0:
+        # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    tiles = build_tile_list(out_cu, rows, NUM_GROUPS * cfg.block_m, work_offsets=cu_k)
+    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
+                                               softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
+                      **kwargs)
+    return out, lse

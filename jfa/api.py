@@ -15,7 +15,7 @@ import torch
 
 from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check_block_size, select_kv_blocks,
                               sparse_backend)
-from jfa.dispatch import (MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
+from jfa.dispatch import (KERNEL_NAMES, MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
                           mx_backend, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
 __all__ = ["jagged_attention", "block_sparse_attention", "select_kv_blocks", "which_kernels", "KernelChoice",
@@ -75,8 +75,10 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
     if resolved == "tlx":
         resolved, reason = tlx_or_portable(backend, last_dim_contiguous(q), last_dim_contiguous(k),
                                             last_dim_contiguous(v), check_window(window_size, False))
-    forward = {"tlx": "tlx-hopper"}.get(resolved, resolved)
+    forward = KERNEL_NAMES[resolved]
     backward = "torch" if resolved == "torch" else "triton"
+    if resolved == "tlx_blackwell":
+        reason = reason or "the backward runs the portable Triton kernels on sm_100 (no TLX Blackwell backward yet)"
     if resolved == "tlx":
         ok, backward_reason = tlx_backward_supports(q)
         backward = "tlx-hopper" if ok else "triton"
@@ -91,7 +93,8 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
 # ----------------------------------------------------------------------------------------------------
 # the forward launcher of each kernel backend (the backward's is chosen when it runs: _run_backward)
 _FORWARD_LAUNCHERS = {"triton": ("jfa.kernels.triton.forward", "jagged_forward"),
-                      "tlx": ("jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx")}
+                      "tlx": ("jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx"),
+                      "tlx_blackwell": ("jfa.kernels.tlx.blackwell.forward", "jagged_forward_blackwell")}
 def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
                  window_left, window_right):
     """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
@@ -208,7 +211,8 @@ _triton_backward = _backward_op("triton")
 _tlx_backward = _backward_op("tlx")
 _triton_forward = _forward_op("triton", _triton_backward)
 _tlx_forward = _forward_op("tlx", _tlx_backward)
-_FORWARD_OPS = {"triton": _triton_forward, "tlx": _tlx_forward}
+_tlx_blackwell_forward = _forward_op("tlx_blackwell", _triton_backward)  # sm_100: the portable backward
+_FORWARD_OPS = {"triton": _triton_forward, "tlx": _tlx_forward, "tlx_blackwell": _tlx_blackwell_forward}
 
 
 class _EagerAttention(torch.autograd.Function):

@@ -26,7 +26,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKENDS = ("auto", "tlx", "triton", "torch")
 PRECISIONS = ("auto", "mxfp8", "mxfp8-rceil")
 MX_RULES = {"mxfp8": "floor", "mxfp8-rceil": "rceil"}  # the MXFP8 precisions and their scale rules
-KERNEL_NAMES = {"triton": "triton", "tlx": "tlx-hopper", "torch": "torch"}  # as KernelChoice names them
+# the kernel families a call resolves to, as KernelChoice names them: "tlx" is the Hopper (sm_90) family
+KERNEL_NAMES = {"triton": "triton", "tlx": "tlx-hopper", "tlx_blackwell": "tlx-blackwell", "torch": "torch"}
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,11 @@ class Problem:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """Which kernels a call runs (``jfa.which_kernels``): ``forward`` and ``backward`` are each
-    "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not the TLX kernel ("" when both
-    are). The TLX backward follows only the TLX forward: its dK/dV kernel, with dQ reduced inside it
-    (unless ``deterministic=True``, which takes the portable dQ pass)."""
+    """Which kernels a call runs (``jfa.which_kernels``): ``forward`` is "tlx-hopper", "tlx-blackwell",
+    "triton" or "torch", ``backward`` "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not
+    a TLX kernel ("" when both are). The TLX backward follows only the Hopper forward: its dK/dV kernel,
+    with dQ reduced inside it (unless ``deterministic=True``, which takes the portable dQ pass); after
+    the Blackwell forward the portable backward runs."""
 
     forward: str
     backward: str
@@ -209,11 +211,22 @@ def log_fallback_once(message: str, reason: str) -> None:
 
 
 def tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
-    """("tlx" or "triton", why not TLX). An explicit backend='tlx' the kernel cannot run raises; 'auto'
+    """("tlx" (the Hopper kernels), "tlx_blackwell" (the sm_100 forward) or "triton", why not TLX), by the
+    capability of the tensors' launch target. An explicit backend='tlx' the kernel cannot run raises; 'auto'
     falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
-    from jfa.kernels.tlx.hopper.forward import supports
+    from jfa.kernels.tlx.common.target import target_for
 
-    return tlx_or_fallback(backend, *supports(q, q.shape[-1], q.dtype, k=k, v=v, window=window), "call")
+    launch_target = target_for(q.device)
+    if launch_target is not None and launch_target.capability[0] == 10:
+        from jfa.kernels.tlx.blackwell.forward import supports
+
+        family = "tlx_blackwell"
+    else:
+        from jfa.kernels.tlx.hopper.forward import supports
+
+        family = "tlx"
+    resolved, reason = tlx_or_fallback(backend, *supports(q, q.shape[-1], q.dtype, k=k, v=v, window=window), "call")
+    return (family if resolved == "tlx" else resolved), reason
 
 
 def tlx_or_fallback(backend: str, ok: bool, reason: str, call: str) -> tuple[str, str]:
@@ -377,7 +390,7 @@ def record(pass_: str, backend: str, device: torch.device, kernel: Optional[str]
     backend's name in KERNEL_NAMES."""
     if not _recorders:
         return
-    if backend == "tlx":
+    if backend in ("tlx", "tlx_blackwell"):
         from jfa.kernels.tlx.common.target import target_for
 
         where = getattr(target_for(device), "name", device.type)

@@ -124,3 +124,21 @@ def test_supports_says_why_not():
         with pytest.raises(ValueError, match="jagged_forward_blackwell"):
             bw.jagged_forward_blackwell(q, q, q, torch.tensor([0, 4]), torch.tensor([0, 4]), causal=False,
                                         softmax_scale=0.1, broadcast_q=False, num_seqs=1, window=(8, 8))
+
+
+def test_the_public_op_dispatches_the_blackwell_forward_on_sm100():
+    """On an sm_100 target the op's TLX dispatch picks the Blackwell forward (``which_kernels`` says so and
+    why the backward is portable), runs it, then the portable backward; forward and gradients meet the
+    oracle rule against the reference on poisoned outputs."""
+    import jfa
+    from jfa.fuzz.rule import run_case
+
+    case = _case("dispatch", (77, 0, 130), (64, 9, 130), head_dim=64, causal=True)
+    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT) as session:
+        q = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+        choice = jfa.which_kernels(q, q, q, backend="tlx")
+        assert (choice.forward, choice.backward) == ("tlx-blackwell", "triton") and "sm_100" in choice.reason
+        report = run_case(case, backend="tlx", device="cpu", backward=True)
+    assert (report.kernel, report.backward_kernel) == ("tlx-blackwell", "triton"), report.ran
+    assert session.kernels() == [KERNEL]
+    assert report.ok, str(report)

@@ -113,6 +113,10 @@ def check_offsets_values(name: str, cu: torch.Tensor, total: int, hint: Optional
 
 def read_offsets(name: str, cu: torch.Tensor, total: int) -> int:
     """Validate the offset values (a device read); returns the longest sequence length."""
+    if capturing((cu,)):
+        raise ValueError(f"{name}: under CUDA-graph capture the offsets cannot be read back to check them; pass both "
+                         "max_seqlen_q and max_seqlen_k (max_seqlen_k with broadcast_q) and set JFA_TRUST_OFFSETS=1 "
+                         "(jfa.knobs.trust_offsets)")
     values = cu.to(device="cpu", dtype=torch.int64)
     if int(values[0]) != 0:
         raise ValueError(f"{name}: first offset must be 0, got {int(values[0])}")
@@ -317,12 +321,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     resolved = resolve_backend(backend, q.device) if mx_rule is None else mx_backend(backend, q.device)
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
-    trusted = hints_given and knobs.trust_offsets
-    if not trusted and capturing((cu_seqlens_k,)):
-        raise ValueError("cu_seqlens_q, cu_seqlens_k: under CUDA-graph capture the offsets cannot be read back to "
-                         "check them; pass both max_seqlen_q and max_seqlen_k (max_seqlen_k with broadcast_q) and set "
-                         "JFA_TRUST_OFFSETS=1 (jfa.knobs.trust_offsets)")
-    if not trusted:
+    if not (hints_given and knobs.trust_offsets):
         check = untraced(check_offsets_values)
         check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
         if not broadcast_q:

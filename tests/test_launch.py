@@ -197,10 +197,13 @@ def test_instrumented_launches_always_take_tritons_path(triton_launches):
     assert len(calls) == 2 and compiled.launches == []
 
 
-def test_a_missing_argument_is_left_to_tritons_error(triton_launches):
-    calls, _ = triton_launches
-    fast.launch(UNSPECIALISED, (1,), BASE.view(torch.float16)[:8], 16)
-    assert len(calls) == 1
+@pytest.mark.parametrize("args, kwargs", [((16,), {}), ((16, 3, 4), {}), ((16, 3), {"n": 5})],
+                         ids=["missing", "too-many", "given-twice"])
+def test_a_call_triton_would_refuse_is_left_to_tritons_error(triton_launches, args, kwargs):
+    calls, compiled = triton_launches
+    for _ in range(2):
+        fast.launch(UNSPECIALISED, (1,), BASE.view(torch.float16)[:8], *args, **kwargs)
+    assert len(calls) == 2 and compiled.launches == []
 
 
 def test_cluster_launches_always_take_tritons_path(triton_launches):

@@ -51,14 +51,18 @@ class _KernelLaunches:
         self.compiled: dict = {}
 
     def bind(self, args: tuple, kwargs: dict) -> Optional[tuple]:
-        """(every parameter's value in order, the compile options) or None when a parameter is missing
-        (Triton then raises its own error)."""
+        """(every parameter's value in order, the compile options), or None where Triton would refuse the
+        call (a parameter missing or given twice, too many arguments: it then raises its own error)."""
+        if len(args) > len(self.names):
+            return None
         values = list(args) + [_UNDESCRIBED] * (len(self.names) - len(args))
         options = []
         for name, value in kwargs.items():
             i = self.index.get(name)
             if i is None:
                 options.append((name, value))
+            elif i < len(args):  # given twice
+                return None
             else:
                 values[i] = value
         if len(args) + len(kwargs) - len(options) < len(values):

@@ -41,15 +41,13 @@ class IdentityCache:
         if capturing(tensors):
             return build()
         key = (*key, *extra)
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-                self._entries.move_to_end(key)
-                return hit[1]
+        hit = self._entries.get(key)  # (a dict read is atomic; entries are replaced, never mutated)
+        if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
+            return hit[1]
         value = build()
         with self._lock:
             self._entries[key] = (tuple(weakref.ref(t) for t in tensors), value)
-            while len(self._entries) > self._capacity:
+            while len(self._entries) > self._capacity:  # the oldest build goes first
                 self._entries.popitem(last=False)
         return value
 

@@ -40,13 +40,17 @@ class View2D:
 
 
 def view_2d(t: torch.Tensor) -> View2D:
-    rows, heads, head_dim = t.shape
-    row_stride, col_stride = t.stride(0), t.stride(1)
+    return _view_2d(t.shape, t.stride(), t.element_size())
+
+
+def _view_2d(shape, strides, element_size: int) -> View2D:
+    rows, heads, head_dim = shape
+    row_stride, col_stride = strides[0], strides[1]
     if heads == 1:
         col_stride = head_dim  # the stride of a size-1 dim is arbitrary; never used for head 0
     width = (heads - 1) * col_stride + head_dim
     if rows == 1:
-        per_16_bytes = 16 // t.element_size()
+        per_16_bytes = 16 // element_size
         row_stride = -(-width // per_16_bytes) * per_16_bytes  # arbitrary too; rows past 0 are never read
     return View2D(rows, width, row_stride, col_stride)
 
@@ -54,18 +58,19 @@ def view_2d(t: torch.Tensor) -> View2D:
 def layout_problem(name: str, t: torch.Tensor) -> Optional[str]:
     """Why TMA cannot read ``t`` through a 2-D view, or None. TMA needs a 16-byte aligned base and
     16-byte multiple row strides; heads and rows must not overlap (a [T, 3, H, D] slice is fine)."""
-    if t.dim() != 3 or t.stride(-1) != 1:
+    shape, strides = t.shape, t.stride()
+    if len(shape) != 3 or strides[-1] != 1:
         return f"{name}: needs shape [T, H, D] with a contiguous last dim"
-    if t.shape[0] == 0:
+    if shape[0] == 0:
         return None  # never read (no descriptor is built over an empty tensor)
-    view = view_2d(t)
     es = t.element_size()
+    view = _view_2d(shape, strides, es)
     if t.data_ptr() % 16:
         return f"{name}: TMA needs a 16-byte aligned base address"
     if (view.row_stride * es) % 16 or (view.col_stride * es) % 16:
-        return f"{name}: TMA needs token and head strides that are multiples of 16 bytes, got {tuple(t.stride())}"
-    if view.col_stride < t.shape[2] or view.row_stride < view.width:
-        return f"{name}: heads or tokens overlap in memory (strides {tuple(t.stride())})"
+        return f"{name}: TMA needs token and head strides that are multiples of 16 bytes, got {tuple(strides)}"
+    if view.col_stride < shape[2] or view.row_stride < view.width:
+        return f"{name}: heads or tokens overlap in memory (strides {tuple(strides)})"
     if view.rows >= 2**31:
         return f"{name}: more than 2**31 - 1 tokens (TMA coordinates are int32)"
     return None

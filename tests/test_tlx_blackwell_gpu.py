@@ -1,0 +1,36 @@
+"""The TLX Blackwell kernels on a real sm_100 GPU (B200), through the public op. Collected everywhere and
+skipped, with the reason, wherever no sm_100 GPU runs the suite (`--device cuda` on a B200 runs them): until
+then these kernels are proven on the TLX simulator (tests/test_tlx_blackwell.py) and by the sm_100a compile
+gate only. docs/blackwell.md says what a first B200 run must check first."""
+import pytest
+import torch
+
+import jfa
+from jfa.fuzz.catalog import blackwell_cases
+from jfa.fuzz.rule import run_case
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def blackwell(device):
+    if device != "cuda" or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs an sm_100 (Blackwell) GPU; on other machines the Blackwell kernels run on the TLX "
+                    "simulator (tests/test_tlx_blackwell.py)")
+
+
+CASES = blackwell_cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_blackwell_forward_and_its_backward_meet_the_oracle_through_the_op(case):
+    """auto on sm_100 runs the Blackwell forward (and the backward that follows it) on NaN-poisoned outputs,
+    judged by the oracle rule like every kernel."""
+    report = run_case(case, backend="auto", device="cuda", backward=True)
+    assert report.kernel == "tlx-blackwell", report.ran
+    assert report.ok, str(report)
+
+
+def test_which_kernels_names_the_blackwell_forward():
+    q = torch.zeros(8, 2, 128, device="cuda", dtype=torch.bfloat16)
+    assert jfa.which_kernels(q, q, q).forward == "tlx-blackwell"

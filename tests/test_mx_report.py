@@ -18,7 +18,7 @@ def test_row_errors_of_a_scaled_copy():
 
 def test_the_sample_is_the_sequence_nearest_the_median_length_under_the_cap():
     assert mx_report._sample_sequence(torch.tensor([0, 900, 10, 50, 70, 2000]), cap=512) == 3
-    assert mx_report._sample_sequence(torch.tensor([0, 900, 700]), cap=512) == 2  # none fits: the shortest
+    assert mx_report._sample_sequence(torch.tensor([0, 900, 700]), cap=512) is None  # none fits: no sample
 
 
 def test_the_bound_step_finds_the_mx_oracle_inside_bound_b():

@@ -7,8 +7,9 @@ shapes are GPU-sized:
 ``measure`` (on the GPU): per shape and rule, jfa's MXFP8 forward and backward through the public op against
 exact attention in float64 on the device (``jfa.fuzz.twin``); per tensor (out, dq, dk, dv) the median and
 p99 over rows (token, head) of the relative error ``|x - ref|_2 / |ref|_2`` and the cosine similarity of the
-whole tensor. It also saves one sampled sequence per shape (inputs and both rules' outputs, at most
-``--sample-tokens`` tokens) to ``DIR/sample-<shape>.pt``.
+whole tensor. It also saves one sampled sequence per shape (inputs and both rules' outputs), the one nearest the median
+length among those of at most ``--sample-tokens`` keys (none where no sequence is that short), to
+``DIR/sample-<shape>.pt``.
 
 ``bound`` (on any machine, from those files): on the sampled sequence, the MX oracle's error against exact
 attention beside bound (b), observed / bound median and max per tensor, and the kernel's own error against
@@ -49,17 +50,19 @@ def row_errors(x: torch.Tensor, ref: torch.Tensor) -> dict:
             "rows": int(rel.numel())}
 
 
-def _sample_sequence(lengths_k: torch.Tensor, cap: int) -> int:
-    """The sequence whose key length is nearest the batch's median among those with 0 < length <= cap."""
+def _sample_sequence(lengths_k: torch.Tensor, cap: int) -> Optional[int]:
+    """The sequence whose key length is nearest the batch's median among those with 0 < length <= cap (None
+    when none fits: the bound's interval arithmetic on longer sequences is too slow to be worth it)."""
     lengths = lengths_k.tolist()
-    candidates = [b for b, n in enumerate(lengths) if 0 < n <= cap] or [min(range(len(lengths)),
-                                                                             key=lambda b: lengths[b] or 10**9)]
+    candidates = [b for b, n in enumerate(lengths) if 0 < n <= cap]
+    if not candidates:
+        return None
     median = float(np.median([lengths[b] for b in candidates]))
     return min(candidates, key=lambda b: (abs(lengths[b] - median), b))
 
 
-def measure(problem, rules, device: str, sample_tokens: int) -> tuple[list, dict]:
-    """The rows of one shape (one per rule) and its sample for the bound step."""
+def measure(problem, rules, device: str, sample_tokens: int) -> tuple[list, Optional[dict]]:
+    """The rows of one shape (one per rule) and its sample for the bound step (None: no short sequence)."""
     from jfa.fuzz import twin
 
     batch, kw = launcher_inputs(problem, device)
@@ -71,16 +74,12 @@ def measure(problem, rules, device: str, sample_tokens: int) -> tuple[list, dict
     grads_x = twin.attention_backward(batch.q, batch.k, batch.v, out_x, lse_x, dout, batch.cu_q, batch.cu_k, **common)
     exact = dict(zip(TENSORS, (out_x, *grads_x)))
     b = _sample_sequence(batch.lengths_k, sample_tokens)
-    cu_k = batch.cu_k.tolist()
-    k_rows = slice(cu_k[b], cu_k[b + 1])
-    if problem.broadcast_q:
-        q_rows, o_rows = slice(0, batch.q.shape[0]), slice(b * kw["len_q_bcast"], (b + 1) * kw["len_q_bcast"])
-    else:
-        cu_q = batch.cu_q.tolist()
-        q_rows = o_rows = slice(cu_q[b], cu_q[b + 1])
-    sample = {"problem": problem.name, "sequence": b, "causal": problem.causal, "broadcast_q": problem.broadcast_q,
-              "softmax_scale": kw["softmax_scale"], "q": batch.q[q_rows].cpu(), "k": batch.k[k_rows].cpu(),
-              "v": batch.v[k_rows].cpu(), "dout": dout[o_rows].cpu(), "outputs": {}}
+    if b is not None:
+        q_rows, k_rows, o_rows = _sequence_rows(problem, batch, kw, b)
+        sample = {"problem": problem.name, "sequence": b, "causal": problem.causal,
+                  "broadcast_q": problem.broadcast_q, "softmax_scale": kw["softmax_scale"],
+                  "q": batch.q[q_rows].cpu(), "k": batch.k[k_rows].cpu(), "v": batch.v[k_rows].cpu(),
+                  "dout": dout[o_rows].cpu(), "outputs": {}}
     rows = []
     for rule in rules:
         q, k, v = (t.detach().requires_grad_() for t in (batch.q, batch.k, batch.v))
@@ -92,11 +91,22 @@ def measure(problem, rules, device: str, sample_tokens: int) -> tuple[list, dict
         row = {"problem": problem.name, "rule": rule, "kernels": sorted({kernel for _, kernel, _ in ran})}
         row.update({name: row_errors(got[name], exact[name]) for name in TENSORS})
         rows.append(row)
-        # the sample's dq is this sequence's share only where q is not shared (broadcast Q sums over sequences)
-        sample["outputs"][rule] = {"out": out[o_rows].detach().cpu(), "dk": grads[1][k_rows].cpu(),
-                                   "dv": grads[2][k_rows].cpu(),
-                                   "dq": None if problem.broadcast_q else grads[0][q_rows].cpu()}
-    return rows, sample
+        if b is not None:
+            # the sample's dq is this sequence's share only where q is not shared (broadcast Q sums over sequences)
+            sample["outputs"][rule] = {"out": out[o_rows].detach().cpu(), "dk": grads[1][k_rows].cpu(),
+                                       "dv": grads[2][k_rows].cpu(),
+                                       "dq": None if problem.broadcast_q else grads[0][q_rows].cpu()}
+    return rows, (sample if b is not None else None)
+
+
+def _sequence_rows(problem, batch, kw, b: int) -> tuple[slice, slice, slice]:
+    """Sequence ``b``'s rows in q, in k and v, and in the output."""
+    cu_k = batch.cu_k.tolist()
+    k_rows = slice(cu_k[b], cu_k[b + 1])
+    if problem.broadcast_q:
+        return slice(0, batch.q.shape[0]), k_rows, slice(b * kw["len_q_bcast"], (b + 1) * kw["len_q_bcast"])
+    cu_q = batch.cu_q.tolist()
+    return slice(cu_q[b], cu_q[b + 1]), k_rows, slice(cu_q[b], cu_q[b + 1])
 
 
 def bound_rows(sample: dict) -> list:
@@ -175,7 +185,8 @@ def main(argv: Optional[list] = None) -> int:
                 continue
             shape_rows, sample = measure(problem, rules, args.device, args.sample_tokens)
             rows += shape_rows
-            torch.save(sample, os.path.join(args.out, f"sample-{problem.name}.pt"))
+            if sample is not None:
+                torch.save(sample, os.path.join(args.out, f"sample-{problem.name}.pt"))
             with open(os.path.join(args.out, "mx_report.json"), "w") as f:  # after every shape: a cut call keeps it
                 json.dump(rows, f, indent=1)
             print(_measure_table(shape_rows), flush=True)

@@ -83,13 +83,15 @@ _SINGLE_WARP = tl.constexpr(1)
 ISSUER_REGS = tl.constexpr(48)  # setmaxnreg of the load and MMA warps (a few scalars)
 
 _CONFIGS: dict[int, BlackwellDkDvConfig] = {
-    # D 64. Tensor memory: S^T, dP^T 2 x 64 columns + dK, dV 2 x 64 + dQ 64 = 320 of 512. Shared memory: K, V
-    # 2 x 16 KB + 2 slots x (Q, dO) 2 x 8 KB + P^T, dS^T 2 x 16 KB + dQ stages 2 x 16 KB = 128 KB.
+    # D 64. Tensor memory: S^T, dP^T 2 x 64 columns + dK, dV 2 x 64 + dQ 64 = 320 (allocated as 512: a power of
+    # two). Shared memory: K, V 2 x 16 KB + 2 slots x (Q, dO) 2 x 8 KB + P^T, dS^T 2 x 16 KB + dQ stages 2 x 16 KB
+    # = 128 KB (134400 B as compiled). The compute warpgroup: S^T (then P^T), dP^T, lse2 and delta broadcast over
+    # its rows take 64 fp32 a thread each; at 192 registers it spilled 224 bytes, at 240 none.
     64: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, dq_stages=2, compute_regs=240,
                             epilogue_slices=2),
     # D 128. Tensor memory: S^T, dP^T 2 x 64 + dK, dV 2 x 128 + dQ 128 = 512 columns, all of them. Shared
     # memory: K, V 2 x 32 KB + 2 slots x (Q, dO) 2 x 16 KB + P^T, dS^T 2 x 16 KB + one dQ stage of 32 KB =
-    # 192 KB (a second stage: 224 KB before the statistics, barriers and scratch).
+    # 192 KB (199936 B as compiled; a second stage would take it to 232704 B, past the SM's 232448).
     128: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, dq_stages=1, compute_regs=240,
                              epilogue_slices=4),
 }

@@ -305,7 +305,7 @@ TLX_MX_MUTANTS: tuple = (
 )
 
 # The TLX Blackwell forward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell catalogue
-# (``kill_blackwell_on_simulator``; the API does not dispatch to the kernel yet, so its launcher runs directly).
+# (``kill_blackwell_on_simulator``: its launcher called directly, so a mutant is judged on the forward alone).
 BLACKWELL_MUTANTS: tuple = (
     Mutant("bw-fwd-o-read-before-pv-completes", TLX_BLACKWELL,
            "    tlx.barrier_wait(pv_dones[g], pv_cnt & 1)\n    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)\n"
@@ -333,13 +333,13 @@ BLACKWELL_MUTANTS: tuple = (
 # backward).
 BLACKWELL_BACKWARD_MUTANTS: tuple = (
     Mutant("bw-bwd-dkdv-read-before-their-mmas-complete", TLX_BLACKWELL_BACKWARD,
-           "        tlx.barrier_wait(dkdv_fulls[0], kv_cnt & 1)  # the item's last MMA has completed\n",
+           "        tlx.barrier_wait(dkdv_fulls[acc_buf], acc_phase)  # the item's last MMA has completed\n",
            "",
            "the epilogue reads dK and dV from tensor memory without waiting for the commit after the item's last "
            "MMA: the tensor core may still accumulate into them"),
     Mutant("bw-bwd-qdo-slot-released-at-issue", TLX_BLACKWELL_BACKWARD,
-           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tiles[0], use_acc=use_acc, mBarriers=[qdo_empties[buf]])\n",
-           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tiles[0], use_acc=use_acc)\n"
+           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])\n",
+           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc)\n"
            "        tlx.barrier_arrive(qdo_empties[buf], 1)\n",
            "a Q/dO ring slot handed back to the load warp when its dK MMA is issued instead of when it completes: TMA "
            "refills Q while the tensor core still reads it"),

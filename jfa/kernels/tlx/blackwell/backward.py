@@ -68,6 +68,8 @@ class BlackwellDkDvConfig:
     block_n: int  # key rows per work item: the tcgen05 M of S^T, dP^T, dK and dV (one TMEM lane per key)
     block_m: int  # query rows per step: the N of S^T and dP^T, the K of dK and dV, the M of dQ
     num_buffers_qdo: int  # (Q, dO, lse2, delta) slots of the load ring
+    num_buffers_kv: int  # (K, V) slots: 2 lets the load warp fetch the next item's while this one runs
+    num_buffers_dkdv: int  # dK, dV accumulators in tensor memory: 2 lets the next item's MMAs overlap the epilogue
     dq_stages: int  # fp32 shared-memory stages of the dQ reduce-add (> 1: a step's stores overlap the last send)
     compute_regs: int  # setmaxnreg of the compute warpgroup (S^T and dP^T: block_m fp32 a thread each)
     epilogue_slices: int  # column slices the dK/dV epilogue moves out of tensor memory
@@ -83,17 +85,17 @@ _SINGLE_WARP = tl.constexpr(1)
 ISSUER_REGS = tl.constexpr(48)  # setmaxnreg of the load and MMA warps (a few scalars)
 
 _CONFIGS: dict[int, BlackwellDkDvConfig] = {
-    # D 64. Tensor memory: S^T, dP^T 2 x 64 columns + dK, dV 2 x 64 + dQ 64 = 320 (allocated as 512: a power of
-    # two). Shared memory: K, V 2 x 16 KB + 2 slots x (Q, dO) 2 x 8 KB + P^T, dS^T 2 x 16 KB + dQ stages 2 x 16 KB
-    # = 128 KB (134400 B as compiled). The compute warpgroup: S^T (then P^T), dP^T, lse2 and delta broadcast over
+    # D 64. Tensor memory: S^T, dP^T 2 x 64 columns + 2 x (dK, dV) 2 x 64 + dQ 64 = 448 of 512. Shared memory:
+    # 2 x (K, V) 2 x 16 KB + 2 slots x (Q, dO) 2 x 8 KB + P^T, dS^T 2 x 16 KB + dQ stages 2 x 16 KB = 160 KB
+    # (167168 B as compiled). The compute warpgroup: S^T (then P^T), dP^T, lse2 and delta broadcast over
     # its rows take 64 fp32 a thread each; at 192 registers it spilled 224 bytes, at 240 none.
-    64: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, dq_stages=2, compute_regs=240,
-                            epilogue_slices=2),
+    64: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=2, num_buffers_dkdv=2,
+                            dq_stages=2, compute_regs=240, epilogue_slices=2),
     # D 128. Tensor memory: S^T, dP^T 2 x 64 + dK, dV 2 x 128 + dQ 128 = 512 columns, all of them. Shared
     # memory: K, V 2 x 32 KB + 2 slots x (Q, dO) 2 x 16 KB + P^T, dS^T 2 x 16 KB + one dQ stage of 32 KB =
     # 192 KB (199936 B as compiled; a second stage would take it to 232704 B, past the SM's 232448).
-    128: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, dq_stages=1, compute_regs=240,
-                             epilogue_slices=4),
+    128: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=1, num_buffers_dkdv=1,
+                             dq_stages=1, compute_regs=240, epilogue_slices=4),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
@@ -133,19 +135,22 @@ def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stat
                do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K,
                STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                col_stride_do, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, KV_BYTES: tl.constexpr,
-               QDO_BYTES: tl.constexpr):
-    """Load partition, one work item: K and V once the previous item's MMAs have all completed, then every
-    step's Q, dO and statistics through the ring. An item without steps loads nothing."""
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+               NUM_BUFFERS_KV: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """Load partition, one work item: K and V into the next (K, V) slot once the MMAs of the item that last
+    used it have all completed, then every step's Q, dO and statistics through the ring. An item without
+    steps loads nothing."""
     head, q_row0, out_row0, _lq, k_row0, _lk, n_start, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = \
         _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
                    BLOCK_N, BLOCK_M)
     if n_steps > 0:
-        tlx.barrier_wait(kv_empties[0], (kv_cnt & 1) ^ 1)
-        tlx.barrier_expect_bytes(kv_fulls[0], 2 * KV_BYTES)
+        kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        tlx.barrier_wait(kv_empties[kv_buf], kv_phase ^ 1)
+        tlx.barrier_expect_bytes(kv_fulls[kv_buf], 2 * KV_BYTES)
         # grouped-query attention: the query head's key/value head (its dK, dV are per query head partials)
-        tlx.async_descriptor_load(desc_k, k_tiles[0], [k_row0 + n_start, (head // GROUP) * col_stride_k], kv_fulls[0])
-        tlx.async_descriptor_load(desc_v, v_tiles[0], [k_row0 + n_start, (head // GROUP) * col_stride_v], kv_fulls[0])
+        row = k_row0 + n_start
+        tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [row, (head // GROUP) * col_stride_k], kv_fulls[kv_buf])
+        tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [row, (head // GROUP) * col_stride_v], kv_fulls[kv_buf])
         stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
         for s in tl.range(0, n_steps):
             qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -158,7 +163,7 @@ def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stat
 
 # ---- MMA partition ------------------------------------------------------------------------------------
 @triton.jit
-def _issue_dk_dq(k_tiles, q_tiles, ds_tiles, dk_tiles, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
+def _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
                  dq_empties, buf, cnt, use_acc, FUSED_DQ: tl.constexpr):
     """dK += dS^T Q of the step ``cnt`` (its Q in ring slot ``buf``) once the compute has stored dS^T, then
     with the fused dQ ``dQ = dS K`` once the dQ partition has read the previous one. dK, the slot's last
@@ -166,12 +171,12 @@ def _issue_dk_dq(k_tiles, q_tiles, ds_tiles, dk_tiles, dq_tiles, qdo_empties, ds
     reading dS^T hands it back."""
     tlx.barrier_wait(ds_fulls[0], cnt & 1)
     if FUSED_DQ:
-        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tiles[0], use_acc=use_acc, mBarriers=[qdo_empties[buf]])
+        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])
         tlx.barrier_wait(dq_empties[0], (cnt & 1) ^ 1)
-        tlx.async_dot(tlx.local_trans(ds_tiles[0]), k_tiles[0], dq_tiles[0], use_acc=False,
+        tlx.async_dot(tlx.local_trans(ds_tiles[0]), k_tile, dq_tiles[0], use_acc=False,
                       mBarriers=[ds_empties[0], dq_fulls[0]])
     else:
-        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tiles[0], use_acc=use_acc,
+        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc,
                       mBarriers=[qdo_empties[buf], ds_empties[0]])
 
 
@@ -181,38 +186,43 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
               dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls, dq_empties, dkdv_fulls,
               dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-              NUM_BUFFERS_QDO: tl.constexpr):
+              NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr):
     """MMA partition, one work item. Step s: S^T(s), then dK and dQ of step s - 1, then dP^T(s) and dV(s);
     after the loop dK and dQ of the last step, then ``tcgen05_commit`` hands dK/dV to the epilogue and K/V
     back to the load partition. S^T, dP^T, P^T, dS^T and dQ are single-buffered: their phase is the CTA's
-    step count ``step_cnt``; the ring slot follows ``qdo_cnt``."""
+    step count ``step_cnt``; the ring slot follows ``qdo_cnt``; the (K, V) slot and the dK/dV accumulators
+    follow the CTA's count of items with steps, ``kv_cnt``."""
     _h, _qr, _or, _lq, _kr, _lk, _ns, _cs, _f, _nl, _nm, _be, n_steps, _r = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
     if n_steps > 0:
-        tlx.barrier_wait(kv_fulls[0], kv_cnt & 1)
+        kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        acc_buf, acc_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_DKDV)
+        k_tile, v_tile = k_tiles[kv_buf], v_tiles[kv_buf]
+        dk_tile, dv_tile = dk_tiles[acc_buf], dv_tiles[acc_buf]
+        tlx.barrier_wait(kv_fulls[kv_buf], kv_phase)
         for s in tl.range(0, n_steps):
             cnt = step_cnt + s
             buf, phase = bufidx_phase(qdo_cnt + s, NUM_BUFFERS_QDO)
             tlx.barrier_wait(qdo_fulls[buf], phase)
             tlx.barrier_wait(s_empties[0], (cnt & 1) ^ 1)
-            tlx.async_dot(k_tiles[0], tlx.local_trans(q_tiles[buf]), s_tiles[0], use_acc=False, mBarriers=[s_fulls[0]])
+            tlx.async_dot(k_tile, tlx.local_trans(q_tiles[buf]), s_tiles[0], use_acc=False, mBarriers=[s_fulls[0]])
             if s > 0:
                 prev, _ = bufidx_phase(qdo_cnt + s - 1, NUM_BUFFERS_QDO)
-                _issue_dk_dq(k_tiles, q_tiles, ds_tiles, dk_tiles, dq_tiles, qdo_empties, ds_fulls, ds_empties,
+                _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties,
                              dq_fulls, dq_empties, prev, cnt - 1, s > 1, FUSED_DQ)
             tlx.barrier_wait(dp_empties[0], (cnt & 1) ^ 1)
-            tlx.async_dot(v_tiles[0], tlx.local_trans(do_tiles[buf]), dp_tiles[0], use_acc=False,
+            tlx.async_dot(v_tile, tlx.local_trans(do_tiles[buf]), dp_tiles[0], use_acc=False,
                           mBarriers=[dp_fulls[0]])
-            if s == 0:  # the epilogue has read the previous item's dK and dV
-                tlx.barrier_wait(dkdv_empties[0], (kv_cnt & 1) ^ 1)
+            if s == 0:  # the epilogue has read dK and dV of the item that last used these accumulators
+                tlx.barrier_wait(dkdv_empties[acc_buf], acc_phase ^ 1)
             tlx.barrier_wait(p_fulls[0], cnt & 1)
-            tlx.async_dot(p_tiles[0], do_tiles[buf], dv_tiles[0], use_acc=s > 0, mBarriers=[p_empties[0]])
+            tlx.async_dot(p_tiles[0], do_tiles[buf], dv_tile, use_acc=s > 0, mBarriers=[p_empties[0]])
         last, _ = bufidx_phase(qdo_cnt + n_steps - 1, NUM_BUFFERS_QDO)
-        _issue_dk_dq(k_tiles, q_tiles, ds_tiles, dk_tiles, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
+        _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
                      dq_empties, last, step_cnt + n_steps - 1, n_steps > 1, FUSED_DQ)
         # every MMA of the item is issued: dK, dV final and K, V free once they have completed
-        tlx.tcgen05_commit(dkdv_fulls[0])
-        tlx.tcgen05_commit(kv_empties[0])
+        tlx.tcgen05_commit(dkdv_fulls[acc_buf])
+        tlx.tcgen05_commit(kv_empties[kv_buf])
         kv_cnt += 1
     return kv_cnt, qdo_cnt + n_steps, step_cnt + n_steps
 
@@ -271,8 +281,8 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
                   p_empties, ds_fulls, ds_empties, dkdv_fulls, dkdv_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt,
                   stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
-                  DTYPE: tl.constexpr):
+                  BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr,
+                  EPILOGUE_SLICES: tl.constexpr, DTYPE: tl.constexpr):
     """Compute partition, one work item: the masked steps, the bulk, then the epilogue: dK (times the scale)
     and dV from tensor memory to memory, rows past the sequence never written; an item without steps stores
     zeros (its keys are seen by no query)."""
@@ -295,15 +305,16 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
                 step_cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, lse_tiles, delta_tiles, qdo_fulls,
                 qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties,
                 m_start, offs_n, len_q, len_k, causal_shift, qk_scale, False, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
-        tlx.barrier_wait(dkdv_fulls[0], kv_cnt & 1)  # the item's last MMA has completed
+        acc_buf, acc_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_DKDV)
+        tlx.barrier_wait(dkdv_fulls[acc_buf], acc_phase)  # the item's last MMA has completed
         SLICE: tl.constexpr = HEAD_DIM // EPILOGUE_SLICES
         for c in tl.static_range(EPILOGUE_SLICES):
             offs_d = c * SLICE + tl.arange(0, SLICE)
-            dv = tlx.local_load(tlx.subslice(dv_tiles[0], c * SLICE, SLICE))
+            dv = tlx.local_load(tlx.subslice(dv_tiles[acc_buf], c * SLICE, SLICE))
             _store_rows(DV, rows, stride_dvt, stride_dvh, head, offs_d, dv, row_ok)
-            dk = tlx.local_load(tlx.subslice(dk_tiles[0], c * SLICE, SLICE))
+            dk = tlx.local_load(tlx.subslice(dk_tiles[acc_buf], c * SLICE, SLICE))
             _store_rows(DK, rows, stride_dkt, stride_dkh, head, offs_d, dk * sm_scale, row_ok)
-        tlx.barrier_arrive(dkdv_empties[0], 1)
+        tlx.barrier_arrive(dkdv_empties[acc_buf], 1)
         kv_cnt += 1
     else:
         cols = tl.arange(0, HEAD_DIM)
@@ -345,7 +356,8 @@ def jagged_dkdv_blackwell_kernel(
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-    DQ_STAGES: tl.constexpr, COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
+    NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr, DQ_STAGES: tl.constexpr,
+    COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
 ):
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
@@ -353,8 +365,8 @@ def jagged_dkdv_blackwell_kernel(
 
     # shared memory: K, V of the item; the (Q, dO, lse2, delta) ring; P^T and dS^T (16-bit MMA operands);
     # the dQ stages
-    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, 1)
-    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, 1)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
@@ -368,15 +380,15 @@ def jagged_dkdv_blackwell_kernel(
     # tensor memory: S^T, dP^T per step, dK and dV per item, dQ per step
     s_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), tl.float32, 1, tlx.storage_kind.tmem)
     dp_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), tl.float32, 1, tlx.storage_kind.tmem)
-    dk_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, 1, tlx.storage_kind.tmem)
-    dv_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, 1, tlx.storage_kind.tmem)
+    dk_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, NUM_BUFFERS_DKDV, tlx.storage_kind.tmem)
+    dv_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, NUM_BUFFERS_DKDV, tlx.storage_kind.tmem)
     if FUSED_DQ:
         dq_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, 1, tlx.storage_kind.tmem)
     else:
         dq_tiles = None
 
-    kv_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # TMA bytes of K and V
-    kv_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # tcgen05_commit after the item's last MMA
+    kv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # TMA bytes of K and V
+    kv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # commit after the item's last MMA
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)  # TMA bytes
     # the step's dK MMA (the slot's last tensor-core reader) and the compute (done with the statistics)
     qdo_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=2)
@@ -390,8 +402,8 @@ def jagged_dkdv_blackwell_kernel(
     ds_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dS^T's last MMA (dQ, or dK) completed
     dq_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dQ MMA completed
     dq_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # the dQ partition has read dQ
-    dkdv_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # tcgen05_commit after the item's last MMA
-    dkdv_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # the epilogue has read dK and dV
+    dkdv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # commit after the last MMA
+    dkdv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # the epilogue read dK, dV
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- dQ: tensor memory -> TMA reduce-add
@@ -421,7 +433,7 @@ def jagged_dkdv_blackwell_kernel(
                         p_fulls, p_empties, ds_fulls, ds_empties, dkdv_fulls, dkdv_empties, DK, DV, TILES, CU_Q, CU_K,
                         stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast,
                         sm_scale, qk_scale, CAUSAL, BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        EPILOGUE_SLICES, DTYPE)
+                        NUM_BUFFERS_DKDV, EPILOGUE_SLICES, DTYPE)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -436,7 +448,8 @@ def jagged_dkdv_blackwell_kernel(
                         s_tiles, dp_tiles, dk_tiles, dv_tiles, dq_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
                         s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls,
                         dq_empties, dkdv_fulls, dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-                        len_q_bcast, CAUSAL, BROADCAST_Q, FUSED_DQ, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO)
+                        len_q_bcast, CAUSAL, BROADCAST_Q, FUSED_DQ, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_KV,
+                        NUM_BUFFERS_DKDV)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -450,7 +463,7 @@ def jagged_dkdv_blackwell_kernel(
                         do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q,
                         CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
                         col_stride_v, col_stride_do, CAUSAL, GROUP, BROADCAST_Q, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        KV_BYTES, QDO_BYTES)
+                        NUM_BUFFERS_KV, KV_BYTES, QDO_BYTES)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -469,7 +482,7 @@ def _constexprs(cfg: BlackwellDkDvConfig, head_dim: int, *, causal: bool, broadc
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
-                DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs, EPILOGUE_SLICES=cfg.epilogue_slices)
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs, EPILOGUE_SLICES=cfg.epilogue_slices)
 
 
 def _launch_options() -> dict:

@@ -8,8 +8,8 @@ deterministic schedule (copies and MMAs land as late as possible) and seeds 1-3 
 work items, so every ring and phase wraps around. ``deterministic=True`` (the portable dQ pass after the dK/dV
 kernel) is judged through its launcher and must be bitwise reproducible. ``--sim-scope full`` (the gate) runs
 the whole catalogue under every schedule and both backwards; the CI suite a core (about a minute on one core)
-that still reaches every build (D 64 and 128, bf16 and fp16, causal or not, broadcast Q, grouped heads). Its
-mutants are killed in tests/test_mutants.py."""
+that reaches the fused-dQ build at D 64 and 128 (bf16 and fp16, causal or not, broadcast Q) and the
+deterministic one at D 64 with grouped heads. Its mutants are killed in tests/test_mutants.py."""
 import pytest
 import torch
 

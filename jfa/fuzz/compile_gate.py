@@ -697,7 +697,7 @@ def _check_blackwell_dkdv(target: Target) -> Result:
                           tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
     expected.update({
         f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
-        "tcgen05.commit (dK/dV and K/V handed on once the item's MMAs completed)": result.details["tcgen05_commits"] > 0,
+        "tcgen05.commit (dK/dV, K/V handed on once the item's MMAs completed)": result.details["tcgen05_commits"] > 0,
         "tcgen05.ld (S^T, dP^T, dK, dV, dQ read from tensor memory)": result.details["tcgen05_loads"] > 0,
         f"partition registers as stated ({cfg.compute_regs} compute, {bwb.ISSUER_REGS.value} issuers)":
             result.details["requested_registers"] == [cfg.compute_regs] + [bwb.ISSUER_REGS.value] * 2,

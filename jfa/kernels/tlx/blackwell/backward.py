@@ -26,9 +26,10 @@ Shape of the kernel (the forward's roles turned around: keys are the rows, one T
   - compute (1 warpgroup, one key row a thread): S^T and dP^T from tensor memory, ``P^T = exp2(S^T * scale *
     log2 e - lse2)`` and ``dS^T = P^T (dP^T - delta)`` to shared memory (fenced for the async proxy); after
     the item's last MMA it stores dK (scaled) and dV from tensor memory with a row mask;
-  - dQ (the default partition, 1 warpgroup): each step's dQ from tensor memory, times the scale, into one of
-    ``dq_stages`` fp32 shared-memory stages, then a TMA reduce-add into the accumulator (shaped like q: a
-    broadcast Q sums over the batch there); a stage is refilled once its reduce-add has read it.
+  - dQ (the default partition, 1 warpgroup): each step's dQ from tensor memory, times the scale, in parts of
+    ``dq_columns`` through ``dq_stages`` fp32 shared-memory stages, each part a TMA reduce-add into the
+    accumulator (shaped like q: a broadcast Q sums over the batch there); a stage is refilled once its
+    reduce-add has read it.
 
 * Jagged tails without padding: the TMA boxes may read the next sequence's rows (Q, dO and statistics, K and
   V) or TMA's zero fill. A masked step zeroes P^T (and so dS^T) for query rows past the sequence and, since
@@ -70,7 +71,8 @@ class BlackwellDkDvConfig:
     num_buffers_qdo: int  # (Q, dO, lse2, delta) slots of the load ring
     num_buffers_kv: int  # (K, V) slots: 2 lets the load warp fetch the next item's while this one runs
     num_buffers_dkdv: int  # dK, dV accumulators in tensor memory: 2 lets the next item's MMAs overlap the epilogue
-    dq_stages: int  # fp32 shared-memory stages of the dQ reduce-add (> 1: a step's stores overlap the last send)
+    dq_columns: int  # head-dim columns of one dQ reduce-add (a step sends head_dim / dq_columns of them)
+    dq_stages: int  # fp32 shared-memory stages of dq_columns each (> 1: a stage's stores overlap the last send)
     compute_regs: int  # setmaxnreg of the compute warpgroup (S^T and dP^T: block_m fp32 a thread each)
     epilogue_slices: int  # column slices the dK/dV epilogue moves out of tensor memory
     # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0), as the forward's: LLVM hoists the CTA's and
@@ -90,12 +92,13 @@ _CONFIGS: dict[int, BlackwellDkDvConfig] = {
     # (167168 B as compiled). The compute warpgroup: S^T (then P^T), dP^T, lse2 and delta broadcast over
     # its rows take 64 fp32 a thread each; at 192 registers it spilled 224 bytes, at 240 none.
     64: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=2, num_buffers_dkdv=2,
-                            dq_stages=2, compute_regs=240, epilogue_slices=2),
+                            dq_columns=64, dq_stages=2, compute_regs=240, epilogue_slices=2),
     # D 128. Tensor memory: S^T, dP^T 2 x 64 + dK, dV 2 x 128 + dQ 128 = 512 columns, all of them. Shared
-    # memory: K, V 2 x 32 KB + 2 slots x (Q, dO) 2 x 16 KB + P^T, dS^T 2 x 16 KB + one dQ stage of 32 KB =
-    # 192 KB (199936 B as compiled; a second stage would take it to 232704 B, past the SM's 232448).
+    # memory: K, V 2 x 32 KB + 2 slots x (Q, dO) 2 x 16 KB + P^T, dS^T 2 x 16 KB + dQ 2 half-width stages of
+    # 16 KB = 192 KB (two full-width stages took it to 232704 B as compiled, past the SM's 232448): a step's dQ
+    # goes out in two halves, one staged while the other is sent.
     128: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=1, num_buffers_dkdv=1,
-                             dq_stages=1, compute_regs=240, epilogue_slices=4),
+                             dq_columns=64, dq_stages=2, compute_regs=240, epilogue_slices=4),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
@@ -328,23 +331,27 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
 @triton.jit
 def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES, CU_Q, CU_K, num_slots,
              num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DQ_STAGES: tl.constexpr):
-    """dQ partition, one work item: per step, once its dQ MMA has completed, dQ (times the scale) from tensor
-    memory into the next stage (once that stage's last reduce-add has read it), tensor memory handed back,
-    then the stage reduce-added at the step's query rows (``_send_staged_dq``: fence, the warpgroup's
-    barrier, TMA)."""
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DQ_COLUMNS: tl.constexpr,
+             DQ_STAGES: tl.constexpr):
+    """dQ partition, one work item: per step, once its dQ MMA has completed, each DQ_COLUMNS-column part of dQ
+    (times the scale) from tensor memory into the next stage (once that stage's last reduce-add has read it),
+    tensor memory handed back after its last part is read, and the stage reduce-added at the step's query
+    rows (``_send_staged_dq``: fence, the warpgroup's barrier, TMA)."""
+    PARTS: tl.constexpr = HEAD_DIM // DQ_COLUMNS
     head, q_row0, _or, _lq, _kr, _lk, _ns, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
     for s in tl.range(0, n_steps):
         cnt = step_cnt + s
         m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
         tlx.barrier_wait(dq_fulls[0], cnt & 1)
-        dq = tlx.local_load(dq_tiles[0])
-        tlx.barrier_arrive(dq_empties[0], 1)
-        stage = dq_stages[cnt % DQ_STAGES]
-        tlx.async_descriptor_store_wait(DQ_STAGES - 1)  # this stage's last reduce-add has read it
-        _stage_dq(stage, dq, sm_scale, False)
-        _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM)
+        for c in tl.static_range(PARTS):
+            dq = tlx.local_load(tlx.subslice(dq_tiles[0], c * DQ_COLUMNS, DQ_COLUMNS))
+            if c == PARTS - 1:
+                tlx.barrier_arrive(dq_empties[0], 1)
+            stage = dq_stages[(cnt * PARTS + c) % DQ_STAGES]
+            tlx.async_descriptor_store_wait(DQ_STAGES - 1)  # this stage's last reduce-add has read it
+            _stage_dq(stage, dq, sm_scale, False)
+            _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + c * DQ_COLUMNS)
     return step_cnt + n_steps
 
 
@@ -356,7 +363,7 @@ def jagged_dkdv_blackwell_kernel(
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-    NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr, DQ_STAGES: tl.constexpr,
+    NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr, DQ_COLUMNS: tl.constexpr, DQ_STAGES: tl.constexpr,
     COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
 ):
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
@@ -374,7 +381,7 @@ def jagged_dkdv_blackwell_kernel(
     p_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), DTYPE, 1)
     ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), DTYPE, 1)
     if FUSED_DQ:
-        dq_stages = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, DQ_STAGES)
+        dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLUMNS), tl.float32, DQ_STAGES)
     else:
         dq_stages = None
     # tensor memory: S^T, dP^T per step, dK and dV per item, dQ per step
@@ -415,7 +422,7 @@ def jagged_dkdv_blackwell_kernel(
                     if item < num_items:
                         step_cnt = _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES,
                                             CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL,
-                                            BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, DQ_STAGES)
+                                            BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, DQ_COLUMNS, DQ_STAGES)
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
         # ---------------------------------------------------------------- compute: P^T, dS^T, dK/dV epilogue
@@ -482,7 +489,9 @@ def _constexprs(cfg: BlackwellDkDvConfig, head_dim: int, *, causal: bool, broadc
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
     return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
-                NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs, EPILOGUE_SLICES=cfg.epilogue_slices)
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv,
+                DQ_COLUMNS=cfg.dq_columns, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs,
+                EPILOGUE_SLICES=cfg.epilogue_slices)
 
 
 def _launch_options() -> dict:
@@ -502,15 +511,27 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     types.update(desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
-                 desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{cfg.block_m}, {head_dim}]>",
+                 desc_dq=f"tensordesc<fp32[{cfg.block_m}, {constants['DQ_COLUMNS']}]>" if fused_dq else
+                 f"tensordesc<{dtype}[{cfg.block_m}, {head_dim}]>",
                  DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", STATS_CU="*i64", TILES="*i32",
                  sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_blackwell_kernel, constants, types)
     return jagged_dkdv_blackwell_kernel, signature, constants, attrs, _launch_options()
 
 
+def _dq_descriptor(dq_accum: torch.Tensor, cfg: BlackwellDkDvConfig):
+    """A TMA descriptor over the accumulator as [T, H * D] whose box is one reduce-add: ``block_m`` rows and
+    ``dq_columns`` columns (head h starts at column h * D: it is contiguous, like q)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    desc, _ = descriptor(dq_accum, cfg.block_m)
+    return TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
+                            block_shape=[cfg.block_m, cfg.dq_columns])
+
+
 def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, cu_k, tiles, *, causal: bool,
-                     softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int) -> tuple[tuple, dict, int]:
+                     softmax_scale: float, broadcast_q: bool, num_seqs: int,
+                     len_q_bcast: int) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch; ``dq_accum``: the fp32
     accumulator shaped like q (contiguous), or None for a build without the fused dQ; ``dk``, ``dv``: what
     the kernel writes (fp32 partials per query head with grouped key/value heads). Touches no GPU."""
@@ -521,7 +542,7 @@ def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, c
     desc_k, col_k = descriptor(k, cfg.block_n)
     desc_v, col_v = descriptor(v, cfg.block_n)
     # (the kernel places head h of the accumulator at column h * D: it is contiguous, like q)
-    desc_dq = desc_q if dq_accum is None else descriptor(dq_accum, cfg.block_m)[0]
+    desc_dq = desc_q if dq_accum is None else _dq_descriptor(dq_accum, cfg)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
     args = (desc_q, desc_k, desc_v, desc_do, stats_descriptor(stats, cfg.block_m), desc_dq, dk, dv, cu_q, cu_k,

@@ -77,11 +77,9 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
                                             last_dim_contiguous(v), check_window(window_size, False))
     forward = KERNEL_NAMES[resolved]
     backward = "torch" if resolved == "torch" else "triton"
-    if resolved == "tlx_blackwell":
-        reason = reason or "the backward runs the portable Triton kernels on sm_100 (no TLX Blackwell backward yet)"
-    if resolved == "tlx":
-        ok, backward_reason = tlx_backward_supports(q)
-        backward = "tlx-hopper" if ok else "triton"
+    if resolved in _TLX_BACKWARDS:
+        ok, backward_reason = tlx_backward_supports(q, backend=resolved)
+        backward = KERNEL_NAMES[resolved] if ok else "triton"
         reason = reason or backward_reason
     return KernelChoice(forward, backward, reason)
 
@@ -110,20 +108,25 @@ def _portable_backward_launcher(q, k, v, dout):
     return "triton", launcher("jfa.kernels.triton.backward", "jagged_backward"), dout
 
 
-def _tlx_backward_launcher(q, k, v, dout):
-    """("tlx", the TLX backward, dout) where it takes these gradients, else the portable one (each distinct
-    reason logged once). A grad of out whose layout TMA cannot address (stride 0 from ``.sum()``, a slice,
-    odd strides: what training loops produce) is copied to a contiguous one first: one pass over dout,
-    against the portable backward's several. Only reached after the TLX forward accepted q, k, v
-    (``tlx_or_portable``)."""
-    ok, reason = tlx_backward_supports(q, dout)
-    if not ok and tlx_backward_supports(q)[0]:
+# the TLX backward after each TLX forward: (module, launcher, its ``supports``)
+_TLX_BACKWARDS = {"tlx": ("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx"),
+                  "tlx_blackwell": ("jfa.kernels.tlx.blackwell.backward", "jagged_backward_blackwell")}
+
+
+def _tlx_backward_launcher(q, k, v, dout, backend: str = "tlx"):
+    """(``backend``, its TLX backward, dout) where it takes these gradients, else the portable one (each
+    distinct reason logged once). A grad of out whose layout TMA cannot address (stride 0 from ``.sum()``, a
+    slice, odd strides: what training loops produce) is copied to a contiguous one first: one pass over dout,
+    against the portable backward's several. Only reached after the TLX forward of ``backend`` accepted q, k,
+    v (``tlx_or_portable``)."""
+    ok, reason = tlx_backward_supports(q, dout, backend=backend)
+    if not ok and tlx_backward_supports(q, backend=backend)[0]:
         dout = dout.contiguous()
-        ok, reason = tlx_backward_supports(q, dout)
+        ok, reason = tlx_backward_supports(q, dout, backend=backend)
     if not ok:
         log_fallback_once("jfa: TLX backward not used, running the portable Triton backward: %s", reason)
         return _portable_backward_launcher(q, k, v, dout)
-    return "tlx", launcher("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx"), dout
+    return backend, launcher(*_TLX_BACKWARDS[backend]), dout
 
 
 def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
@@ -131,8 +134,10 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     """(dq, dk, dv) after ``backend``'s forward. The kernel is chosen here, on the real tensors: under
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
     formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
-    choose = _tlx_backward_launcher if backend == "tlx" else _portable_backward_launcher
-    chosen, launch, dout = choose(q, k, v, dout)
+    if backend in _TLX_BACKWARDS:
+        chosen, launch, dout = _tlx_backward_launcher(q, k, v, dout, backend)
+    else:
+        chosen, launch, dout = _portable_backward_launcher(q, k, v, dout)
     grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
                    deterministic=deterministic, window=(window_left, window_right))
@@ -211,7 +216,8 @@ _triton_backward = _backward_op("triton")
 _tlx_backward = _backward_op("tlx")
 _triton_forward = _forward_op("triton", _triton_backward)
 _tlx_forward = _forward_op("tlx", _tlx_backward)
-_tlx_blackwell_forward = _forward_op("tlx_blackwell", _triton_backward)  # sm_100: the portable backward
+_tlx_blackwell_backward = _backward_op("tlx_blackwell")
+_tlx_blackwell_forward = _forward_op("tlx_blackwell", _tlx_blackwell_backward)
 _FORWARD_OPS = {"triton": _triton_forward, "tlx": _tlx_forward, "tlx_blackwell": _tlx_blackwell_forward}
 
 
@@ -252,11 +258,12 @@ def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q,
     return _EagerAttention.apply(backend, *args)
 
 
-def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None) -> tuple[bool, str]:
+def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *,
+                          backend: str = "tlx") -> tuple[bool, str]:
     """(True, "") when the TLX backward takes the gradients of a TLX forward on ``q`` (and ``dout``, when
-    known), else (False, why). The TLX forward already accepted q, k, v."""
-    from jfa.kernels.tlx.hopper.backward import supports
-
+    known), else (False, why). The TLX forward already accepted q, k, v. ``backend``: the forward's family,
+    "tlx" (Hopper) or "tlx_blackwell"."""
+    supports = launcher(_TLX_BACKWARDS[backend][0], "supports")
     ok, reason = supports(q, dout)
     return ok, "" if ok else f"TLX backward: {reason}"
 

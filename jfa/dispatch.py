@@ -47,10 +47,10 @@ class Problem:
 @dataclass(frozen=True)
 class KernelChoice:
     """Which kernels a call runs (``jfa.which_kernels``): ``forward`` is "tlx-hopper", "tlx-blackwell",
-    "triton" or "torch", ``backward`` "tlx-hopper", "triton" or "torch"; ``reason`` says why either is not
-    a TLX kernel ("" when both are). The TLX backward follows only the Hopper forward: its dK/dV kernel,
-    with dQ reduced inside it (unless ``deterministic=True``, which takes the portable dQ pass); after
-    the Blackwell forward the portable backward runs."""
+    "triton" or "torch", ``backward`` "tlx-hopper", "tlx-blackwell", "triton" or "torch"; ``reason`` says why
+    either is not a TLX kernel ("" when both are). A TLX backward follows the TLX forward of its own family:
+    its dK/dV kernel, with dQ reduced inside it (unless ``deterministic=True``, which takes the portable dQ
+    pass)."""
 
     forward: str
     backward: str
@@ -215,7 +215,7 @@ def log_fallback_once(message: str, reason: str) -> None:
 
 
 def tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
-    """("tlx" (the Hopper kernels), "tlx_blackwell" (the sm_100 forward) or "triton", why not TLX), by the
+    """("tlx" (the Hopper kernels), "tlx_blackwell" (the sm_100 kernels) or "triton", why not TLX), by the
     capability of the tensors' launch target. An explicit backend='tlx' the kernel cannot run raises; 'auto'
     falls back to the portable kernel and logs the reason once per distinct reason (logger "jfa")."""
     from jfa.kernels.tlx.common.target import target_for

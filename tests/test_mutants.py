@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from jfa.fuzz.catalog import default_suite
 from jfa.fuzz.mutants import (
+    BLACKWELL_BACKWARD_MUTANTS,
     BLACKWELL_MUTANTS,
     MX_MUTANTS,
     TLX_MX_MUTANTS,
@@ -81,13 +82,14 @@ def _assert_restored(originals):
 def test_mutant_names_and_count():
     assert len(MUTANTS) >= 12
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert {m.module for m in MUTANTS + MX_MUTANTS + BLACKWELL_MUTANTS} == set(MODULES)
-    names = [m.name for m in MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS]
+    assert {m.module for m in MUTANTS + MX_MUTANTS + BLACKWELL_MUTANTS + BLACKWELL_BACKWARD_MUTANTS} == set(MODULES)
+    names = [m.name for m in MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS + BLACKWELL_BACKWARD_MUTANTS]
     assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS,
-                         ids=IDS + [m.name for m in MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS])
+@pytest.mark.parametrize("mutant", MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS + BLACKWELL_BACKWARD_MUTANTS,
+                         ids=IDS + [m.name for m in MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS
+                                    + BLACKWELL_BACKWARD_MUTANTS])
 def test_mutant_applies_and_is_restored(mutant, device):
     source = original_source(mutant.module)
     mutated = mutant.apply_to(source)  # raises MutantError unless the find text occurs exactly once
@@ -255,6 +257,27 @@ def test_simulator_kills_blackwell_mutants(mutant, device, record_property):
         out, lse = run_forward_launcher(bw.jagged_forward_blackwell, case, inp)
     verdicts = forward_verdicts(case, inp, out, lse)
     assert all(v.ok for v in verdicts), "\n".join(map(str, verdicts))
+
+
+@pytest.mark.parametrize("mutant", BLACKWELL_BACKWARD_MUTANTS, ids=[m.name for m in BLACKWELL_BACKWARD_MUTANTS])
+def test_simulator_kills_blackwell_backward_mutants(mutant, device, record_property):
+    """The Blackwell catalogue through the public op on the simulator (deterministic schedule, then three
+    seeds) kills every mutant of the TLX Blackwell backward; the killing case passes once the mutant is gone."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import jfa.sim as sim
+    from jfa.fuzz.catalog import blackwell_cases
+
+    result = kill_on_simulator(mutant, blackwell_cases(), sm_count=2, arch=(10, 0))
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, f"Blackwell mutant {mutant.name} ({mutant.why}) survived {result.examples} simulated cases"
+    case = next(c for c in blackwell_cases() if c.id == result.case_id)
+    with sim.simulated(arch=(10, 0), sm_count=2):
+        report = run_case(case, backend="tlx", device="cpu")
+    assert report.backward_kernel == "tlx-blackwell", report.ran
+    assert report.ok, str(report)
 
 
 @pytest.mark.parametrize("mutant", MX_MUTANTS, ids=[m.name for m in MX_MUTANTS])

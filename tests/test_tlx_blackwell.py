@@ -126,19 +126,19 @@ def test_supports_says_why_not():
                                         softmax_scale=0.1, broadcast_q=False, num_seqs=1, window=(8, 8))
 
 
-def test_the_public_op_dispatches_the_blackwell_forward_on_sm100():
-    """On an sm_100 target the op's TLX dispatch picks the Blackwell forward (``which_kernels`` says so and
-    why the backward is portable), runs it, then the portable backward; forward and gradients meet the
-    oracle rule against the reference on poisoned outputs."""
+def test_the_public_op_dispatches_the_blackwell_kernels_on_sm100():
+    """On an sm_100 target the op's TLX dispatch picks the Blackwell forward and backward (``which_kernels``
+    says so), runs both; forward and gradients meet the oracle rule against the reference on poisoned
+    outputs. A grad of out TMA cannot address is made contiguous for the Blackwell backward."""
     import jfa
     from jfa.fuzz.rule import run_case
 
-    case = _case("dispatch", (77, 0, 130), (64, 9, 130), head_dim=64, causal=True)
+    case = _case("dispatch", (77, 0, 130), (64, 9, 130), head_dim=64, causal=True, dout_layout="expanded")
     with sim.simulated(arch=(10, 0), sm_count=SM_COUNT) as session:
         q = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
         choice = jfa.which_kernels(q, q, q, backend="tlx")
-        assert (choice.forward, choice.backward) == ("tlx-blackwell", "triton") and "sm_100" in choice.reason
+        assert (choice.forward, choice.backward, choice.reason) == ("tlx-blackwell", "tlx-blackwell", "")
         report = run_case(case, backend="tlx", device="cpu", backward=True)
-    assert (report.kernel, report.backward_kernel) == ("tlx-blackwell", "triton"), report.ran
-    assert session.kernels() == [KERNEL]
+    assert (report.kernel, report.backward_kernel) == ("tlx-blackwell", "tlx-blackwell"), report.ran
+    assert session.kernels() == [KERNEL, "jagged_dkdv_blackwell_kernel"]
     assert report.ok, str(report)

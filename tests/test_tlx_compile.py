@@ -305,8 +305,10 @@ def test_blackwell_builds_keep_the_partition_registers_their_source_states():
 
 # The TLX Blackwell forward for sm_100a: two builds in the suite (one per head dim, between them causal,
 # broadcast Q, grouped heads, bf16 and fp16; about 10 s each), every shipped build in the gate
-# (``jfa compile-check --backend blackwell``).
+# (``jfa compile-check --backend blackwell``). The dK/dV kernel: its fullest build (D 128 with the fused dQ:
+# all 512 TMEM columns, shared memory closest to the limit; about 18 s), the others in the gate.
 BLACKWELL_SUITE = ("blackwell-forward-bf16-D128-causal-gqa4", "blackwell-forward-fp16-D64-bcastq")
+BLACKWELL_BACKWARD_SUITE = ("blackwell-dkdv-bf16-D128-causal[fused-dq]",)
 
 
 @pytest.fixture(scope="module")
@@ -315,18 +317,24 @@ def blackwell_results(device):
         pytest.skip("the offline compile gate runs in the CPU suite")
     from jfa.fuzz.compile_gate import run_out_of_process
 
-    return run_out_of_process("blackwell", only=BLACKWELL_SUITE, jobs=1)
+    return run_out_of_process("blackwell", only=BLACKWELL_SUITE + BLACKWELL_BACKWARD_SUITE, jobs=1)
 
 
 def test_every_shipped_blackwell_config_is_a_gate_target():
     from jfa.fuzz.compile_gate import blackwell_targets
+    from jfa.kernels.tlx.blackwell.backward import SUPPORTED_HEAD_DIMS as BACKWARD_HEAD_DIMS
     from jfa.kernels.tlx.blackwell.forward import SUPPORTED_HEAD_DIMS
 
     targets = blackwell_targets()
-    assert {(t.dtype, t.head_dim, t.causal, t.broadcast_q) for t in targets} == {
+    assert {(t.dtype, t.head_dim, t.causal, t.broadcast_q) for t in targets if t.kernel == "forward"} == {
         (dt, d, c, b) for dt in ("bf16", "fp16") for d in SUPPORTED_HEAD_DIMS for c in (False, True)
         for b in (False, True)}
-    assert all(t.arch == 100 for t in targets) and set(BLACKWELL_SUITE) <= {t.name for t in targets}
+    # the dK/dV kernel: with the fused dQ and without it (the deterministic backward's), causal or not
+    assert {(t.dtype, t.head_dim, t.causal, t.variant) for t in targets if t.kernel == "dkdv"} == {
+        (dt, d, c, v) for dt in ("bf16", "fp16") for d in BACKWARD_HEAD_DIMS for c in (False, True)
+        for v in ("fused-dq", "")}
+    assert all(t.arch == 100 for t in targets)
+    assert set(BLACKWELL_SUITE + BLACKWELL_BACKWARD_SUITE) <= {t.name for t in targets}
 
 
 @pytest.mark.parametrize("name", BLACKWELL_SUITE)
@@ -353,5 +361,33 @@ def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_resul
     assert details["requested_registers"] == [regs] * forward.NUM_GROUPS + [forward.ISSUER_REGS.value] * 2
     assert regs in details["setmaxnreg"]["inc"]
     assert details["tma_loads"] > 0 and details["expect_tx"] > 0 and details["mbarrier_waits"] > 0
+    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting, as compiled)
+
+
+@pytest.mark.parametrize("name", BLACKWELL_BACKWARD_SUITE)
+def test_blackwell_backward_compiles_for_sm100a_as_designed(name, blackwell_results, record_property):
+    """The dK/dV kernel: tcgen05 MMAs with commits and TMEM loads, tensor memory within 512 columns, shared
+    memory within sm_100's 227 KB, four partitions (the default dQ warpgroup, the compute warpgroup, the MMA
+    and load warps) with the registers the source states, TMA loads and dQ reduce-adds, mbarrier waits, no
+    local memory and no spill beyond the entry's thread indices, and a launch that binds to this build."""
+    from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
+    from jfa.kernels.tlx.blackwell import backward
+
+    row = blackwell_results[name]
+    details = row["details"]
+    record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
+                                            | {"tmem_columns": details["tmem_columns"]}))
+    assert row["tensor_core_ops"] > 0, "no tcgen05.mma"
+    assert details["tcgen05_commits"] > 0 and details["tcgen05_loads"] > 0
+    assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
+    assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
+    assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    assert 0 <= details["ptxas_spill_bytes"] <= SM100_ENTRY_SPILL_BYTES, "ptxas reports spill stores"
+    assert details["warp_specialize"] == 1 and details["partitions"] == 3
+    regs = backward.config_for(row["target"]["head_dim"]).compute_regs
+    assert details["requested_registers"] == [regs] + [backward.ISSUER_REGS.value] * 2
+    assert regs in details["setmaxnreg"]["inc"]
+    assert details["tma_loads"] > 0 and details["tma_reduce_adds"] > 0 and details["mbarrier_waits"] > 0
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
     assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting, as compiled)

@@ -9,8 +9,8 @@ Each target is one kernel with one shipped config and one set of compile-time fl
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
 
 Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels
-(``tlx_targets``, names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward for sm_100a
-(``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the
+(``tlx_targets``, names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward and dK/dV kernels for
+sm_100a (``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the
 PTX, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated registers,
 spill limited to the thread indices Triton's lowering computes once at the entry, ``SM100_ENTRY_SPILL_BYTES``). TLX targets get further
 checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with setmaxnreg, TMA
@@ -193,6 +193,26 @@ def blackwell_targets() -> list:
                                           causal, broadcast_q, arch=100, backend="tlx"))
     targets.append(Target("blackwell-forward-bf16-D128-causal-gqa4", "forward", "bf16", 128, True, False, arch=100,
                           backend="tlx", group=4))
+    return targets + blackwell_backward_targets()
+
+
+def blackwell_backward_targets() -> list:
+    """The TLX Blackwell dK/dV kernel (sm_100a): every shipped config (bf16, fp16 x D 64, 128) with the fused dQ
+    (variant "fused-dq") and without it (the deterministic backward's) x causal, broadcast Q with the fused dQ,
+    and grouped key/value heads (group 4)."""
+    targets = []
+    for dtype in ("bf16", "fp16"):
+        for head_dim in (64, 128):
+            for variant in ("fused-dq", ""):
+                suffix = f"[{variant}]" if variant else ""
+                for causal in (False, True):
+                    targets.append(Target(f"blackwell-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}{suffix}",
+                                          "dkdv", dtype, head_dim, causal, False, arch=100, backend="tlx",
+                                          variant=variant))
+            targets.append(Target(f"blackwell-dkdv-{dtype}-D{head_dim}-bcastq[fused-dq]", "dkdv", dtype, head_dim,
+                                  False, True, arch=100, backend="tlx", variant="fused-dq"))
+    targets.append(Target("blackwell-dkdv-bf16-D128-causal-gqa4[fused-dq]", "dkdv", "bf16", 128, True, False,
+                          arch=100, backend="tlx", variant="fused-dq", group=4))
     return targets
 
 
@@ -564,7 +584,7 @@ def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False
     }
     # what ships for the dK/dV kernel is its own waits (knobs.tlx_own_waits' default): required here
     # whatever the default says, so that the gate fails if the shipped build loses them
-    if own_waits or target.kernel == "dkdv":
+    if (own_waits or target.kernel == "dkdv") and target.arch < 100:  # (wgmma: Hopper's)
         expected["MMAs in flight together (the source's waits, not a wait-all per commit)"] = \
             structure["wgmma_overlaps"] > 0
     return compiled, result, expected
@@ -638,10 +658,65 @@ def blackwell_launch_binding(target: Target) -> dict:
     return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
 
 
+def blackwell_dkdv_launch_binding(target: Target) -> dict:
+    """What a launch of the Blackwell dK/dV kernel by its launcher (``jagged_dkdv_blackwell``, with the fused dQ's
+    accumulator for a "fused-dq" target) would compile, bound on CPU tensors like ``dkdv_launch_binding``."""
+    import torch
+
+    from jfa import knobs
+    from jfa.kernels.tlx.blackwell import backward as bwb
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    num_seqs = cu_k.numel() - 1
+    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
+    out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
+    lse = torch.zeros(rows, q.shape[1])
+    fused = target.variant == "fused-dq"
+    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        bwb.jagged_dkdv_blackwell(q, k, v, dout, lse, None, torch.empty_like(k), torch.empty_like(v), out_cu, cu_k,
+                                  causal=target.causal, softmax_scale=target.head_dim ** -0.5,
+                                  broadcast_q=target.broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q,
+                                  dq_accum=torch.zeros(q.shape) if fused else None, outputs=(out, dout, None))
+    return seen[bwb.jagged_dkdv_blackwell_kernel.fn.__name__]
+
+
+def _check_blackwell_dkdv(target: Target) -> Result:
+    """The Blackwell dK/dV kernel for sm_100a: the forward's checks (tcgen05, TMEM, shared memory, partitions
+    and their registers, spill, launch binding), and TMA reduce-adds of dQ exactly in the fused build."""
+    from jfa.kernels.tlx.blackwell import backward as bwb
+
+    fused = target.variant == "fused-dq"
+    spec = bwb.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
+                            fused_dq=fused, group=target.group)
+    cfg = bwb.config_for(target.head_dim)
+    compiled, result, expected = _compile_tlx(target, spec, 3, llvm_o0=cfg.llvm_o0, consumer_regs=cfg.compute_regs,
+                                              spill_allowance=SM100_ENTRY_SPILL_BYTES)
+    ptx = compiled.asm["ptx"]
+    tmem = getattr(compiled.metadata, "tmem_size", -1)
+    result.details.update(tmem_columns=tmem, tcgen05_commits=len(re.findall(r"tcgen05\.commit", ptx)),
+                          tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
+    expected.update({
+        f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
+        "tcgen05.commit (dK/dV, K/V handed on once the item's MMAs completed)": result.details["tcgen05_commits"] > 0,
+        "tcgen05.ld (S^T, dP^T, dK, dV, dQ read from tensor memory)": result.details["tcgen05_loads"] > 0,
+        f"partition registers as stated ({cfg.compute_regs} compute, {bwb.ISSUER_REGS.value} issuers)":
+            result.details["requested_registers"] == [cfg.compute_regs] + [bwb.ISSUER_REGS.value] * 2,
+        "TMA reduce-adds of dQ exactly in the fused build": (result.details["tma_reduce_adds"] > 0) == fused,
+    })
+    launch = blackwell_dkdv_launch_binding(target)
+    expected.update(_binds_as_compiled(launch, spec, result))
+    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
+    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
+        o0 is not None and (o0.group(1) == bwb.jagged_dkdv_blackwell_kernel.fn.__name__) == cfg.llvm_o0
+    return _finish(result, expected)
+
+
 def _check_blackwell(target: Target) -> Result:
     """The Blackwell forward for sm_100a: tcgen05 MMAs and commits, TMEM within the SM's 512 columns, shared
     memory within 227 KB, the five partitions with the registers the config states, TMA loads, mbarrier
     waits, no spill, and a launch that binds to exactly this build (signature, constants, LLVM setting)."""
+    if target.kernel == "dkdv":
+        return _check_blackwell_dkdv(target)
     from jfa.kernels.tlx.blackwell import forward as bw
 
     spec = bw.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
@@ -717,7 +792,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
     parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell"), default="all",
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
-                             "or the TLX Blackwell (sm_100a) forward's")
+                             "or the TLX Blackwell (sm_100a) kernels'")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)

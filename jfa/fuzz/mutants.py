@@ -43,12 +43,13 @@ BACKWARD = "jfa.kernels.triton.backward"
 BLOCK_SPARSE = "jfa.kernels.triton.block_sparse"
 TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
+TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
 MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_FORWARD,
-           TLX_BACKWARD)
+           TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
 TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
@@ -304,7 +305,7 @@ TLX_MX_MUTANTS: tuple = (
 )
 
 # The TLX Blackwell forward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell catalogue
-# (``kill_blackwell_on_simulator``; the API does not dispatch to the kernel yet, so its launcher runs directly).
+# (``kill_blackwell_on_simulator``: its launcher called directly, so a mutant is judged on the forward alone).
 BLACKWELL_MUTANTS: tuple = (
     Mutant("bw-fwd-o-read-before-pv-completes", TLX_BLACKWELL,
            "    tlx.barrier_wait(pv_dones[g], pv_cnt & 1)\n    tlx.barrier_wait(scale_fulls[g], pv_cnt & 1)\n"
@@ -325,6 +326,32 @@ BLACKWELL_MUTANTS: tuple = (
            "tlx.barrier_wait(s_empties[g], s_phase ^ 1)",
            "tlx.barrier_wait(s_empties[g], s_phase)",
            "the MMA waits for the wrong phase of S's empty barrier (a consumer's parity for a producer's wait)"),
+)
+
+# The TLX Blackwell backward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell
+# catalogue through the public op (``kill_on_simulator(..., arch=(10, 0))``: the Blackwell forward, then this
+# backward).
+BLACKWELL_BACKWARD_MUTANTS: tuple = (
+    Mutant("bw-bwd-dkdv-read-before-their-mmas-complete", TLX_BLACKWELL_BACKWARD,
+           "        tlx.barrier_wait(dkdv_fulls[acc_buf], acc_phase)  # the item's last MMA has completed\n",
+           "",
+           "the epilogue reads dK and dV from tensor memory without waiting for the commit after the item's last "
+           "MMA: the tensor core may still accumulate into them"),
+    Mutant("bw-bwd-qdo-slot-released-at-issue", TLX_BLACKWELL_BACKWARD,
+           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])\n",
+           "        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc)\n"
+           "        tlx.barrier_arrive(qdo_empties[buf], 1)\n",
+           "a Q/dO ring slot handed back to the load warp when its dK MMA is issued instead of when it completes: TMA "
+           "refills Q while the tensor core still reads it"),
+    Mutant("bw-bwd-dq-reduced-before-its-mma-completes", TLX_BLACKWELL_BACKWARD,
+           "        tlx.barrier_wait(dq_fulls[0], cnt & 1)\n",
+           "",
+           "the dQ warpgroup reads dQ from tensor memory and reduce-adds it without waiting for the dQ MMA's barrier"),
+    Mutant("bw-bwd-ds-store-not-fenced", TLX_BLACKWELL_BACKWARD,
+           "    tlx.local_store(ds_tiles[0], ds_t.to(DTYPE))\n    tlx.fence_async_shared()\n",
+           "    tlx.local_store(ds_tiles[0], ds_t.to(DTYPE))\n",
+           "dS^T stored to shared memory by the compute warpgroup and read by the dK and dQ MMAs (async proxy) with "
+           "no proxy fence"),
 )
 
 BY_NAME = {m.name: m for m in MUTANTS}
@@ -503,10 +530,12 @@ def tlx_kill_set() -> list:
     return first + [c for c in cases if c not in first]
 
 
-def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 3) -> KillResult:
-    """Run the TLX kernels with ``mutant`` on the simulator (``jfa.sim``) over ``cases`` (backend "tlx",
-    CPU tensors), under each schedule in turn (default: the deterministic one, then seeds 1, 2, 3), until
-    a case fails the oracle rule or the simulator reports a protocol error (deadlock, race, bounds)."""
+def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 3,
+                      arch: tuple = (9, 0)) -> KillResult:
+    """Run the TLX kernels with ``mutant`` on the simulator (``jfa.sim``, as an ``arch`` GPU: the Hopper or
+    the Blackwell kernels) over ``cases`` (backend "tlx", CPU tensors), under each schedule in turn (default:
+    the deterministic one, then seeds 1, 2, 3), until a case fails the oracle rule or the simulator reports a
+    protocol error (deadlock, race, bounds)."""
     import jfa.sim as sim
 
     schedules = schedules or (sim.Schedule.deterministic(), *(sim.Schedule.seeded(s) for s in (1, 2, 3)))
@@ -517,7 +546,7 @@ def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count:
         for schedule in schedules:
             for case in cases:
                 examples += 1
-                with sim.simulated(arch=(9, 0), sm_count=sm_count, schedule=schedule):
+                with sim.simulated(arch=arch, sm_count=sm_count, schedule=schedule):
                     failure = _check(case, "tlx", "cpu")
                 if failure is not None:
                     detail = f"{failure}\n  (schedule {schedule.describe()})"

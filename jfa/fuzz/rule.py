@@ -241,6 +241,42 @@ def forward_verdicts(case: Case, inp, out: torch.Tensor, lse: torch.Tensor) -> l
             judge("lse", lse, lse_ref, exact.lse, torch.float32, noise=noise("lse", exact.lse))]
 
 
+def _gradient_verdicts(exact: "Exact", noise: "_Floor", dtype: torch.dtype, grads, ref_grads, q, k) -> list:
+    """The rule applied to a kernel's (dq, dk, dv) against the oracle's, ``ref_grads`` the reference's in
+    ``dtype`` (None: no gradient reached that input, zeros)."""
+    # rounding scale of each gradient's sums (a key seen by many queries sums many terms)
+    summed = {name: _peak(mag_exact) for name, mag_exact in zip(("dq", "dk", "dv"), exact.magnitudes)}
+    for name in summed:
+        noise.terms[name] = max(noise.terms[name], summed[name])
+    factor = 3.0 if dtype == torch.bfloat16 else 2.0
+    verdicts = []
+    for name, got, ref, grad_exact, shifted in zip(("dq", "dk", "dv"), grads, ref_grads, exact.grads, exact.shifted):
+        if got is None:
+            got = torch.zeros_like(q if name == "dq" else k)
+        if ref is None:
+            ref = torch.zeros_like(got)
+        grad_exact, shifted = torch.as_tensor(grad_exact), torch.as_tensor(shifted)
+        shift = float((shifted - grad_exact).abs().max()) if grad_exact.numel() else 0.0
+        ds_rounding = 0.5 * EPS[dtype] * summed[name] if name in ("dq", "dk") else 0.0
+        verdicts.append(judge(name, got, ref, grad_exact, dtype, factor,
+                              noise=noise(name, grad_exact, shift) + ds_rounding))
+    return verdicts
+
+
+def backward_verdicts(case: Case, inp, out: torch.Tensor, grads) -> list:
+    """The rule applied to the gradients ``grads`` = (dq, dk, dv) of ``case`` computed from its inputs ``inp``
+    and the forward's ``out`` by a backward launched directly (not through the API): the verdicts
+    :func:`run_case` gives its gradients."""
+    window = (case.window[0], 0 if case.causal else case.window[1])
+    kwargs = dict(causal=case.causal, softmax_scale=case.softmax_scale, broadcast_q=case.broadcast_q, window=window)
+    exact = oracle_values("numpy", inp, out, kwargs, backward=True)
+    rq, rk, rv = (t.detach().requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    o_ref, lse_ref = attention_reference(rq, rk, rv, inp.cu_q, inp.cu_k, **kwargs)
+    torch.autograd.backward([o_ref, lse_ref], [inp.dout, inp.dlse.to(lse_ref.dtype)])
+    noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)
+    return _gradient_verdicts(exact, noise, DTYPES[case.dtype], grads, (rq.grad, rk.grad, rv.grad), inp.q, inp.k)
+
+
 @dataclass
 class Exact:
     """What an oracle says about one case: forward values, and for the backward the exact gradients,
@@ -376,28 +412,13 @@ def run_case(case: Case, backend: str = "auto", device="cpu", *, backward: bool 
     if backward:  # (the reference's backward is autograd's own: no kernel dispatch to record)
         report.backward_kernel = "torch" if report.kernel == "torch" else _ran(ran, "backward")
     noise = _Floor(inp.q, inp.k, inp.v, inp.dout, case.softmax_scale, exact.logit_terms)
-    terms = noise.terms
     report.verdicts.append(judge("out", out, o_ref, exact.out, dtype, noise=noise("out", exact.out)))
     # lse is fp32 whatever t is: its floor is fp32 rounding, the ref_t term carries t's error
     report.verdicts.append(judge("lse", lse, lse_ref, exact.lse, torch.float32, noise=noise("lse", exact.lse)))
     if backward:
         torch.autograd.backward([o_ref, lse_ref], [inp.dout, inp.dlse.to(lse_ref.dtype)])
-        # rounding scale of each gradient's sums (a key seen by many queries sums many terms)
-        summed = {name: _peak(mag_exact) for name, mag_exact in zip(("dq", "dk", "dv"), exact.magnitudes)}
-        for name in summed:
-            terms[name] = max(terms[name], summed[name])
-        factor = 3.0 if dtype == torch.bfloat16 else 2.0
-        for name, got, ref, grad_exact, shifted in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
-                                                       (rq.grad, rk.grad, rv.grad), exact.grads, exact.shifted):
-            if got is None:
-                got = torch.zeros_like(q if name == "dq" else k)
-            if ref is None:
-                ref = torch.zeros_like(got)
-            grad_exact, shifted = torch.as_tensor(grad_exact), torch.as_tensor(shifted)
-            shift = float((shifted - grad_exact).abs().max()) if grad_exact.numel() else 0.0
-            ds_rounding = 0.5 * EPS[dtype] * summed[name] if name in ("dq", "dk") else 0.0
-            report.verdicts.append(judge(name, got, ref, grad_exact, dtype, factor,
-                                         noise=noise(name, grad_exact, shift) + ds_rounding))
+        report.verdicts += _gradient_verdicts(exact, noise, dtype, (q.grad, k.grad, v.grad),
+                                              (rq.grad, rk.grad, rv.grad), q, k)
     if recheck and oracle_name == "twin":
         report.verdicts += twin_agreement(exact, oracle_values("numpy", inp, out, kwargs, backward))
     if return_outputs:

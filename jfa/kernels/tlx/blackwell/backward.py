@@ -1,0 +1,620 @@
+"""Jagged FlashAttention backward for Blackwell (sm_100a) in TLX: the dK/dV kernel on tcgen05 with its
+accumulators in tensor memory, dQ fused into it.
+
+``jagged_backward_blackwell`` has the portable backward's contract (``jfa.kernels.triton.backward.
+jagged_backward``) and the Hopper TLX backward's shape (``jfa.kernels.tlx.hopper.backward``): the row
+statistics' pre-pass (``row_stats``: lse in base 2 and delta = rowsum(dO * O) - dlse, transposed so that a
+query tile's statistics are one TMA box), then this kernel for dK and dV, dQ either reduce-added by the same
+kernel into an fp32 accumulator or, with ``deterministic=True``, computed by the portable dQ pass (each row
+written once in a fixed order: bitwise reproducible).
+
+Shape of the kernel (the forward's roles turned around: keys are the rows, one TMEM lane per key):
+
+* Persistent grid, static zig-zag schedule (``common.device.static_item``) over work items (key tile of
+  ``block_n`` rows, head); the tile list is built on the key offsets and sorted by each sequence's query
+  length, the work a key tile streams over. Query steps of ``block_m`` rows run in the Hopper kernel's
+  order (``hopper.backward._dkdv_item``, ``_step_order``): the masked ones (causal diagonal, the partial last
+  query tile) first, the fully visible bulk after them.
+* Five partitions per CTA, one mbarrier protocol between each pair:
+
+  - load (1 warp): per item K and V once, then per step Q, dO and the step's lse2 and delta through a ring
+    of ``num_buffers_qdo`` slots (``hopper.backward._load_qdo_step``);
+  - MMA (1 warp, the only tcgen05 issuer): per step ``S^T = K Q^T`` and ``dP^T = V dO^T`` into tensor memory,
+    ``dV += P^T dO`` once the compute has stored P^T, and a step late (so that the tensor core runs S^T of
+    step s while the compute works on step s - 1) ``dK += dS^T Q`` and ``dQ = dS K``; every MMA completes on
+    mbarriers, ``tcgen05_commit`` hands K/V back and dK/dV to the epilogue after the item's last MMA;
+  - compute (1 warpgroup, one key row a thread): S^T and dP^T from tensor memory, ``P^T = exp2(S^T * scale *
+    log2 e - lse2)`` and ``dS^T = P^T (dP^T - delta)`` to shared memory (fenced for the async proxy); after
+    the item's last MMA it stores dK (scaled) and dV from tensor memory with a row mask;
+  - dQ (the default partition, 1 warpgroup): each step's dQ from tensor memory, times the scale, in parts of
+    ``dq_columns`` through ``dq_stages`` fp32 shared-memory stages, each part a TMA reduce-add into the
+    accumulator (shaped like q: a broadcast Q sums over the batch there); a stage is refilled once its
+    reduce-add has read it.
+
+* Jagged tails without padding: the TMA boxes may read the next sequence's rows (Q, dO and statistics, K and
+  V) or TMA's zero fill. A masked step zeroes P^T (and so dS^T) for query rows past the sequence and, since
+  dQ sums over the tile's keys, for key rows past it; a key tile whose rows reach past its sequence runs
+  every step masked. Key rows past the sequence are never stored; a dQ box reaching past the sequence
+  adds exact zeros to the next one's rows (or is clipped at the tensor's end).
+
+Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads (dK and dV as fp32 partials per
+query head, summed by the launcher), no sliding window (``supports``: the forward has none either).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from jfa.kernels import alloc
+from jfa.kernels.bands import window_band
+from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.tlx import pipeline
+from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.common.device import bufidx_phase, static_item
+from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
+from jfa.kernels.tlx.hopper.backward import (_aligned_column, _dkdv_item, _load_qdo_step, _send_staged_dq, _stage_dq,
+                                             _step_order)
+from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configs, as data. One row per head dim; the same row serves bf16 and fp16.
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlackwellDkDvConfig:
+    block_n: int  # key rows per work item: the tcgen05 M of S^T, dP^T, dK and dV (one TMEM lane per key)
+    block_m: int  # query rows per step: the N of S^T and dP^T, the K of dK and dV, the M of dQ
+    num_buffers_qdo: int  # (Q, dO, lse2, delta) slots of the load ring
+    num_buffers_kv: int  # (K, V) slots: 2 lets the load warp fetch the next item's while this one runs
+    num_buffers_dkdv: int  # dK, dV accumulators in tensor memory: 2 lets the next item's MMAs overlap the epilogue
+    dq_columns: int  # head-dim columns of one dQ reduce-add (a step sends head_dim / dq_columns of them)
+    dq_stages: int  # fp32 shared-memory stages of dq_columns each (> 1: a stage's stores overlap the last send)
+    compute_regs: int  # setmaxnreg of the compute warpgroup (S^T and dP^T: block_m fp32 a thread each)
+    epilogue_slices: int  # column slices the dK/dV epilogue moves out of tensor memory
+    # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0), as the forward's: LLVM hoists the CTA's and
+    # the lanes' indices ahead of every partition's setmaxnreg
+    llvm_o0: bool = True
+
+
+COMPUTE_WARPS = 4  # one warpgroup: 128 threads, one key row each (tcgen05.ld lane = row)
+DQ_WARPS = 4  # the default partition
+_COMPUTE_WARPS = tl.constexpr(COMPUTE_WARPS)
+_SINGLE_WARP = tl.constexpr(1)
+ISSUER_REGS = tl.constexpr(48)  # setmaxnreg of the load and MMA warps (a few scalars)
+
+_CONFIGS: dict[int, BlackwellDkDvConfig] = {
+    # D 64. Tensor memory: S^T, dP^T 2 x 64 columns + 2 x (dK, dV) 2 x 64 + dQ 64 = 448 of 512. Shared memory:
+    # 2 x (K, V) 2 x 16 KB + 2 slots x (Q, dO) 2 x 8 KB + P^T, dS^T 2 x 16 KB + dQ stages 2 x 16 KB = 160 KB
+    # (167168 B as compiled). The compute warpgroup: S^T (then P^T), dP^T, lse2 and delta broadcast over
+    # its rows take 64 fp32 a thread each; at 192 registers it spilled 224 bytes, at 240 none.
+    64: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=2, num_buffers_dkdv=2,
+                            dq_columns=64, dq_stages=2, compute_regs=240, epilogue_slices=2),
+    # D 128. Tensor memory: S^T, dP^T 2 x 64 + dK, dV 2 x 128 + dQ 128 = 512 columns, all of them. Shared
+    # memory: K, V 2 x 32 KB + 2 slots x (Q, dO) 2 x 16 KB + P^T, dS^T 2 x 16 KB + dQ 2 half-width stages of
+    # 16 KB = 192 KB (two full-width stages took it to 232704 B as compiled, past the SM's 232448): a step's dQ
+    # goes out in two halves, one staged while the other is sent.
+    128: BlackwellDkDvConfig(block_n=128, block_m=64, num_buffers_qdo=2, num_buffers_kv=1, num_buffers_dkdv=1,
+                             dq_columns=64, dq_stages=2, compute_regs=240, epilogue_slices=4),
+}
+SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+CAPABILITY = (10, 0)
+
+
+def config_for(head_dim: int) -> BlackwellDkDvConfig:
+    return _CONFIGS[head_dim]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Device code
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
+               BROADCAST_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked,
+    bulk_end, n_steps, n_masked_run) of work item ``item``, computed identically by every partition (they must
+    agree on the number of steps, or the mbarrier phases drift). Step s's query tile is
+    ``_step_order(s, first, n_lead, n_masked, bulk_end)``; the first ``n_masked_run`` steps run masked: the
+    masked ones of that order, or every step where the tile's keys reach past the sequence (dQ sums over
+    them; causal masks exclude them already)."""
+    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, \
+        _lo, _hi = _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, None,
+                              None, CAUSAL, False, BROADCAST_Q, False, BLOCK_N, BLOCK_M)
+    n_steps = num_q_tiles - first
+    n_masked = n_lead + num_q_tiles - bulk_end
+    n_masked_run = n_masked
+    if not CAUSAL:
+        n_masked_run = tl.where(n_start + BLOCK_N > len_k, n_steps, n_masked)
+    return (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked, bulk_end,
+            n_steps, n_masked_run)
+
+
+# ---- load partition ----------------------------------------------------------------------------------
+@triton.jit
+def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles, q_tiles,
+               do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K,
+               STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+               col_stride_do, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+               NUM_BUFFERS_KV: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """Load partition, one work item: K and V into the next (K, V) slot once the MMAs of the item that last
+    used it have all completed, then every step's Q, dO and statistics through the ring. An item without
+    steps loads nothing."""
+    head, q_row0, out_row0, _lq, k_row0, _lk, n_start, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = \
+        _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
+                   BLOCK_N, BLOCK_M)
+    if n_steps > 0:
+        kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        tlx.barrier_wait(kv_empties[kv_buf], kv_phase ^ 1)
+        tlx.barrier_expect_bytes(kv_fulls[kv_buf], 2 * KV_BYTES)
+        # grouped-query attention: the query head's key/value head (its dK, dV are per query head partials)
+        row = k_row0 + n_start
+        tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [row, (head // GROUP) * col_stride_k], kv_fulls[kv_buf])
+        tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [row, (head // GROUP) * col_stride_v], kv_fulls[kv_buf])
+        stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
+        for s in tl.range(0, n_steps):
+            qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
+                                     stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                     col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+        kv_cnt += 1
+    return kv_cnt, qdo_cnt
+
+
+# ---- MMA partition ------------------------------------------------------------------------------------
+@triton.jit
+def _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
+                 dq_empties, buf, cnt, use_acc, FUSED_DQ: tl.constexpr):
+    """dK += dS^T Q of the step ``cnt`` (its Q in ring slot ``buf``) once the compute has stored dS^T, then
+    with the fused dQ ``dQ = dS K`` once the dQ partition has read the previous one. dK, the slot's last
+    reader (dV read its dO before it, in issue order), hands the slot back on completion; the last MMA
+    reading dS^T hands it back."""
+    tlx.barrier_wait(ds_fulls[0], cnt & 1)
+    if FUSED_DQ:
+        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])
+        tlx.barrier_wait(dq_empties[0], (cnt & 1) ^ 1)
+        tlx.async_dot(tlx.local_trans(ds_tiles[0]), k_tile, dq_tiles[0], use_acc=False,
+                      mBarriers=[ds_empties[0], dq_fulls[0]])
+    else:
+        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc,
+                      mBarriers=[qdo_empties[buf], ds_empties[0]])
+
+
+@triton.jit
+def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_tiles, p_tiles, ds_tiles, s_tiles,
+              dp_tiles, dk_tiles, dv_tiles, dq_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, s_fulls, s_empties,
+              dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls, dq_empties, dkdv_fulls,
+              dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
+              BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+              NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr):
+    """MMA partition, one work item. Step s: S^T(s), then dK and dQ of step s - 1, then dP^T(s) and dV(s);
+    after the loop dK and dQ of the last step, then ``tcgen05_commit`` hands dK/dV to the epilogue and K/V
+    back to the load partition. S^T, dP^T, P^T, dS^T and dQ are single-buffered: their phase is the CTA's
+    step count ``step_cnt``; the ring slot follows ``qdo_cnt``; the (K, V) slot and the dK/dV accumulators
+    follow the CTA's count of items with steps, ``kv_cnt``."""
+    _h, _qr, _or, _lq, _kr, _lk, _ns, _cs, _f, _nl, _nm, _be, n_steps, _r = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
+    if n_steps > 0:
+        kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+        acc_buf, acc_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_DKDV)
+        k_tile, v_tile = k_tiles[kv_buf], v_tiles[kv_buf]
+        dk_tile, dv_tile = dk_tiles[acc_buf], dv_tiles[acc_buf]
+        tlx.barrier_wait(kv_fulls[kv_buf], kv_phase)
+        for s in tl.range(0, n_steps):
+            cnt = step_cnt + s
+            buf, phase = bufidx_phase(qdo_cnt + s, NUM_BUFFERS_QDO)
+            tlx.barrier_wait(qdo_fulls[buf], phase)
+            tlx.barrier_wait(s_empties[0], (cnt & 1) ^ 1)
+            tlx.async_dot(k_tile, tlx.local_trans(q_tiles[buf]), s_tiles[0], use_acc=False, mBarriers=[s_fulls[0]])
+            if s > 0:
+                prev, _ = bufidx_phase(qdo_cnt + s - 1, NUM_BUFFERS_QDO)
+                _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties,
+                             dq_fulls, dq_empties, prev, cnt - 1, s > 1, FUSED_DQ)
+            tlx.barrier_wait(dp_empties[0], (cnt & 1) ^ 1)
+            tlx.async_dot(v_tile, tlx.local_trans(do_tiles[buf]), dp_tiles[0], use_acc=False,
+                          mBarriers=[dp_fulls[0]])
+            if s == 0:  # the epilogue has read dK and dV of the item that last used these accumulators
+                tlx.barrier_wait(dkdv_empties[acc_buf], acc_phase ^ 1)
+            tlx.barrier_wait(p_fulls[0], cnt & 1)
+            tlx.async_dot(p_tiles[0], do_tiles[buf], dv_tile, use_acc=s > 0, mBarriers=[p_empties[0]])
+        last, _ = bufidx_phase(qdo_cnt + n_steps - 1, NUM_BUFFERS_QDO)
+        _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
+                     dq_empties, last, step_cnt + n_steps - 1, n_steps > 1, FUSED_DQ)
+        # every MMA of the item is issued: dK, dV final and K, V free once they have completed
+        tlx.tcgen05_commit(dkdv_fulls[acc_buf])
+        tlx.tcgen05_commit(kv_empties[kv_buf])
+        kv_cnt += 1
+    return kv_cnt, qdo_cnt + n_steps, step_cnt + n_steps
+
+
+# ---- compute partition --------------------------------------------------------------------------------
+@triton.jit
+def _compute_step(cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
+                  s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, m_start, offs_n,
+                  len_q, len_k, causal_shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, DTYPE: tl.constexpr):
+    """One step (``cnt``: the CTA's step count; its statistics in ring slot ``qdo_cnt``): P^T from S^T and
+    lse2 to shared memory for dV, then dS^T from dP^T and delta for dK and dQ. MASKED zeroes P^T (and so
+    dS^T) for query rows past the sequence, key rows past it and, if CAUSAL, keys past the diagonal."""
+    buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    tlx.barrier_wait(qdo_fulls[buf], phase)
+    lse2 = tlx.local_load(lse_tiles[buf])  # [1, BLOCK_M]: lse * log2(e), +inf for rows that see no key
+    tlx.barrier_wait(s_fulls[0], cnt & 1)
+    s_t = tlx.local_load(s_tiles[0])  # [BLOCK_N, BLOCK_M]
+    tlx.barrier_arrive(s_empties[0], 1)
+    p_t = tl.math.exp2(s_t * qk_scale - lse2)
+    if MASKED:
+        # the TMA boxes may reach into the next sequence's rows: their P^T (and so dS^T) must be 0
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        visible = (offs_m < len_q)[None, :] & (offs_n < len_k)[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+        p_t = tl.where(visible, p_t, 0.0)
+    tlx.barrier_wait(p_empties[0], (cnt & 1) ^ 1)  # the previous dV has read P^T
+    tlx.local_store(p_tiles[0], p_t.to(DTYPE))
+    tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)
+    tlx.barrier_arrive(p_fulls[0], 1)
+    delta = tlx.local_load(delta_tiles[buf])  # [1, BLOCK_M]
+    tlx.barrier_arrive(qdo_empties[buf], 1)  # the statistics are read (the dK MMA gives the other arrival)
+    tlx.barrier_wait(dp_fulls[0], cnt & 1)
+    dp_t = tlx.local_load(dp_tiles[0])
+    tlx.barrier_arrive(dp_empties[0], 1)
+    ds_t = p_t * (dp_t - delta)
+    if MASKED:  # a foreign row's dP^T need not be finite: select, do not multiply
+        ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
+    tlx.barrier_wait(ds_empties[0], (cnt & 1) ^ 1)  # the previous dK (and dQ) have read dS^T
+    tlx.local_store(ds_tiles[0], ds_t.to(DTYPE))
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(ds_fulls[0], 1)
+    return cnt + 1, qdo_cnt + 1
+
+
+@triton.jit
+def _store_rows(PTR, rows, stride_t, stride_h, head, offs_d, values, row_ok):
+    tl.store(PTR + rows[:, None] * stride_t + head * stride_h + offs_d[None, :], values.to(PTR.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, dk_tiles, dv_tiles,
+                  lse_tiles, delta_tiles, qdo_fulls, qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties, p_fulls,
+                  p_empties, ds_fulls, ds_empties, dkdv_fulls, dkdv_empties, DK, DV, TILES, CU_Q, CU_K, stride_dkt,
+                  stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr,
+                  EPILOGUE_SLICES: tl.constexpr, DTYPE: tl.constexpr):
+    """Compute partition, one work item: the masked steps, the bulk, then the epilogue: dK (times the scale)
+    and dV from tensor memory to memory, rows past the sequence never written; an item without steps stores
+    zeros (its keys are seen by no query)."""
+    head, _qr, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked, bulk_end, n_steps, \
+        n_masked_run = _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL,
+                                  BROADCAST_Q, BLOCK_N, BLOCK_M)
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    row_ok = offs_n < len_k
+    rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
+    if n_steps > 0:
+        for s in tl.range(0, n_masked_run):
+            m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+            step_cnt, qdo_cnt = _compute_step(
+                step_cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties,
+                m_start, offs_n, len_q, len_k, causal_shift, qk_scale, True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+        for s in tl.range(n_masked_run, n_steps):
+            m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+            step_cnt, qdo_cnt = _compute_step(
+                step_cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties,
+                m_start, offs_n, len_q, len_k, causal_shift, qk_scale, False, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO, DTYPE)
+        acc_buf, acc_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_DKDV)
+        tlx.barrier_wait(dkdv_fulls[acc_buf], acc_phase)  # the item's last MMA has completed
+        SLICE: tl.constexpr = HEAD_DIM // EPILOGUE_SLICES
+        for c in tl.static_range(EPILOGUE_SLICES):
+            offs_d = c * SLICE + tl.arange(0, SLICE)
+            dv = tlx.local_load(tlx.subslice(dv_tiles[acc_buf], c * SLICE, SLICE))
+            _store_rows(DV, rows, stride_dvt, stride_dvh, head, offs_d, dv, row_ok)
+            dk = tlx.local_load(tlx.subslice(dk_tiles[acc_buf], c * SLICE, SLICE))
+            _store_rows(DK, rows, stride_dkt, stride_dkh, head, offs_d, dk * sm_scale, row_ok)
+        tlx.barrier_arrive(dkdv_empties[acc_buf], 1)
+        kv_cnt += 1
+    else:
+        cols = tl.arange(0, HEAD_DIM)
+        zeros = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+        _store_rows(DV, rows, stride_dvt, stride_dvh, head, cols, zeros, row_ok)
+        _store_rows(DK, rows, stride_dkt, stride_dkh, head, cols, zeros, row_ok)
+    return kv_cnt, qdo_cnt, step_cnt
+
+
+# ---- dQ partition ---------------------------------------------------------------------------------------
+@triton.jit
+def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES, CU_Q, CU_K, num_slots,
+             num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DQ_COLUMNS: tl.constexpr,
+             DQ_STAGES: tl.constexpr):
+    """dQ partition, one work item: per step, once its dQ MMA has completed, each DQ_COLUMNS-column part of dQ
+    (times the scale) from tensor memory into the next stage (once that stage's last reduce-add has read it),
+    tensor memory handed back after its last part is read, and the stage reduce-added at the step's query
+    rows (``_send_staged_dq``: fence, the warpgroup's barrier, TMA)."""
+    PARTS: tl.constexpr = HEAD_DIM // DQ_COLUMNS
+    head, q_row0, _or, _lq, _kr, _lk, _ns, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
+    for s in tl.range(0, n_steps):
+        cnt = step_cnt + s
+        m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+        tlx.barrier_wait(dq_fulls[0], cnt & 1)
+        for c in tl.static_range(PARTS):
+            dq = tlx.local_load(tlx.subslice(dq_tiles[0], c * DQ_COLUMNS, DQ_COLUMNS))
+            if c == PARTS - 1:
+                tlx.barrier_arrive(dq_empties[0], 1)
+            stage = dq_stages[(cnt * PARTS + c) % DQ_STAGES]
+            tlx.async_descriptor_store_wait(DQ_STAGES - 1)  # this stage's last reduce-add has read it
+            _stage_dq(stage, dq, sm_scale, False)
+            _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + c * DQ_COLUMNS)
+    return step_cnt + n_steps
+
+
+# per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
+@triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
+def jagged_dkdv_blackwell_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do,
+    num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+    FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+    NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr, DQ_COLUMNS: tl.constexpr, DQ_STAGES: tl.constexpr,
+    COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
+):
+    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
+    QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
+
+    # shared memory: K, V of the item; the (Q, dO, lse2, delta) ring; P^T and dS^T (16-bit MMA operands);
+    # the dQ stages
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
+    do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
+    lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
+    delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
+    p_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), DTYPE, 1)
+    ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), DTYPE, 1)
+    if FUSED_DQ:
+        dq_stages = tlx.local_alloc((BLOCK_M, DQ_COLUMNS), tl.float32, DQ_STAGES)
+    else:
+        dq_stages = None
+    # tensor memory: S^T, dP^T per step, dK and dV per item, dQ per step
+    s_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), tl.float32, 1, tlx.storage_kind.tmem)
+    dp_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), tl.float32, 1, tlx.storage_kind.tmem)
+    dk_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, NUM_BUFFERS_DKDV, tlx.storage_kind.tmem)
+    dv_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float32, NUM_BUFFERS_DKDV, tlx.storage_kind.tmem)
+    if FUSED_DQ:
+        dq_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, 1, tlx.storage_kind.tmem)
+    else:
+        dq_tiles = None
+
+    kv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # TMA bytes of K and V
+    kv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)  # commit after the item's last MMA
+    qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)  # TMA bytes
+    # the step's dK MMA (the slot's last tensor-core reader) and the compute (done with the statistics)
+    qdo_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=2)
+    s_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # S^T MMA completed
+    s_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute has read S^T
+    dp_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dP^T MMA completed
+    dp_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute has read dP^T
+    p_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute stored P^T (fenced)
+    p_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dV MMA completed
+    ds_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute stored dS^T (fenced)
+    ds_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dS^T's last MMA (dQ, or dK) completed
+    dq_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dQ MMA completed
+    dq_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # the dQ partition has read dQ
+    dkdv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # commit after the last MMA
+    dkdv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # the epilogue read dK, dV
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- dQ: tensor memory -> TMA reduce-add
+        with tlx.async_task("default"):
+            if FUSED_DQ:
+                step_cnt = 0
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        step_cnt = _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES,
+                                            CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL,
+                                            BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, DQ_COLUMNS, DQ_STAGES)
+                tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
+
+        # ---------------------------------------------------------------- compute: P^T, dS^T, dK/dV epilogue
+        with tlx.async_task(num_warps=_COMPUTE_WARPS, registers=COMPUTE_REGS):
+            qk_scale = sm_scale * 1.4426950408889634  # log2(e): the statistics are in base 2
+            kv_cnt = 0
+            qdo_cnt = 0
+            step_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    kv_cnt, qdo_cnt, step_cnt = _compute_item(
+                        item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, dk_tiles, dv_tiles,
+                        lse_tiles, delta_tiles, qdo_fulls, qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties,
+                        p_fulls, p_empties, ds_fulls, ds_empties, dkdv_fulls, dkdv_empties, DK, DV, TILES, CU_Q, CU_K,
+                        stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast,
+                        sm_scale, qk_scale, CAUSAL, BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        NUM_BUFFERS_DKDV, EPILOGUE_SLICES, DTYPE)
+
+        # ---------------------------------------------------------------- MMA issuer
+        with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
+            kv_cnt = 0
+            qdo_cnt = 0
+            step_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    kv_cnt, qdo_cnt, step_cnt = _mma_item(
+                        item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_tiles, p_tiles, ds_tiles,
+                        s_tiles, dp_tiles, dk_tiles, dv_tiles, dq_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties,
+                        s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls,
+                        dq_empties, dkdv_fulls, dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
+                        len_q_bcast, CAUSAL, BROADCAST_Q, FUSED_DQ, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_KV,
+                        NUM_BUFFERS_DKDV)
+
+        # ---------------------------------------------------------------- TMA loads
+        with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
+            kv_cnt = 0
+            qdo_cnt = 0
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                if item < num_items:
+                    kv_cnt, qdo_cnt = _load_item(
+                        item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles, q_tiles,
+                        do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q,
+                        CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
+                        col_stride_v, col_stride_do, CAUSAL, GROUP, BROADCAST_Q, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                        NUM_BUFFERS_KV, KV_BYTES, QDO_BYTES)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------
+def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optional[torch.Tensor] = None,
+             v: Optional[torch.Tensor] = None) -> tuple[bool, str]:
+    """Whether the Blackwell dK/dV kernel can take these tensors (dtype, head dim, an sm_100 launch target,
+    TMA layout), and why not. Read at call time only."""
+    return check_inputs({"q": q, "k": k, "v": v, "grad of out": dout}, dtype=q.dtype, head_dim=q.shape[-1],
+                        head_dims=SUPPORTED_HEAD_DIMS, capability=CAPABILITY)
+
+
+def _constexprs(cfg: BlackwellDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
+                group: int = 1) -> dict:
+    """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
+    return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
+                BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
+                NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv,
+                DQ_COLUMNS=cfg.dq_columns, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs,
+                EPILOGUE_SLICES=cfg.epilogue_slices)
+
+
+def _launch_options() -> dict:
+    # num_warps: the default (dQ) partition; the others add 4 + 1 + 1 warps (10 in all). num_stages=1: the
+    # pipelining is explicit (mbarrier rings), Triton's own pipeliner stays off.
+    return dict(num_warps=DQ_WARPS, num_stages=1)
+
+
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = True,
+                 group: int = 1):
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one config
+    (the compile gate); with ``group`` > 1 dK and dV are the fp32 partials per query head. Without the fused
+    dQ the launcher passes desc_q in desc_dq's place (never read)."""
+    cfg = config_for(head_dim)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq, group=group)
+    grad = "fp32" if group > 1 else dtype
+    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+    types.update(desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
+                 desc_dq=f"tensordesc<fp32[{cfg.block_m}, {constants['DQ_COLUMNS']}]>" if fused_dq else
+                 f"tensordesc<{dtype}[{cfg.block_m}, {head_dim}]>",
+                 DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", STATS_CU="*i64", TILES="*i32",
+                 sm_scale="fp32")
+    signature, attrs = offline_signature(jagged_dkdv_blackwell_kernel, constants, types)
+    return jagged_dkdv_blackwell_kernel, signature, constants, attrs, _launch_options()
+
+
+def _dq_descriptor(dq_accum: torch.Tensor, cfg: BlackwellDkDvConfig):
+    """A TMA descriptor over the accumulator as [T, H * D] whose box is one reduce-add: ``block_m`` rows and
+    ``dq_columns`` columns (head h starts at column h * D: it is contiguous, like q)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    desc, _ = descriptor(dq_accum, cfg.block_m)
+    return TensorDescriptor(desc.base, shape=desc.shape, strides=desc.strides,
+                            block_shape=[cfg.block_m, cfg.dq_columns])
+
+
+def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, cu_k, tiles, *, causal: bool,
+                     softmax_scale: float, broadcast_q: bool, num_seqs: int,
+                     len_q_bcast: int) -> tuple[tuple, dict, int]:
+    """(positional args, keyword args, number of work items) of one launch; ``dq_accum``: the fp32
+    accumulator shaped like q (contiguous), or None for a build without the fused dQ; ``dk``, ``dv``: what
+    the kernel writes (fp32 partials per query head with grouped key/value heads). Touches no GPU."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfg = config_for(head_dim)
+    desc_q, col_q = descriptor(q, cfg.block_m)
+    desc_do, col_do = descriptor(dout, cfg.block_m)
+    desc_k, col_k = descriptor(k, cfg.block_n)
+    desc_v, col_v = descriptor(v, cfg.block_n)
+    # (the kernel places head h of the accumulator at column h * D: it is contiguous, like q)
+    desc_dq = desc_q if dq_accum is None else _dq_descriptor(dq_accum, cfg)
+    num_items = tiles.num_slots * num_heads
+    cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
+    args = (desc_q, desc_k, desc_v, desc_do, stats_descriptor(stats, cfg.block_m), desc_dq, dk, dv, cu_q, cu_k,
+            stats_cu, tiles.tiles, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v,
+            col_do, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
+                            group=num_heads // k.shape[1])
+    return args, {**constants, **_launch_options()}, num_items
+
+
+def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
+                          broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum=None, outputs=None,
+                          window=(-1, -1)) -> None:
+    """Write dK and dV (``dk``, ``dv``: like k, v); the signature of ``hopper.backward.jagged_dkdv_tlx`` (the
+    portable backward's ``dkdv`` hook). ``delta``: rowsum(dO * O) - dlse per output row and head, or None with
+    ``outputs=(out, dout, dlse or None)`` to compute it in the statistics' pass. ``dq_accum``: a zeroed fp32
+    tensor shaped like q (contiguous) into which the kernel reduce-adds every step's dQ (the order of the
+    additions varies from run to run), or None. Raises ValueError when ``supports`` says no or for a sliding
+    window."""
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    ok, reason = supports(q, dout, k=k, v=v)
+    if not ok:
+        raise ValueError(f"jagged_dkdv_blackwell: {reason}")
+    causal, banded, _lo, _hi = window_band(causal, tuple(window))
+    if banded:
+        raise ValueError(f"jagged_dkdv_blackwell: window_size {tuple(window)} (no sliding-window build)")
+    if dq_accum is not None and (dq_accum.shape != q.shape or dq_accum.dtype != torch.float32
+                                 or not dq_accum.is_contiguous()):
+        raise ValueError("jagged_dkdv_blackwell: dq_accum must be a contiguous float32 tensor shaped like q")
+    if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
+        dk.zero_()  # no query or no key anywhere: zero gradients (and TMA cannot describe an empty tensor)
+        dv.zero_()
+        return
+    cfg = config_for(head_dim)
+    tiles = build_tile_list(cu_k, k.shape[0], cfg.block_n, work_offsets=None if broadcast_q else out_cu)
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs)
+    group = num_heads // k.shape[1]
+    dk_out, dv_out = dk, dv
+    if group > 1:  # per query head partials (every row of every head written: no zeroing), summed below
+        dk = alloc.empty((k.shape[0], num_heads, head_dim), torch.float32, k.device)
+        dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
+    args, kwargs, num_items = kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, cu_k, tiles,
+                                               causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    with pipeline.build_llvm_o0(jagged_dkdv_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_dkdv_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+    if group > 1:
+        rows, kv_heads = k.shape[0], k.shape[1]
+        dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
+        dv_out.copy_(dv.view(rows, kv_heads, group, head_dim).sum(dim=2))
+
+
+def jagged_backward_blackwell(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
+                              broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
+                              window=(-1, -1)):
+    """The Blackwell backward (the contract of ``jfa.kernels.triton.backward.jagged_backward``): the row
+    statistics' pre-pass, then this kernel for dK and dV with dQ reduce-added by the same kernel, or with
+    ``deterministic`` the portable dQ pass (each row written once in a fixed order: bitwise reproducible).
+    Returns (dq, dk, dv) in the inputs' dtypes; dq sums over the batch for a broadcast Q."""
+    from jfa.kernels.triton import backward as portable
+
+    if deterministic:
+        return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
+                                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
+                                        len_q_bcast=len_q_bcast, dlse=dlse, window=window,
+                                        dkdv=jagged_dkdv_blackwell)
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    dk = alloc.empty(k.shape, k.dtype, k.device)
+    dv = alloc.empty(v.shape, v.dtype, v.device)
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
+    jagged_dkdv_blackwell(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
+                          broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
+                          outputs=(out, dout, dlse), window=window)
+    return dq_accum.to(q.dtype), dk, dv

@@ -108,7 +108,7 @@ def _portable_backward_launcher(q, k, v, dout):
     return "triton", launcher("jfa.kernels.triton.backward", "jagged_backward"), dout
 
 
-# the TLX backward after each TLX forward: (module, launcher, its ``supports``)
+# the TLX backward after each TLX forward: (its module, its launcher); the module has its ``supports``
 _TLX_BACKWARDS = {"tlx": ("jfa.kernels.tlx.hopper.backward", "jagged_backward_tlx"),
                   "tlx_blackwell": ("jfa.kernels.tlx.blackwell.backward", "jagged_backward_blackwell")}
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,21 +55,25 @@ def _run_suite(device: str, out_dir: Path, workers: str) -> tuple[int, Path, flo
 PYTEST_NO_TESTS = 5  # pytest's exit code when it collected nothing
 
 
+_KILL_TEST = re.compile(r"(test_(?:catalog|fuzzer|simulator|mx_fuzzer)_kills)(?:_\w+)?\[(.+)\]")
+
+
 def _mutation_rows(device: str, junit: Path) -> list:
     """Per mutant: whether the catalogue and the ci fuzzer killed it, with examples and seconds to kill."""
     kills: dict[str, dict] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
-        name = tc.get("name", "")
-        for kind in ("test_catalog_kills", "test_fuzzer_kills", "test_simulator_kills", "test_mx_fuzzer_kills"):
-            if not name.startswith(kind + "["):
-                continue
-            props = {p.get("name"): p.get("value") for p in tc.iter("property")}
-            failed = tc.find("failure") is not None or tc.find("error") is not None
-            skipped = tc.find("skipped") is not None
-            cell = "skipped" if skipped else ("SURVIVED" if failed else
-                                              f"{props.get('examples_to_kill', '?')} ex / {props.get('seconds_to_kill', '?')} s")
-            column = "test_fuzzer_kills" if kind == "test_mx_fuzzer_kills" else kind  # the MX fuzzer is a fuzzer
-            kills.setdefault(name[len(kind) + 1:-1], {})[column] = cell
+        # test_<how>_kills[mutant], or a family of them (test_simulator_kills_blackwell_mutants[mutant])
+        match = _KILL_TEST.fullmatch(tc.get("name", ""))
+        if match is None:
+            continue
+        kind, mutant = match.groups()
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        failed = tc.find("failure") is not None or tc.find("error") is not None
+        skipped = tc.find("skipped") is not None
+        cell = "skipped" if skipped else ("SURVIVED" if failed else
+                                          f"{props.get('examples_to_kill', '?')} ex / {props.get('seconds_to_kill', '?')} s")
+        column = "test_fuzzer_kills" if kind == "test_mx_fuzzer_kills" else kind  # the MX fuzzer is a fuzzer
+        kills.setdefault(mutant, {})[column] = cell
     return [[device, m, k.get("test_catalog_kills", "-"), k.get("test_fuzzer_kills", "-"), k.get("test_simulator_kills", "-")]
             for m, k in sorted(kills.items())]
 

@@ -12,7 +12,6 @@ so CTAs walk several work items and the rings wrap. The deterministic schedule f
 subset."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import triton
@@ -22,39 +21,14 @@ sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU 
 import jfa
 import jfa.mx as jmx
 from jfa.api import recording_dispatch, which_kernels
-from jfa.fuzz.mx import DTYPE_NAMES, MXCase, make_mx_inputs
-from jfa.kernels import alloc
+from jfa.fuzz.mx import MXCase, blackwell_forward_failure, blackwell_mx_cases, make_mx_inputs
 from jfa.kernels.tlx.blackwell import forward as bw
 from jfa.kernels.triton.mx_attention import _ldexp, quantized_weights
-from jfa.oracle import mx_attention as oracle
-from jfa.oracle import mx_bounds
 
 KERNEL = "jagged_fwd_blackwell_kernel"
 SM_COUNT = 2
 SEEDS = (1, 2, 3)
-
-
-def _case(name, lq, lk, **kw):
-    return pytest.param(MXCase(tuple(lq), tuple(lk), **kw), id=name)
-
-
-CASES = [
-    _case("peaked-ragged-empty-D64-floor-fp32", (70, 0, 33), (90, 5, 64), family="peaked", dtype="fp32"),
-    _case("outliers-causal-lq-gt-lk-D64-rceil-bf16", (100, 7, 45), (60, 0, 130), family="outliers", causal=True,
-          rule="rceil", dtype="bf16", seed=1),
-    _case("blockscale-causal-lq-lt-lk-D128-floor-fp32", (33, 64), (64, 300), family="blockscale", head_dim=128,
-          causal=True, dtype="fp32", seed=2),
-    _case("blockscale-bcastq-causal-D64-rceil-fp16", (45,), (70, 100, 0), family="blockscale", broadcast_q=True,
-          causal=True, rule="rceil", dtype="fp16", seed=3),
-    _case("sink-gqa4-D128-floor-fp32", (70, 40), (50, 130), heads=4, kv_heads=1, head_dim=128, family="sink",
-          dtype="fp32", seed=4),
-    _case("gaussian-one-token-and-empty-D64-rceil-fp32", (1, 0, 1, 5), (1, 3, 0, 1), family="gaussian",
-          rule="rceil", dtype="fp32", seed=5),
-    _case("midpoints-many-items-causal-D64-floor-fp32", (300, 1, 257), (200, 1, 400), heads=1, kv_heads=1,
-          family="midpoints", causal=True, dtype="fp32", seed=6),
-    _case("diffuse-bcastq-D128-rceil-bf16", (20,), (33, 0, 97), family="diffuse", head_dim=128, broadcast_q=True,
-          rule="rceil", dtype="bf16", seed=7),
-]
+CASES = [pytest.param(case, id=name) for name, case in blackwell_mx_cases()]
 SEEDED = [CASES[1], CASES[3], CASES[6]]
 
 
@@ -64,67 +38,18 @@ def cpu_only(device):
         pytest.skip("the simulator runs on the CPU interpreter")
 
 
-def _f64(t: torch.Tensor) -> np.ndarray:
-    return t.detach().double().cpu().numpy()
-
-
-def _quantized(case: MXCase):
-    """(q, k, v as float inputs, the MXTensors the call quantizes, cu_q, cu_k) of ``case``."""
-    q, k, v, _dout, cu_q, cu_k = make_mx_inputs(case)
-    mx = (jmx.quantize(q, "dim", rule=case.rule), jmx.quantize(k, "dim", rule=case.rule),
-          jmx.quantize(v, "tokens", cu_k, case.rule))
-    return (q, k, v), mx, cu_q, cu_k
-
-
-def _launch(case: MXCase, schedule):
-    """(inputs, out, lse) of the Blackwell MX forward on the simulator, outputs NaN-poisoned; asserts the Blackwell
-    kernel ran there and the simulator reported nothing."""
-    x, (qm, km, vm), cu_q, cu_k = _quantized(case)
-    scale = case.head_dim ** -0.5
-    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT, schedule=schedule) as session, alloc.poisoned_outputs():
-        out, lse = bw.mx_forward_blackwell(qm, km, vm, cu_q, cu_k, causal=case.causal, softmax_scale=scale,
-                                           broadcast_q=case.broadcast_q, num_seqs=len(case.lengths_k),
-                                           len_q_bcast=case.lengths_q[0] if case.broadcast_q else 0, rule=case.rule,
-                                           out_dtype=x[0].dtype)
-    assert session.kernels() == [KERNEL], session.kernels()
-    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
-    return x, cu_q, cu_k, out, lse
-
-
-def _meets_bound_a(case: MXCase, schedule) -> None:
-    (q, k, v), cu_q, cu_k, out, lse = _launch(case, schedule)
-    xq, xk, xv = (_f64(t) for t in (q, k, v))
-    cq = None if case.broadcast_q else _f64(cu_q).astype(np.int64)
-    ck = _f64(cu_k).astype(np.int64)
-    kw = dict(rule=case.rule, causal=case.causal, softmax_scale=case.head_dim ** -0.5, broadcast_q=case.broadcast_q)
-    want_out, want_lse = oracle.mx_forward(xq, xk, xv, cq, ck, **kw)
-    tol = mx_bounds.kernel_tolerance(xq, xk, xv, np.zeros(want_out.shape), cq, ck, out_dtype=DTYPE_NAMES[case.dtype],
-                                     backward=False, **kw)
-    got_out, got_lse = _f64(out), _f64(lse)
-    assert out.dtype == q.dtype and lse.dtype == torch.float32
-    assert got_out.shape == want_out.shape and got_lse.shape == want_lse.shape
-    assert np.isfinite(got_out).all(), f"out: {int((~np.isfinite(got_out)).sum())} entries not finite (unwritten?)"
-    err = np.abs(got_out - want_out)
-    bad = np.argwhere(err > tol["out"])
-    assert bad.size == 0, (f"out: {len(bad)} entries over bound (a), worst "
-                           f"{float((err / np.maximum(tol['out'], 1e-300)).max()):.3g}x, first at {bad[:3].tolist()}")
-    finite = np.isfinite(want_lse)
-    assert np.array_equal(np.isfinite(got_lse), finite), "lse: finite where the oracle's is -inf, or the reverse"
-    assert (got_lse[~finite] == -np.inf).all(), "lse: rows that see no key must be -inf"
-    lse_err = np.abs(np.where(finite, got_lse - np.where(finite, want_lse, 0.0), 0.0))
-    assert (lse_err <= tol["lse"]).all(), f"lse: error {float(lse_err.max()):.3g} over bound (a)"
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_mx_forward_meets_bound_a(case):
-    _meets_bound_a(case, sim.Schedule.deterministic())
+    failure = blackwell_forward_failure(case, sim.Schedule.deterministic(), sm_count=SM_COUNT)
+    assert failure is None, failure
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("case", SEEDED)
 def test_mx_forward_meets_bound_a_under_seeded_schedules(case, seed):
     """Random task switches and completion orders of TMA copies and MMAs."""
-    _meets_bound_a(case, sim.Schedule.seeded(seed))
+    failure = blackwell_forward_failure(case, sim.Schedule.seeded(seed), sm_count=SM_COUNT)
+    assert failure is None, failure
 
 
 # ---- the P quantization step: the elements and scales the PV MMA gets are the portable kernel's P^ ------------
@@ -164,11 +89,18 @@ def test_p_bytes_decode_to_the_portable_kernels_weights(rule):
     assert bool(values[3, 96:128].isnan().all()) and not bool(values[2].isnan().any())
 
 
+def _quantized(case: MXCase):
+    """(the MXTensors a call quantizes from ``case``'s inputs, cu_q, cu_k)."""
+    q, k, v, _dout, cu_q, cu_k = make_mx_inputs(case)
+    return (jmx.quantize(q, "dim", rule=case.rule), jmx.quantize(k, "dim", rule=case.rule),
+            jmx.quantize(v, "tokens", cu_k, case.rule)), cu_q, cu_k
+
+
 # ---- what the build refuses, dispatch --------------------------------------------------------------------------
 def test_mx_forward_refuses_a_window_other_axes_and_other_targets():
     """Refused by name before any launch: a sliding window, operands blocked along other axes, a launch target that
     is not sm_100 (here: Hopper on the simulator)."""
-    _x, (qm, km, vm), cu_q, cu_k = _quantized(MXCase((40,), (40,)))
+    (qm, km, vm), cu_q, cu_k = _quantized(MXCase((40,), (40,)))
     kw = dict(causal=False, softmax_scale=0.1, broadcast_q=False, num_seqs=1)
     with sim.simulated(arch=(10, 0), sm_count=SM_COUNT):
         with pytest.raises(ValueError, match="window_size"):

@@ -179,10 +179,11 @@ def _mx_round(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 @triton.jit
 def weight_blocks(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(q, e, nan, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible), the P quantization step
-    every MX kernel shares: ``m_new`` the integer running maximum ``max(m_i, ceil(max s))``; per 32-key block
-    ``[BLOCK_M, BLOCK_N // 32]`` the E4M3 element values ``q`` (fp32 on the E4M3 grid, ``[.., .., 32]``), the block
-    exponent ``e`` relative to m_new (the weights are ``q 2^e``) and ``nan`` (the block holds a NaN logit). Each
+    """(q, se, shift, nan, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible), the P quantization
+    step every MX kernel shares: ``m_new`` the integer running maximum ``max(m_i, ceil(max s))``; per 32-key block
+    ``[BLOCK_M, BLOCK_N // 32]`` the E4M3 element values ``q`` (fp32 on the E4M3 grid, ``[.., .., 32]``), the block's
+    scale exponent ``se`` and its move ``shift`` to m_new (the weights are ``q 2^(se + shift)``) and ``nan`` (the
+    block holds a NaN logit). Each
     block is quantized from ``2^(s - c)``, c the ceil of its own max, then moved by the exact ``2^(c - m_new)``
     (module docstring)."""
     s3 = tl.reshape(s, [BLOCK_M, BLOCK_N // 32, 32])
@@ -198,7 +199,7 @@ def weight_blocks(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: t
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     # c - m_new <= 0 is an integer (an all-zero block's shift is irrelevant); below -300 the values are 0
     shift = tl.minimum(tl.maximum(c_use - m_use[:, None], -300.0), 0.0).to(tl.int32)
-    return q, se + shift, amax >= 0x7F800000, m_new
+    return q, se, shift, amax >= 0x7F800000, m_new
 
 
 @triton.jit
@@ -206,8 +207,8 @@ def quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
     """(P^, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible): ``m_new`` is the integer
     running maximum ``max(m_i, ceil(max s))`` and P^ the chunk's weights ``(2^(s - M))^(keys)``
     dequantized relative to m_new (``weight_blocks``' values). Shared by the TLX Hopper forward."""
-    q, e, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
-    p = tl.where(nan[:, :, None], float("nan"), _ldexp(q, e[:, :, None]))
+    q, se, shift, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    p = tl.where(nan[:, :, None], float("nan"), _ldexp(q, (se + shift)[:, :, None]))
     return tl.reshape(p, [BLOCK_M, BLOCK_N]), m_new
 
 

@@ -42,6 +42,14 @@ Divergence from the portable kernel, as on Hopper: a key block straddling a sequ
 by V rows of the next sequence, so an inf/NaN there reaches this sequence's output.
 
 Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads; no sliding window (``supports``).
+
+MXFP8 (``MX`` builds, :func:`mx_forward_blackwell`; docs/mxfp8.md section 2, the portable MX kernel's semantics):
+E4M3 Q, K, V by TMA and both products on the block-scaled tcgen05 MMA, Q's and K's E8M0 scales along D, P's and
+V's along keys. The softmax quantizes P with the step every MX kernel shares (``weight_blocks``: an integer running
+maximum, power-of-two rescales) and stores its E4M3 elements and scales; the correction warpgroup loads every
+tile's scales (masked to the sequence) beside the load warp's TMA (``_fill_item_scales``). At D 128 the groups take
+turns in one S (``s_buffers``: Triton's scale tiles take tensor memory too). Causal runs, no sliding window
+(``mx_supports``).
 """
 from __future__ import annotations
 
@@ -56,7 +64,7 @@ from jfa.kernels import alloc
 from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
-from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.common import scaled_mma, target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
 from jfa.kernels.triton.mx_attention import _ldexp, pow2_step, visible_keys, weight_blocks
@@ -78,6 +86,7 @@ class BlackwellForwardConfig:
     # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0): LLVM hoists the CTA's and the lanes' indices
     # to the kernel's entry, ahead of every partition's setmaxnreg, and ptxas spills them (12 bytes)
     llvm_o0: bool = True
+    s_buffers: int = 2  # S tiles in tensor memory: one per group, or one both groups take turns in
 
 
 NUM_GROUPS = 2  # softmax warpgroups, one per block_m-row group of a work item
@@ -105,19 +114,22 @@ _CONFIGS: dict[int, BlackwellForwardConfig] = {
 }
 
 # MXFP8 builds (``MX``): E4M3 tiles are half the bytes, so the rings deepen; E8M0 scales live in shared memory
-# beside their tiles (Q, K: [rows, D / 32]; V: [D, block_n / 32]; P: [block_m, block_n / 32]), a few KB. Tensor
-# memory is the bf16 build's (S and O). D 64: Q 2 x 2 x 8 KB + K/V 4 x 8 KB + P 2 x 16 KB = 96 KB; D 128: Q 2 x 2 x
+# beside their tiles (Q, K: [rows, D / 32]; V: [D, block_n / 32]; P: [block_m, block_n / 32]), a few KB. D 64: Q 2 x 2 x 8 KB + K/V 4 x 8 KB + P 2 x 16 KB = 96 KB; D 128: Q 2 x 2 x
 # 16 KB + K/V 4 x 16 KB + P 2 x 16 KB = 160 KB.
 _MX_CONFIGS: dict[int, BlackwellForwardConfig] = {
     64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
                                o_slices=2),
+    # D 128: Triton gives each block-scaled MMA's two scale tiles tensor memory of their own (16 tiles, 64 columns)
+    # beside S and O, so the groups take turns in one S: 128 + O 2 x 128 + 64 = 448 of 512 columns
     128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
-                                o_slices=4),
+                                o_slices=4, s_buffers=1),
 }
 MX_RULES = ("floor", "rceil")
 
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
+# the shared layout of an MX build's scale tiles where they are all scaled_mma.SCALE_TILE (tcgen05.cp's)
+_SCALE_LAYOUT = tl.constexpr(scaled_mma.scale_layout() if tlx is not None else None)
 
 
 def config_for(head_dim: int, mx: str = "") -> BlackwellForwardConfig:
@@ -149,16 +161,10 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
 
 # ---- load partition ----------------------------------------------------------------------------------
 @triton.jit
-def _load_tile(desc, tiles, fulls, empties, count, row, col, scale_tiles, scales, NUM_BUFFERS: tl.constexpr,
-               BYTES: tl.constexpr):
-    """TMA of one box into the ring's next slot once the MMA that read its last fill has completed. MX builds
-    (``scale_tiles`` not None) first store the tile's E8M0 ``scales`` beside it, fenced for the tensor core:
-    the full barrier's arrival (expect_bytes) publishes them with the bytes."""
+def _load_tile(desc, tiles, fulls, empties, count, row, col, NUM_BUFFERS: tl.constexpr, BYTES: tl.constexpr):
+    """TMA of one box into the ring's next slot once the MMA that read its last fill has completed."""
     buf, phase = bufidx_phase(count, NUM_BUFFERS)
     tlx.barrier_wait(empties[buf], phase ^ 1)
-    if scale_tiles is not None:
-        tlx.local_store(scale_tiles[buf], scales)
-        tlx.fence_async_shared()
     tlx.barrier_expect_bytes(fulls[buf], BYTES)
     tlx.async_descriptor_load(desc, tiles[buf], [row, col], fulls[buf])
     return count + 1
@@ -189,117 +195,114 @@ def _token_scales(SCALES, scale_row0, n_start, len_k, head, num_heads, BLOCK_N: 
 
 @triton.jit
 def _load_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
-               kv_empties, qs_tiles, ks_tiles, vs_tiles, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads,
-               num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL: tl.constexpr,
-               GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-               NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr, MX: tl.constexpr):
-    """Load partition, one work item: both groups' Q, then K(0), V(0), K(1), V(1), ... through the ring. MX
-    builds load each tile's E8M0 scales with plain loads (masked to the sequence: no scale of another
-    sequence is read) and store them beside it (``_load_tile``)."""
-    head, q_row0, _o, len_q, k_row0, len_k, m_start, _cs, n_blocks = _work_item(
+               kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+               col_stride_k, col_stride_v, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+               NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
+    """Load partition, one work item: both groups' Q, then K(0), V(0), K(1), V(1), ... through the ring."""
+    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, n_blocks = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
     if n_blocks > 0:
-        kv_head = head // GROUP  # grouped-query attention: the query head's key/value head
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         for g in tl.static_range(_GROUPS):
-            if MX != "":
-                q_scales = _dim_scales(QS, q_row0 + m_start + g * BLOCK_M, len_q - m_start - g * BLOCK_M, head,
-                                       num_heads, BLOCK_M, HEAD_DIM)
             tlx.barrier_wait(q_empties[g * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
-            if MX != "":
-                tlx.local_store(qs_tiles[g * NUM_BUFFERS_Q + q_buf], q_scales)
-                tlx.fence_async_shared()
             tlx.barrier_expect_bytes(q_fulls[g * NUM_BUFFERS_Q + q_buf], Q_BYTES)
             tlx.async_descriptor_load(desc_q, q_tiles[g * NUM_BUFFERS_Q + q_buf],
                                       [q_row0 + m_start + g * BLOCK_M, head * col_stride_q],
                                       q_fulls[g * NUM_BUFFERS_Q + q_buf])
-        k_col = kv_head * col_stride_k
-        v_col = kv_head * col_stride_v
-        if MX != "":
-            scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
+        k_col = (head // GROUP) * col_stride_k  # grouped-query attention: the query head's key/value head
+        v_col = (head // GROUP) * col_stride_v
         for j in tl.range(0, n_blocks):
-            if MX != "":
-                k_scales = _dim_scales(KS, k_row0 + j * BLOCK_N, len_k - j * BLOCK_N, kv_head, num_heads // GROUP,
-                                       BLOCK_N, HEAD_DIM)
-                v_scales = _token_scales(VS, scale_row0, j * BLOCK_N, len_k, kv_head, num_heads // GROUP, BLOCK_N,
-                                         HEAD_DIM)
-            else:
-                k_scales = None
-                v_scales = None
-            kv_cnt = _load_tile(desc_k, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, k_col, ks_tiles,
-                                k_scales, NUM_BUFFERS_KV, KV_BYTES)
-            kv_cnt = _load_tile(desc_v, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, v_col, vs_tiles,
-                                v_scales, NUM_BUFFERS_KV, KV_BYTES)
+            kv_cnt = _load_tile(desc_k, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, k_col,
+                                NUM_BUFFERS_KV, KV_BYTES)
+            kv_cnt = _load_tile(desc_v, kv_tiles, kv_fulls, kv_empties, kv_cnt, k_row0 + j * BLOCK_N, v_col,
+                                NUM_BUFFERS_KV, KV_BYTES)
         q_cnt += 1
     return q_cnt, kv_cnt
 
 
 # ---- MMA partition ------------------------------------------------------------------------------------
 @triton.jit
-def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles, q_buf, k_use,
-              s_cnt, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
+def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles, kvs_fulls,
+              q_buf, k_use, s_cnt, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr,
+              S_BUFFERS: tl.constexpr):
     """S_g = Q_g K^T for both groups, K the ring's ``k_use``-th fill. Each waits until its softmax has read
-    the previous S_g; it completes on s_fulls[g], the last one also on the K slot's empty barrier. MX builds
-    issue the block-scaled MMA: E4M3 Q and K with their E8M0 scales along D (Q's per row, K's per key)."""
+    the previous S_g; it completes on s_fulls[g], the last one also on the K slot's empty barrier (MX builds:
+    ``_qk_scaled``, once K's scales are in the slot too). With one S (S_BUFFERS 1) QK^T of group g waits instead
+    for the softmax that read S last: the previous group's this round, the last group's the round before."""
     k_buf, k_phase = bufidx_phase(k_use, NUM_BUFFERS_KV)
     tlx.barrier_wait(kv_fulls[k_buf], k_phase)
+    if MX != "":
+        tlx.barrier_wait(kvs_fulls[k_buf], k_phase)
     k_t = tlx.local_trans(kv_tiles[k_buf])
     s_phase = s_cnt & 1
     for g in tl.static_range(_GROUPS):
-        tlx.barrier_wait(s_empties[g], s_phase ^ 1)
-        q = q_tiles[g * NUM_BUFFERS_Q + q_buf]
-        if MX != "":
-            if g == _GROUPS - 1:
-                tlx.async_dot_scaled(q, k_t, s_tiles[g], qs_tiles[g * NUM_BUFFERS_Q + q_buf], "e4m3",
-                                     ks_tiles[k_buf], "e4m3", use_acc=False,
-                                     mBarriers=[s_fulls[g], kv_empties[k_buf]])
+        if S_BUFFERS == 1:
+            if g == 0:
+                tlx.barrier_wait(s_empties[_GROUPS - 1], s_phase ^ 1)
             else:
-                tlx.async_dot_scaled(q, k_t, s_tiles[g], qs_tiles[g * NUM_BUFFERS_Q + q_buf], "e4m3",
-                                     ks_tiles[k_buf], "e4m3", use_acc=False, mBarriers=[s_fulls[g]])
+                tlx.barrier_wait(s_empties[g - 1], s_phase)
         else:
-            if g == _GROUPS - 1:
-                tlx.async_dot(q, k_t, s_tiles[g], use_acc=False, mBarriers=[s_fulls[g], kv_empties[k_buf]])
-            else:
-                tlx.async_dot(q, k_t, s_tiles[g], use_acc=False, mBarriers=[s_fulls[g]])
+            tlx.barrier_wait(s_empties[g], s_phase ^ 1)
+        if MX != "":
+            _qk_scaled(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g % S_BUFFERS],
+                       qs_tiles[g * NUM_BUFFERS_Q + q_buf],
+                       ks_tiles[k_buf], s_fulls[g], kv_empties[k_buf], g == _GROUPS - 1)
+        elif g == _GROUPS - 1:
+            tlx.async_dot(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g], use_acc=False,
+                          mBarriers=[s_fulls[g], kv_empties[k_buf]])
+        else:
+            tlx.async_dot(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g], use_acc=False,
+                          mBarriers=[s_fulls[g]])
     return s_cnt + 1
 
 
 @triton.jit
+def _qk_scaled(q, k_t, s, q_scales, k_scales, s_full, k_empty, LAST: tl.constexpr):
+    """S = Q K^T as a block-scaled MMA (MX builds): E4M3 Q and K with their E8M0 scales along D (Q's per row, K's
+    per key); completes on ``s_full``, the LAST group's also on the K slot's ``k_empty``."""
+    if LAST:
+        tlx.async_dot_scaled(q, k_t, s, q_scales, "e4m3", k_scales, "e4m3", use_acc=False, mBarriers=[s_full, k_empty])
+    else:
+        tlx.async_dot_scaled(q, k_t, s, q_scales, "e4m3", k_scales, "e4m3", use_acc=False, mBarriers=[s_full])
+
+
+@triton.jit
 def _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, ps_tiles, vs_tiles,
-              v_use, pv_cnt, use_acc, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
+              kvs_fulls, v_use, pv_cnt, use_acc, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
     """O_g (+)= P_g V for both groups, V the ring's ``v_use``-th fill, once the softmax has stored P_g and
     the correction has handed O_g back. Each completes on pv_dones[g], the last one also on the V slot's
-    empty barrier. MX builds issue the block-scaled MMA: E4M3 P and V with their E8M0 scales along keys
-    (P's per row and 32-key block, V's per column d and 32-key block)."""
+    empty barrier. MX builds issue the block-scaled MMA, once V's scales are in the slot too: E4M3 P and V with
+    their E8M0 scales along keys (P's per row and 32-key block, V's per column d and 32-key block)."""
     v_buf, v_phase = bufidx_phase(v_use, NUM_BUFFERS_KV)
     tlx.barrier_wait(kv_fulls[v_buf], v_phase)
+    if MX != "":
+        tlx.barrier_wait(kvs_fulls[v_buf], v_phase)
     pv_phase = pv_cnt & 1
     for g in tl.static_range(_GROUPS):
         tlx.barrier_wait(p_fulls[g], pv_phase)
         tlx.barrier_wait(o_readies[g], pv_phase ^ 1)
-        if MX != "":
+        if MX != "":  # block-scaled: E4M3 P and V with their E8M0 scales along keys
             if g == _GROUPS - 1:
                 tlx.async_dot_scaled(p_tiles[g], kv_tiles[v_buf], o_tiles[g], ps_tiles[g], "e4m3", vs_tiles[v_buf],
                                      "e4m3", use_acc=use_acc, mBarriers=[pv_dones[g], kv_empties[v_buf]])
             else:
                 tlx.async_dot_scaled(p_tiles[g], kv_tiles[v_buf], o_tiles[g], ps_tiles[g], "e4m3", vs_tiles[v_buf],
                                      "e4m3", use_acc=use_acc, mBarriers=[pv_dones[g]])
+        elif g == _GROUPS - 1:
+            tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc,
+                          mBarriers=[pv_dones[g], kv_empties[v_buf]])
         else:
-            if g == _GROUPS - 1:
-                tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc,
-                              mBarriers=[pv_dones[g], kv_empties[v_buf]])
-            else:
-                tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc, mBarriers=[pv_dones[g]])
+            tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc, mBarriers=[pv_dones[g]])
     return pv_cnt + 1
 
 
 @triton.jit
 def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls, q_empties,
               kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles, ks_tiles, vs_tiles,
-              ps_tiles, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
-              BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-              NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
+              ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """MMA partition, one work item: QK^T(0), then per block j >= 1 QK^T(j) before PV(j - 1) (the tensor core
     computes S(j) while the softmax turns S(j - 1) into P), then PV of the last block. K(j) is the ring's
     fill kv_cnt + 2 j and V(j) the next one, in the load partition's order."""
@@ -309,18 +312,20 @@ def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         for g in tl.static_range(_GROUPS):
             tlx.barrier_wait(q_fulls[g * NUM_BUFFERS_Q + q_buf], q_phase)
+            if MX != "":
+                tlx.barrier_wait(qs_fulls[g * NUM_BUFFERS_Q + q_buf], q_phase)
         s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles,
-                          q_buf, kv_cnt, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
+                          kvs_fulls, q_buf, kv_cnt, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX, S_BUFFERS)
         for j in tl.range(1, n_blocks):
             s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles,
-                              q_buf, kv_cnt + 2 * j, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
+                              kvs_fulls, q_buf, kv_cnt + 2 * j, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX, S_BUFFERS)
             pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies,
-                               ps_tiles, vs_tiles, kv_cnt + 2 * j - 1, pv_cnt, j > 1, NUM_BUFFERS_KV, MX)
+                               ps_tiles, vs_tiles, kvs_fulls, kv_cnt + 2 * j - 1, pv_cnt, j > 1, NUM_BUFFERS_KV, MX)
         # every QK^T of the item is issued: Q goes back to the load partition once they have completed
         for g in tl.static_range(_GROUPS):
             tlx.tcgen05_commit(q_empties[g * NUM_BUFFERS_Q + q_buf])
         pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, ps_tiles,
-                           vs_tiles, kv_cnt + 2 * n_blocks - 1, pv_cnt, n_blocks > 1, NUM_BUFFERS_KV, MX)
+                           vs_tiles, kvs_fulls, kv_cnt + 2 * n_blocks - 1, pv_cnt, n_blocks > 1, NUM_BUFFERS_KV, MX)
         kv_cnt += 2 * n_blocks
         q_cnt += 1
     return q_cnt, kv_cnt, s_cnt, pv_cnt
@@ -372,7 +377,8 @@ def _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_sc
     if MASKED:
         s = tl.where(visible_keys(offs_m, n_start + tl.arange(0, BLOCK_N), len_k, causal_shift, 0, 0, CAUSAL, False),
                      s, float("-inf"))
-    q, e, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    q, se, shift, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    e = se + shift  # the block's exponent relative to m_new
     kept = e >= -127
     q = tl.where(kept[:, :, None], q, 0.0)
     block_sums = _ldexp(tl.sum(q, 2), tl.maximum(e, -127))
@@ -397,13 +403,13 @@ def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_ti
                    pv_dones, scale_fulls, scale_empties, n_start, offs_m, len_k, causal_shift, qk_scale,
                    g: tl.constexpr, FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                    SCALE_NONNEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr,
-                   MX: tl.constexpr):
+                   MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """One K/V block of group g: S from tensor memory (handed back at once), the softmax step, the rescale of
     the previous PV to the correction (not for the item's FIRST block), P into shared memory once the
     previous PV has read it (MX builds: P's E4M3 elements and its E8M0 scales). Returns the advanced (m_i, l_i,
     s_cnt, pv_cnt)."""
     tlx.barrier_wait(s_fulls[g], s_cnt & 1)
-    qk = tlx.local_load(s_tiles[g])
+    qk = tlx.local_load(s_tiles[g % S_BUFFERS])
     tlx.barrier_arrive(s_empties[g], 1)
     if MX != "":
         p, p_scales, m_i, l_i, alpha = _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift,
@@ -439,7 +445,7 @@ def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, 
                   pv_dones, scale_fulls, scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
                   len_q_bcast, qk_scale, g: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DTYPE: tl.constexpr, MX: tl.constexpr):
+                  DTYPE: tl.constexpr, MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """Softmax of group g, one work item: the peeled first block, the unmasked bulk, the masked tail, then
     1 / l to the correction and lse (row-masked) to memory."""
     head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
@@ -458,22 +464,22 @@ def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, 
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
                 m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, False, CAUSAL,
-                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX)
+                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         else:
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
                 m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, True, CAUSAL,
-                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX)
+                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         for j in tl.range(1, n_bulk):  # bulk: no mask anywhere
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
                 m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, False,
-                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX)
+                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):  # tail: causal diagonal, partial last block
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
                 m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, True,
-                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX)
+                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         # rows that saw no key have l == 0 exactly: their O is 0 (every P was 0), scaled by 1
         _send_scale(1.0 / tl.where(_seen(l_i, MX), l_i, 1.0), scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
     lse = tl.where(_seen(l_i, MX), (m_i + tl.math.log2(tl.where(_seen(l_i, MX), l_i, 1.0))) * 0.6931471805599453,
@@ -517,19 +523,95 @@ def _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_read
 
 
 @triton.jit
-def _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, OUT, TILES,
-                  CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast,
-                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, O_SLICES: tl.constexpr):
+def _fill_scales(scale_tiles, fulls, empties, count, scales, NUM_BUFFERS: tl.constexpr):
+    """MX builds, correction partition: ``scales`` into the scale slot of the K/V ring's ``count``-th fill once the
+    MMA that read its last fill has completed (the load warp waits for the same phase before its TMA), fenced
+    for the tensor core, then one arrival on the slot's scale barrier (the MMA waits for it beside the bytes')."""
+    buf, phase = bufidx_phase(count, NUM_BUFFERS)
+    tlx.barrier_wait(empties[buf], phase ^ 1)
+    tlx.local_store(scale_tiles[buf], scales)
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(fulls[buf], 1)
+    return count + 1
+
+
+@triton.jit
+def _fill_item_scales(item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties,
+                      QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, j,
+                      CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                      NUM_BUFFERS_KV: tl.constexpr, WHICH: tl.constexpr):
+    """MX builds, correction partition: the E8M0 scales of one fill of work item ``item`` (WHICH "q": both groups'
+    Q; "k" / "v": block j's K or V), loaded with plain loads masked to the sequence (no scale of another sequence
+    is read) and stored beside the tile the load warp brings. The tensor ops of a scale tile need a warpgroup: the
+    load partition is one warp. Returns the advanced (q_cnt, kv_cnt)."""
+    head, q_row0, _o, len_q, k_row0, len_k, m_start, _cs, _nb = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if WHICH == "q":
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        for g in tl.static_range(_GROUPS):
+            scales = _dim_scales(QS, q_row0 + m_start + g * BLOCK_M, len_q - m_start - g * BLOCK_M, head, num_heads,
+                                 BLOCK_M, HEAD_DIM)
+            tlx.barrier_wait(q_empties[g * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+            tlx.local_store(qs_tiles[g * NUM_BUFFERS_Q + q_buf], scales)
+            tlx.fence_async_shared()
+            tlx.barrier_arrive(qs_fulls[g * NUM_BUFFERS_Q + q_buf], 1)
+        q_cnt += 1
+    elif WHICH == "k":
+        scales = _dim_scales(KS, k_row0 + j * BLOCK_N, len_k - j * BLOCK_N, head // GROUP, num_heads // GROUP, BLOCK_N,
+                             HEAD_DIM)
+        kv_cnt = _fill_scales(ks_tiles, kvs_fulls, kv_empties, kv_cnt, scales, NUM_BUFFERS_KV)
+    else:
+        scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
+        scales = _token_scales(VS, scale_row0, j * BLOCK_N, len_k, head // GROUP, num_heads // GROUP, BLOCK_N,
+                               HEAD_DIM)
+        kv_cnt = _fill_scales(vs_tiles, kvs_fulls, kv_empties, kv_cnt, scales, NUM_BUFFERS_KV)
+    return q_cnt, kv_cnt
+
+
+@triton.jit
+def _correct_item(item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies,
+                  OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast,
+                  qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS, VS, VB_OFF,
+                  CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, O_SLICES: tl.constexpr,
+                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
     """Correction, one work item: a rescale after every PV but the last, the epilogue after the last; an
-    item with no K/V block stores zeros (its rows see no key)."""
+    item with no K/V block stores zeros (its rows see no key). MX builds also fill the item's scale slots
+    (``_fill_item_scales``), in the load warp's fill order: Q's, K(0)'s and V(0)'s first, then per block j K(j)'s
+    before the rescale of PV(j - 1) (QK^T(j) precedes PV(j - 1)) and V(j)'s after it (its slot frees when PV(j - 2)
+    or an earlier MMA completes). Returns the advanced (pv_cnt, q_cnt, kv_cnt): q_cnt, kv_cnt count the fills as
+    the load warp does."""
     head, _qr, out_row0, len_q, _kr, _lk, m_start, _cs, n_blocks = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
     if n_blocks > 0:
+        if MX != "":  # Q's, K(0)'s and V(0)'s scales
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "q")
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "k")
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "v")
         for _j in tl.range(1, n_blocks):
+            if MX != "":
+                q_cnt, kv_cnt = _fill_item_scales(
+                    item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                    KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, _j, CAUSAL, GROUP,
+                    BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "k")
             for g in tl.static_range(_GROUPS):
                 _rescale(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, g, HEAD_DIM,
                          O_SLICES)
+            if MX != "":
+                q_cnt, kv_cnt = _fill_item_scales(
+                    item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                    KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, _j, CAUSAL, GROUP,
+                    BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "v")
             pv_cnt += 1
         for g in tl.static_range(_GROUPS):
             _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, OUT, out_row0,
@@ -541,7 +623,7 @@ def _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties
         rows = (out_row0 + offs_m.to(tl.int64))[:, None] * stride_ot + head * stride_oh
         zeros = tl.zeros([TILE_M, HEAD_DIM], dtype=OUT.dtype.element_ty)
         tl.store(OUT + rows + tl.arange(0, HEAD_DIM)[None, :], zeros, mask=(offs_m < len_q)[:, None])
-    return pv_cnt
+    return pv_cnt, q_cnt, kv_cnt
 
 
 # per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
@@ -553,11 +635,14 @@ def jagged_fwd_blackwell_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     SCALE_NONNEG: tl.constexpr, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, SOFTMAX_REGS: tl.constexpr, O_SLICES: tl.constexpr,
+    SCALE_TILES: tl.constexpr, S_BUFFERS: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads bf16/fp16 q, k, v; an MXFP8 build reads E4M3 q, k, v (TMA, as the bf16
     build) and their E8M0 scales QS, KS (D-axis) and VS (token-axis, sequence b's first scale row VB_OFF[b])
     with plain loads, and issues both products as block-scaled tcgen05 MMAs (P quantized by the softmax).
-    A bf16 launch passes the tile list for the four scale pointers (never read)."""
+    SCALE_TILES: every scale tile is a ``scaled_mma.SCALE_TILE``; they then take the layout tcgen05.cp reads
+    (``_SCALE_LAYOUT``), else the default one (the simulator runs either). A bf16 launch passes the tile list for
+    the four scale pointers (never read)."""
     TILE_M: tl.constexpr = _GROUPS * BLOCK_M  # rows of one work item: one BLOCK_M group per softmax warpgroup
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)  # E4M3 in MX builds
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
@@ -571,17 +656,24 @@ def jagged_fwd_blackwell_kernel(
     p_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), DTYPE, _GROUPS)
     scale_tiles = tlx.local_alloc((BLOCK_M,), tl.float32, _GROUPS)
     if MX != "":
-        qs_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM // 32), tl.uint8, _GROUPS * NUM_BUFFERS_Q)
-        ks_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM // 32), tl.uint8, NUM_BUFFERS_KV)
-        vs_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N // 32), tl.uint8, NUM_BUFFERS_KV)
-        ps_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N // 32), tl.uint8, _GROUPS)
+        if SCALE_TILES:
+            qs_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM // 32), tl.uint8, _GROUPS * NUM_BUFFERS_Q,
+                                       layout=_SCALE_LAYOUT)
+            ks_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM // 32), tl.uint8, NUM_BUFFERS_KV, layout=_SCALE_LAYOUT)
+            vs_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N // 32), tl.uint8, NUM_BUFFERS_KV, layout=_SCALE_LAYOUT)
+            ps_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N // 32), tl.uint8, _GROUPS, layout=_SCALE_LAYOUT)
+        else:
+            qs_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM // 32), tl.uint8, _GROUPS * NUM_BUFFERS_Q)
+            ks_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM // 32), tl.uint8, NUM_BUFFERS_KV)
+            vs_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N // 32), tl.uint8, NUM_BUFFERS_KV)
+            ps_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N // 32), tl.uint8, _GROUPS)
     else:
         qs_tiles = None
         ks_tiles = None
         vs_tiles = None
         ps_tiles = None
-    # tensor memory: S and O per group
-    s_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), tl.float32, _GROUPS, tlx.storage_kind.tmem)
+    # tensor memory: S per group (or one both groups take turns in: S_BUFFERS 1) and O per group
+    s_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), tl.float32, S_BUFFERS, tlx.storage_kind.tmem)
     o_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, _GROUPS, tlx.storage_kind.tmem)
 
     q_fulls = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)  # TMA bytes
@@ -595,18 +687,28 @@ def jagged_fwd_blackwell_kernel(
     o_readies = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # correction is done with O
     scale_fulls = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
     scale_empties = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
+    if MX != "":  # the correction has stored a slot's E8M0 scales (the TMA bytes land on q_fulls / kv_fulls)
+        qs_fulls = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)
+        kvs_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    else:
+        qs_fulls = None
+        kvs_fulls = None
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- correction + epilogue
         with tlx.async_task("default"):
             pv_cnt = 0
+            q_cnt = 0  # MX builds: the scale fills, counted as the load warp counts its fills
+            kv_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
                 item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
                 if item < num_items:
-                    pv_cnt = _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
-                                           o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots,
-                                           num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, HEAD_DIM, TILE_M,
-                                           BLOCK_M, BLOCK_N, O_SLICES)
+                    pv_cnt, q_cnt, kv_cnt = _correct_item(
+                        item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                        o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
+                        len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                        VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
 
         # ---------------------------------------------------------------- softmax, one warpgroup per group
         with tlx.async_task(num_warps=_SOFTMAX_WARPS, registers=SOFTMAX_REGS, replicate=_GROUPS):
@@ -621,7 +723,7 @@ def jagged_fwd_blackwell_kernel(
                                                   s_fulls, s_empties, p_fulls, pv_dones, scale_fulls, scale_empties,
                                                   LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
                                                   qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
-                                                  BLOCK_N, DTYPE, MX)
+                                                  BLOCK_N, DTYPE, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -635,8 +737,9 @@ def jagged_fwd_blackwell_kernel(
                     q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
                         item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
                         q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles,
-                        ks_tiles, vs_tiles, ps_tiles, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
-                        CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
+                        ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads,
+                        num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX,
+                        S_BUFFERS)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -647,10 +750,9 @@ def jagged_fwd_blackwell_kernel(
                 if item < num_items:
                     q_cnt, kv_cnt = _load_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
-                        kv_empties, qs_tiles, ks_tiles, vs_tiles, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots,
-                        num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, CAUSAL, GROUP,
-                        BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES,
-                        KV_BYTES, MX)
+                        kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+                        col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -671,9 +773,19 @@ def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[
 def _constexprs(cfg: BlackwellForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool, scale_nonneg: bool,
                 group: int = 1, mx: str = "") -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
-                MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
-                NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices)
+    constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
+                     MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                     NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices,
+                     S_BUFFERS=cfg.s_buffers)
+    constants["SCALE_TILES"] = bool(mx) and mx_scale_tiles(cfg, head_dim) == {scaled_mma.SCALE_TILE}
+    return constants
+
+
+def mx_scale_tiles(cfg: BlackwellForwardConfig, head_dim: int) -> set:
+    """The shapes of an MX build's scale tiles (Q's, K's, V's, P's): sm_100a compiles the build only where they are
+    all ``scaled_mma.SCALE_TILE`` (D 128; at D 64, Q's and K's have 2 columns and V's 64 rows)."""
+    return {(cfg.block_m, head_dim // 32), (cfg.block_n, head_dim // 32), (head_dim, cfg.block_n // 32),
+            (cfg.block_m, cfg.block_n // 32)}
 
 
 def _launch_options() -> dict:

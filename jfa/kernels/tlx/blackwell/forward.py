@@ -129,7 +129,7 @@ MX_RULES = ("floor", "rceil")
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
 # the shared layout of an MX build's scale tiles where they are all scaled_mma.SCALE_TILE (tcgen05.cp's)
-_SCALE_LAYOUT = tl.constexpr(scaled_mma.scale_layout() if tlx is not None else None)
+_SCALE_LAYOUT = tl.constexpr(scaled_mma.scale_layout())
 
 
 def config_for(head_dim: int, mx: str = "") -> BlackwellForwardConfig:

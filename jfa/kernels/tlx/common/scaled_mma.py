@@ -20,9 +20,14 @@ SCALE_TILE = (128, 4)  # rows x E8M0 bytes of one shared-memory scale tile tcgen
 
 def scale_layout():
     """The shared linear layout of a ``SCALE_TILE`` uint8 scale tile (tcgen05.cp ``32x128b.warpx4``): offset bits
-    0-1 are the column, 2-3 the row's 32-row group, 4-8 the row within its group."""
-    import triton.language.extra.tlx as tlx
-
+    0-1 are the column, 2-3 the row's 32-row group, 4-8 the row within its group. None where TLX has no shared
+    linear layouts (or no TLX)."""
+    try:
+        import triton.language.extra.tlx as tlx
+    except ImportError:  # pragma: no cover - depends on the installed Triton
+        return None
+    if not hasattr(tlx, "shared_linear_layout_encoding"):  # pragma: no cover - depends on the installed Triton
+        return None
     rows, cols = SCALE_TILE
     bases = [[0, 1 << i] for i in range(cols.bit_length() - 1)]
     bases += [[32 << i, 0] for i in range((rows // 32).bit_length() - 1)]

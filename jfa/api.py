@@ -16,7 +16,7 @@ import torch
 from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check_block_size, select_kv_blocks,
                               sparse_backend)
 from jfa.dispatch import (KERNEL_NAMES, MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
-                          mx_backend, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
+                          mx_backend, mx_tlx_kernel, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
 __all__ = ["jagged_attention", "block_sparse_attention", "select_kv_blocks", "which_kernels", "KernelChoice",
            "recording_dispatch", "tlx_backward_supports"]
@@ -33,7 +33,7 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
         q, k, v: the tensors a call would get (packed; jagged NestedTensors give their values).
         backend, window_size: as for ``jagged_attention``.
         block_size: the kernels of ``block_sparse_attention(..., block_size=block_size)`` instead.
-        precision: as for ``jagged_attention`` ("mxfp8": the TLX MXFP8 forward on sm_90 or the portable one,
+        precision: as for ``jagged_attention`` ("mxfp8": the TLX MXFP8 forward on sm_90 or sm_100 or the portable one,
             and why; the backward is portable).
 
     Returns:
@@ -52,11 +52,10 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
         if block_size is not None:
             raise ValueError("precision: block-sparse attention has no MXFP8 kernels")
         if mx_backend(backend, q.device) == "tlx":
-            from jfa.kernels.tlx.hopper.forward import mx_supports
-
+            _family, forward, mx_supports = mx_tlx_kernel(q.device)  # the Hopper or the Blackwell (sm_100) build
             ok, reason = mx_supports(q, k, v, check_window(window_size, False))
             if ok:
-                return KernelChoice("tlx-hopper-mxfp8", "triton-mxfp8", "the MXFP8 backward runs the portable "
+                return KernelChoice(forward, "triton-mxfp8", "the MXFP8 backward runs the portable "
                                     "Triton kernels (no TLX MXFP8 backward yet)")
             if backend == "tlx":
                 raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}")

@@ -189,12 +189,30 @@ def mx_backend(backend: str, device: torch.device) -> str:
     return resolved
 
 
-def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
-    """("tlx" or "triton", why not TLX) for an MXFP8 forward on MXTensors q, k, v: as ``tlx_or_portable``
-    (an explicit backend='tlx' the kernel cannot run raises; 'auto' falls back, logging the reason once)."""
+def mx_tlx_kernel(device: torch.device) -> tuple:
+    """(family, kernel name, ``mx_supports``) of the TLX MXFP8 forward for ``device``'s launch target: the
+    Blackwell build ("tlx_blackwell") on sm_100, else the Hopper one ("tlx")."""
+    from jfa.kernels.tlx.common.target import target_for
+    from jfa.mx import BLACKWELL_KERNEL_NAME, TLX_KERNEL_NAME
+
+    launch_target = target_for(device)
+    if launch_target is not None and launch_target.capability[0] == 10:
+        from jfa.kernels.tlx.blackwell.forward import mx_supports
+
+        return "tlx_blackwell", BLACKWELL_KERNEL_NAME, mx_supports
     from jfa.kernels.tlx.hopper.forward import mx_supports
 
-    return tlx_or_fallback(backend, *mx_supports(q, k, v, window), "MXFP8 call")
+    return "tlx", TLX_KERNEL_NAME, mx_supports
+
+
+def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
+    """("tlx" (the Hopper MXFP8 forward), "tlx_blackwell" (the sm_100 one) or "triton", why not TLX) for an
+    MXFP8 forward on MXTensors q, k, v, by the capability of their launch target (``mx_tlx_kernel``): as
+    ``tlx_or_portable`` (an explicit backend='tlx' the kernel cannot run raises; 'auto' falls back, logging the
+    reason once)."""
+    family, _name, mx_supports = mx_tlx_kernel(q.device)
+    resolved, reason = tlx_or_fallback(backend, *mx_supports(q, k, v, window), "MXFP8 call")
+    return (family if resolved == "tlx" else resolved), reason
 
 
 def tlx_target_registered(device: torch.device) -> bool:

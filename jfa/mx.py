@@ -227,6 +227,7 @@ def encode(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor], rule:
 # ----------------------------------------------------------------------------------------------------
 KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the portable MXFP8 kernels
 TLX_KERNEL_NAME = "tlx-hopper-mxfp8"  # the TLX MXFP8 forward (jfa.kernels.tlx.hopper.forward, MX build)
+BLACKWELL_KERNEL_NAME = "tlx-blackwell-mxfp8"  # the sm_100 one (jfa.kernels.tlx.blackwell.forward, MX build)
 
 
 def _launcher(name: str):
@@ -240,11 +241,18 @@ def _forward(q, k, v, cu_q, cu_k, backend: str, **kw):
     "tlx": the call resolved to TLX) allows it and it supports the call, else the portable kernel."""
     from jfa.dispatch import mx_tlx_or_portable, record
 
-    if backend in ("auto", "tlx") and mx_tlx_or_portable(backend, q, k, v, kw["window"])[0] == "tlx":
+    family = mx_tlx_or_portable(backend, q, k, v, kw["window"])[0] if backend in ("auto", "tlx") else "triton"
+    if family == "tlx":
         from jfa.kernels.tlx.hopper.forward import mx_forward_tlx
 
         out, lse = mx_forward_tlx(q, k, v, cu_q, cu_k, **kw)
         record("forward", "tlx", q.device, TLX_KERNEL_NAME)
+        return out, lse
+    if family == "tlx_blackwell":
+        from jfa.kernels.tlx.blackwell.forward import mx_forward_blackwell
+
+        out, lse = mx_forward_blackwell(q, k, v, cu_q, cu_k, **kw)
+        record("forward", "tlx_blackwell", q.device, BLACKWELL_KERNEL_NAME)
         return out, lse
     out, lse = _launcher("mx_forward")(q, k, v, cu_q, cu_k, **kw)
     record("forward", "triton", q.device, KERNEL_NAME)

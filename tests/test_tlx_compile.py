@@ -391,3 +391,55 @@ def test_blackwell_backward_compiles_for_sm100a_as_designed(name, blackwell_resu
     assert details["tma_loads"] > 0 and details["tma_reduce_adds"] > 0 and details["mbarrier_waits"] > 0
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
     assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting, as compiled)
+
+
+# The TLX Blackwell MXFP8 build (E4M3 operands, block-scaled tcgen05 MMAs) for sm_100a: one build in the suite, every
+# compilable one (D 128) in the gate (``jfa compile-check --backend blackwell-mx``).
+BLACKWELL_MX_SUITE = ("blackwell-mx-rceil-bf16-D128-causal-bcastq",)
+
+
+@pytest.fixture(scope="module")
+def blackwell_mx_results(device):
+    if device != "cpu":
+        pytest.skip("the offline compile gate runs in the CPU suite")
+    from jfa.fuzz.compile_gate import run_out_of_process
+
+    return run_out_of_process("blackwell-mx", only=BLACKWELL_MX_SUITE, jobs=1)
+
+
+@pytest.mark.parametrize("name", BLACKWELL_MX_SUITE)
+def test_blackwell_mx_forward_compiles_for_sm100a_as_designed(name, blackwell_mx_results, record_property):
+    """Every MMA block-scaled (kind::mxf8f6f4 .block_scale), the E8M0 scales copied into tensor memory by tcgen05.cp,
+    tensor memory within 512 columns (one S both groups take turns in, beside Triton's scale tiles), shared memory
+    within sm_100's 227 KB, spill no worse than the bf16 build's allowance, the partitions' stated registers, and a
+    launch of ``mx_forward_blackwell`` that binds to this build."""
+    from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
+    from jfa.kernels.tlx.blackwell import forward
+
+    row = blackwell_mx_results[name]
+    details = row["details"]
+    record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
+                                            | {"tmem_columns": details["tmem_columns"]}))
+    assert row["tensor_core_ops"] > 0 and details["block_scaled_mmas"] == row["tensor_core_ops"]
+    assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
+    assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
+    assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    regs = forward.config_for(row["target"]["head_dim"], row["target"]["mx"]).softmax_regs
+    assert details["requested_registers"] == [regs] * forward.NUM_GROUPS + [forward.ISSUER_REGS.value] * 2
+    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    assert row["ok"], "; ".join(row["problems"])  # (also: tcgen05.cp, TMA loads, the launch's LLVM setting)
+
+
+def test_every_compilable_blackwell_mx_build_is_a_gate_target():
+    """The gate holds both rules at every head dim whose scale tiles tcgen05.cp can copy; D 64's cannot (its Q and K
+    scale tiles have 2 columns, V's 64 rows): that build runs on the simulator only."""
+    from jfa.fuzz.compile_gate import blackwell_mx_targets
+    from jfa.kernels.tlx.blackwell import forward
+    from jfa.kernels.tlx.common.scaled_mma import SCALE_TILE
+
+    compilable = {d for d in forward.SUPPORTED_HEAD_DIMS
+                  if forward.mx_scale_tiles(forward.config_for(d, "floor"), d) == {SCALE_TILE}}
+    assert compilable == {128}
+    targets = blackwell_mx_targets()
+    assert {(t.head_dim, t.mx) for t in targets} == {(d, r) for d in compilable for r in forward.MX_RULES}
+    assert set(BLACKWELL_MX_SUITE) <= {t.name for t in targets} and all(t.arch == 100 for t in targets)

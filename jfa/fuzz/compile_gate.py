@@ -216,6 +216,21 @@ def blackwell_backward_targets() -> list:
     return targets
 
 
+def blackwell_mx_targets() -> list:
+    """The TLX Blackwell MXFP8 forward (sm_100a): its D 128 builds (the head dim whose E8M0 scale tiles Triton's
+    tcgen05.cp can copy, ``forward.mx_scale_tiles``) x FLOOR / RCEIL x plain, causal, causal broadcast-Q (bf16 out),
+    and one causal grouped-heads build with fp32 out. The output dtype is ``dtype``; the inputs are E4M3."""
+    targets = []
+    for rule in ("floor", "rceil"):
+        for causal, broadcast_q in ((False, False), (True, False), (True, True)):
+            flags = ("-causal" if causal else "") + ("-bcastq" if broadcast_q else "")
+            targets.append(Target(f"blackwell-mx-{rule}-bf16-D128{flags}", "forward", "bf16", 128, causal, broadcast_q,
+                                  arch=100, backend="tlx", mx=rule))
+    targets.append(Target("blackwell-mx-floor-fp32-D128-causal-gqa4", "forward", "fp32", 128, True, False, arch=100,
+                          backend="tlx", group=4, mx="floor"))
+    return targets
+
+
 def all_targets() -> list:
     return shipped_targets() + tlx_targets() + blackwell_targets()
 
@@ -711,6 +726,34 @@ def _check_blackwell_dkdv(target: Target) -> Result:
     return _finish(result, expected)
 
 
+def blackwell_mx_launch_binding(target: Target) -> dict:
+    """What a launch of the Blackwell MXFP8 forward by its launcher (``mx_forward_blackwell``) would compile, bound
+    on CPU MXTensors shaped like ``_launch_inputs``' tensors (the launch target answering sm_100)."""
+    import torch
+
+    from jfa import knobs
+    from jfa import mx as jmx
+    from jfa.kernels.tlx.blackwell import forward as bw
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+
+    def as_mx(t, axis):
+        rows, heads, dim = t.shape
+        data = torch.zeros(rows, heads, dim, dtype=torch.float8_e4m3fn)
+        if axis == "dim":
+            return jmx.MXTensor(data, torch.zeros(rows, heads, dim // 32, dtype=torch.uint8), axis, target.mx, t.dtype)
+        scales = torch.zeros(jmx.token_scale_rows(rows, cu_k.numel() - 1), heads, dim, dtype=torch.uint8)
+        return jmx.MXTensor(data, scales, axis, target.mx, t.dtype, cu_seqlens=cu_k,
+                            block_offsets=jmx.token_block_offsets(cu_k))
+
+    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        bw.mx_forward_blackwell(as_mx(q, "dim"), as_mx(k, "dim"), as_mx(v, "tokens"),
+                                None if target.broadcast_q else out_cu, cu_k, causal=target.causal,
+                                softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
+                                num_seqs=cu_k.numel() - 1, len_q_bcast=len_q, rule=target.mx, out_dtype=q.dtype)
+    return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
+
+
 def _check_blackwell(target: Target) -> Result:
     """The Blackwell forward for sm_100a: tcgen05 MMAs and commits, TMEM within the SM's 512 columns, shared
     memory within 227 KB, the five partitions with the registers the config states, TMA loads, mbarrier
@@ -720,8 +763,8 @@ def _check_blackwell(target: Target) -> Result:
     from jfa.kernels.tlx.blackwell import forward as bw
 
     spec = bw.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
-                           group=target.group)
-    cfg = bw.config_for(target.head_dim)
+                           group=target.group, mx=target.mx)
+    cfg = bw.config_for(target.head_dim, target.mx)
     compiled, result, expected = _compile_tlx(target, spec, bw.NUM_GROUPS + 2, llvm_o0=cfg.llvm_o0,
                                               consumer_regs=cfg.softmax_regs, spill_allowance=SM100_ENTRY_SPILL_BYTES)
     ptx = compiled.asm["ptx"]
@@ -735,7 +778,12 @@ def _check_blackwell(target: Target) -> Result:
         f"partition registers as stated ({cfg.softmax_regs} softmax, {bw.ISSUER_REGS.value} issuers)":
             result.details["requested_registers"] == [cfg.softmax_regs] * bw.NUM_GROUPS + [bw.ISSUER_REGS.value] * 2,
     })
-    launch = blackwell_launch_binding(target)
+    if target.mx:  # both products on the block-scaled MMA, the scales copied into tensor memory before it
+        result.details["block_scaled_mmas"] = len(re.findall(r"tcgen05\.mma\S*kind::mxf8f6f4\S*block_scale", ptx))
+        expected["block-scaled tcgen05 MMAs (kind::mxf8f6f4 .block_scale)"] = result.details["block_scaled_mmas"] > 0
+        expected["no unscaled tcgen05 MMA"] = result.details["block_scaled_mmas"] == result.tensor_core_ops
+        expected["E8M0 scales copied into tensor memory (tcgen05.cp)"] = re.search(r"tcgen05\.cp\b", ptx) is not None
+    launch = blackwell_mx_launch_binding(target) if target.mx else blackwell_launch_binding(target)
     expected.update(_binds_as_compiled(launch, spec, result))
     o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
     expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
@@ -745,7 +793,7 @@ def _check_blackwell(target: Target) -> Result:
 
 def _targets(backend: str) -> list:
     return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets,
-            "blackwell": blackwell_targets}[backend]()
+            "blackwell": blackwell_targets, "blackwell-mx": blackwell_mx_targets}[backend]()
 
 
 def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None, only: tuple = ()) -> dict:
@@ -790,9 +838,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
-    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell"), default="all",
+    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx"), default="all",
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
-                             "or the TLX Blackwell (sm_100a) kernels'")
+                             "the TLX Blackwell (sm_100a) kernels', or the Blackwell MXFP8 build's (not in 'all')")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)

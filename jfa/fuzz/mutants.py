@@ -354,6 +354,28 @@ BLACKWELL_BACKWARD_MUTANTS: tuple = (
            "no proxy fence"),
 )
 
+# The TLX Blackwell MXFP8 build's own code (scale layouts, P's block exponents), each killed on the simulator by
+# the Blackwell MX catalogue judged by bound (a) (``kill_blackwell_mx_on_simulator``).
+BLACKWELL_MX_MUTANTS: tuple = (
+    Mutant("bw-mx-k-scales-flipped-along-d", TLX_BLACKWELL,
+           "kv_cnt = _fill_scales(ks_tiles, kvs_fulls, kv_empties, kv_cnt, scales, NUM_BUFFERS_KV)",
+           "kv_cnt = _fill_scales(ks_tiles, kvs_fulls, kv_empties, kv_cnt, tl.flip(scales, 1), NUM_BUFFERS_KV)",
+           "K's E8M0 scales laid out against the wrong 32-element blocks of D (the B-operand scale layout of QK^T)"),
+    Mutant("bw-mx-v-scales-off-by-one-block", TLX_BLACKWELL,
+           "    blocks = n_start // 32 + tl.arange(0, BLOCK_N // 32)\n    cols = tl.arange(0, HEAD_DIM)",
+           "    blocks = n_start // 32 + 1 + tl.arange(0, BLOCK_N // 32)\n    cols = tl.arange(0, HEAD_DIM)",
+           "V's token scales taken one 32-key block late: each key block of PV scaled by its neighbour's scale"),
+    Mutant("bw-mx-p-scales-not-moved-to-running-max", TLX_BLACKWELL,
+           "    e = se + shift  # the block's exponent relative to m_new",
+           "    e = se",
+           "P's E8M0 scales relative to each block's own maximum, not moved to the running maximum"),
+    Mutant("bw-mx-qk-ignores-k-scale-barrier", TLX_BLACKWELL,
+           "    if MX != \"\":\n        tlx.barrier_wait(kvs_fulls[k_buf], k_phase)\n",
+           "",
+           "QK^T issued once K's bytes have landed but not its scales: the MMA reads the scale slot while the "
+           "correction partition still writes it (or the previous fill's scales)"),
+)
+
 BY_NAME = {m.name: m for m in MUTANTS}
 assert len(BY_NAME) == len(MUTANTS), "mutant names must be unique"
 
@@ -582,6 +604,33 @@ def kill_blackwell_on_simulator(mutant: Mutant, cases: Iterable, schedules=None,
                 if failed:
                     detail = f"[tlx-blackwell] {case.id}\n  " + "\n  ".join(failed) + \
                         f"\n  (schedule {schedule.describe()})"
+                    return KillResult(True, examples, time.perf_counter() - start, detail)
+    return KillResult(False, examples, time.perf_counter() - start, "")
+
+
+def kill_blackwell_mx_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 2) -> KillResult:
+    """Run the TLX Blackwell MXFP8 forward with ``mutant`` on the simulator over ``cases`` ((name, MXCase) pairs,
+    ``jfa.fuzz.mx.blackwell_mx_cases``), its launcher called directly, under each schedule in turn (default: the
+    deterministic one, then seeds 1, 2, 3), until a case fails bound (a) or the simulator reports a protocol
+    error."""
+    import jfa.sim as sim
+    from jfa.fuzz.mx import blackwell_forward_failure
+
+    schedules = schedules or (sim.Schedule.deterministic(), *(sim.Schedule.seeded(s) for s in (1, 2, 3)))
+    start = time.perf_counter()
+    cases = list(cases)
+    examples = 0
+    with applied(mutant) as fresh:
+        launcher = fresh[TLX_BLACKWELL].mx_forward_blackwell
+        for schedule in schedules:
+            for name, case in cases:
+                examples += 1
+                try:
+                    failure = blackwell_forward_failure(case, schedule, launcher, sm_count)
+                except Exception as exc:  # a protocol error the simulator reports is a detected bug
+                    failure = "raised " + "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                if failure:
+                    detail = f"[tlx-blackwell-mxfp8] {name}\n  {failure}\n  (schedule {schedule.describe()})"
                     return KillResult(True, examples, time.perf_counter() - start, detail)
     return KillResult(False, examples, time.perf_counter() - start, "")
 

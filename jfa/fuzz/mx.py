@@ -443,6 +443,82 @@ def tlx_eligible(case: MXCase) -> bool:
     return case.head_dim in (64, 128) and tuple(case.window) in ((-1, -1), (-1, 0))
 
 
+def blackwell_mx_cases() -> list:
+    """(name, case) of the TLX Blackwell MXFP8 forward's simulator catalogue: every adversarial family on jagged
+    batches (empty and one-token sequences, tails off the 32-key blocks and the 128-key tiles, Lq != Lk causal,
+    broadcast Q, grouped heads, more work items than SMs), head dims 64 and 128, both rules, fp32 outputs (where
+    bound (a) is tight) and bf16/fp16 ones."""
+    c = MXCase
+    return [
+        ("peaked-ragged-empty-D64-floor-fp32", c((70, 0, 33), (90, 5, 64), family="peaked", dtype="fp32")),
+        ("outliers-causal-lq-gt-lk-D64-rceil-bf16", c((100, 7, 45), (60, 0, 130), family="outliers", causal=True,
+                                                      rule="rceil", dtype="bf16", seed=1)),
+        ("blockscale-causal-lq-lt-lk-D128-floor-fp32", c((33, 64), (64, 300), family="blockscale", head_dim=128,
+                                                         causal=True, dtype="fp32", seed=2)),
+        ("blockscale-bcastq-causal-D64-rceil-fp16", c((45,), (70, 100, 0), family="blockscale", broadcast_q=True,
+                                                      causal=True, rule="rceil", dtype="fp16", seed=3)),
+        ("sink-gqa4-D128-floor-fp32", c((70, 40), (50, 130), heads=4, kv_heads=1, head_dim=128, family="sink",
+                                        dtype="fp32", seed=4)),
+        ("gaussian-one-token-and-empty-D64-rceil-fp32", c((1, 0, 1, 5), (1, 3, 0, 1), rule="rceil", dtype="fp32",
+                                                          seed=5)),
+        ("midpoints-many-items-causal-D64-floor-fp32", c((300, 1, 257), (200, 1, 400), heads=1, kv_heads=1,
+                                                         family="midpoints", causal=True, dtype="fp32", seed=6)),
+        ("diffuse-bcastq-D128-rceil-bf16", c((20,), (33, 0, 97), family="diffuse", head_dim=128, broadcast_q=True,
+                                             rule="rceil", dtype="bf16", seed=7)),
+    ]
+
+
+def blackwell_forward_failure(case: MXCase, schedule=None, launcher=None, sm_count: int = 2) -> Optional[str]:
+    """Why the TLX Blackwell MXFP8 forward fails ``case`` on the simulator (arch (10, 0), ``schedule``, default the
+    deterministic one), or None: its out and lse against the MX oracle within bound (a), NaN-poisoned outputs,
+    the Blackwell kernel run there with no simulator report. ``launcher``: ``mx_forward_blackwell`` (default) or a
+    mutated one. A protocol error the simulator raises propagates."""
+    import torch
+
+    import jfa.mx as jmx
+    import jfa.sim as sim
+    from jfa.kernels import alloc
+    from jfa.kernels.tlx.blackwell.forward import mx_forward_blackwell
+    from jfa.oracle.mx_attention import mx_forward
+    from jfa.oracle.mx_bounds import kernel_tolerance
+
+    launcher = launcher or mx_forward_blackwell
+    q, k, v, _dout, cu_q, cu_k = make_mx_inputs(case)
+    qm, km = jmx.quantize(q, "dim", rule=case.rule), jmx.quantize(k, "dim", rule=case.rule)
+    vm = jmx.quantize(v, "tokens", cu_k, case.rule)
+    scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
+    with sim.simulated(arch=(10, 0), sm_count=sm_count, schedule=schedule or sim.Schedule.deterministic()) as session, \
+            alloc.poisoned_outputs():
+        out, lse = launcher(qm, km, vm, cu_q, cu_k, causal=case.causal, softmax_scale=scale,
+                            broadcast_q=case.broadcast_q, num_seqs=len(case.lengths_k),
+                            len_q_bcast=case.lengths_q[0] if case.broadcast_q else 0, rule=case.rule,
+                            out_dtype=q.dtype)
+    if session.kernels() != ["jagged_fwd_blackwell_kernel"]:
+        return f"the Blackwell kernel did not run on the simulator (ran: {session.kernels()})"
+    warnings = [w for r in session.reports for w in r.warnings]
+    if warnings:
+        return f"simulator report: {warnings}"
+    if out.dtype != q.dtype or lse.dtype != torch.float32:
+        return f"dtypes out {out.dtype}, lse {lse.dtype}"
+    xq, xk, xv = (_f64(t) for t in (q, k, v))
+    cq = None if case.broadcast_q else _f64(cu_q).astype(np.int64)
+    ck = _f64(cu_k).astype(np.int64)
+    kw = dict(rule=case.rule, causal=case.causal, softmax_scale=scale, broadcast_q=case.broadcast_q)
+    want = dict(zip(("out", "lse"), mx_forward(xq, xk, xv, cq, ck, **kw)))
+    tol = kernel_tolerance(xq, xk, xv, np.zeros(want["out"].shape), cq, ck, out_dtype=DTYPE_NAMES[case.dtype],
+                           backward=False, **kw)
+    failures = []
+    for name, got in (("out", _f64(out)), ("lse", _f64(lse))):
+        if got.shape != want[name].shape:
+            failures.append(f"{name}: shape {got.shape} != {want[name].shape}")
+            continue
+        stat = compare(got, want[name], tol[name])
+        if not stat.ok:
+            failures.append(f"{name}: {stat.violations} elements over bound (a), worst {stat.ratio:.3g}x at "
+                            f"{stat.worst_at}")
+    return "; ".join(failures) or None
+
+
 def check_mx_case(case: MXCase, device="cpu", simulate: Optional[int] = None) -> MXReport:
     """Run ``case`` through ``jfa.jagged_attention`` (forward and backward, poisoned outputs) and judge it by
     bounds (a) and (b) and the kernel against exact attention (module docstring). ``simulate`` (CPU only): run

@@ -178,17 +178,20 @@ def _mx_round(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(P^, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible): ``m_new`` is the integer
-    running maximum ``max(m_i, ceil(max s))`` and P^ the chunk's weights ``(2^(s - M))^(keys)``
-    dequantized relative to m_new. Each 32-key block is quantized from ``2^(s - c)``, c the ceil of its
-    own max, then scaled by the exact ``2^(c - m_new)`` (module docstring). Shared by the TLX forward."""
+def weight_blocks(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(q, se, shift, nan, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible), the P quantization
+    step every MX kernel shares: ``m_new`` the integer running maximum ``max(m_i, ceil(max s))``; per 32-key block
+    ``[BLOCK_M, BLOCK_N // 32]`` the E4M3 element values ``q`` (fp32 on the E4M3 grid, ``[.., .., 32]``), the block's
+    scale exponent ``se`` and its move ``shift`` to m_new (the weights are ``q 2^(se + shift)``) and ``nan`` (the
+    block holds a NaN logit). Each
+    block is quantized from ``2^(s - c)``, c the ceil of its own max, then moved by the exact ``2^(c - m_new)``
+    (module docstring)."""
     s3 = tl.reshape(s, [BLOCK_M, BLOCK_N // 32, 32])
     c = tl.math.ceil(tl.max(s3, 2))  # [BLOCK_M, blocks]; -inf for a block with no visible key
     c_use = tl.where(c == float("-inf"), 0.0, c)
     p3 = tl.math.exp2(s3 - c_use[:, :, None])  # >= 0, the block's largest in (1/2, 1] (NaN from a NaN logit)
     # _mx_values for non-negative blocks whose largest is at most 1: the scale exponent se <= -7, so 2^-se is
-    # one normal factor, and the dequantization and the move to the running maximum are one _ldexp
+    # one normal factor
     amax = tl.max(p3.to(tl.int32, bitcast=True), 2)
     se = _scale_exponent(amax, RCEIL)
     q = _e4m3_grid(p3 * ((127 - se) << 23).to(tl.float32, bitcast=True)[:, :, None])
@@ -196,7 +199,16 @@ def quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     # c - m_new <= 0 is an integer (an all-zero block's shift is irrelevant); below -300 the values are 0
     shift = tl.minimum(tl.maximum(c_use - m_use[:, None], -300.0), 0.0).to(tl.int32)
-    p = tl.where((amax >= 0x7F800000)[:, :, None], float("nan"), _ldexp(q, (se + shift)[:, :, None]))
+    return q, se, shift, amax >= 0x7F800000, m_new
+
+
+@triton.jit
+def quantized_weights(s, m_i, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(P^, m_new) of one KV chunk of base-2 logits ``s`` (-inf where invisible): ``m_new`` is the integer
+    running maximum ``max(m_i, ceil(max s))`` and P^ the chunk's weights ``(2^(s - M))^(keys)``
+    dequantized relative to m_new (``weight_blocks``' values). Shared by the TLX Hopper forward."""
+    q, se, shift, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    p = tl.where(nan[:, :, None], float("nan"), _ldexp(q, (se + shift)[:, :, None]))
     return tl.reshape(p, [BLOCK_M, BLOCK_N]), m_new
 
 

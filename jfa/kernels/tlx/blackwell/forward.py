@@ -42,6 +42,14 @@ Divergence from the portable kernel, as on Hopper: a key block straddling a sequ
 by V rows of the next sequence, so an inf/NaN there reaches this sequence's output.
 
 Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads; no sliding window (``supports``).
+
+MXFP8 (``MX`` builds, :func:`mx_forward_blackwell`; docs/mxfp8.md section 2, the portable MX kernel's semantics):
+E4M3 Q, K, V by TMA and both products on the block-scaled tcgen05 MMA, Q's and K's E8M0 scales along D, P's and
+V's along keys. The softmax quantizes P with the step every MX kernel shares (``weight_blocks``: an integer running
+maximum, power-of-two rescales) and stores its E4M3 elements and scales; the correction warpgroup loads every
+tile's scales (masked to the sequence) beside the load warp's TMA (``_fill_item_scales``). At D 128 the groups take
+turns in one S (``s_buffers``: Triton's scale tiles take tensor memory too). Causal runs, no sliding window
+(``mx_supports``).
 """
 from __future__ import annotations
 
@@ -56,9 +64,10 @@ from jfa.kernels import alloc
 from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
-from jfa.kernels.tlx.common import target
+from jfa.kernels.tlx.common import scaled_mma, target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
+from jfa.kernels.triton.mx_attention import _ldexp, pow2_step, visible_keys, weight_blocks
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -77,6 +86,7 @@ class BlackwellForwardConfig:
     # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0): LLVM hoists the CTA's and the lanes' indices
     # to the kernel's entry, ahead of every partition's setmaxnreg, and ptxas spills them (12 bytes)
     llvm_o0: bool = True
+    s_buffers: int = 2  # S tiles in tensor memory: one per group, or one both groups take turns in
 
 
 NUM_GROUPS = 2  # softmax warpgroups, one per block_m-row group of a work item
@@ -103,12 +113,28 @@ _CONFIGS: dict[int, BlackwellForwardConfig] = {
                                 o_slices=4),
 }
 
+# MXFP8 builds (``MX``): E4M3 tiles are half the bytes, so the rings deepen; E8M0 scales live in shared memory
+# beside their tiles (Q, K: [rows, D / 32]; V: [D, block_n / 32]; P: [block_m, block_n / 32]), a few KB. D 64: Q 2 x 2 x 8 KB + K/V 4 x 8 KB + P 2 x 16 KB = 96 KB; D 128: Q 2 x 2 x
+# 16 KB + K/V 4 x 16 KB + P 2 x 16 KB = 160 KB.
+_MX_CONFIGS: dict[int, BlackwellForwardConfig] = {
+    64: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
+                               o_slices=2),
+    # D 128: Triton gives each block-scaled MMA's two scale tiles tensor memory of their own (16 tiles, 64 columns)
+    # beside S and O, so the groups take turns in one S: 128 + O 2 x 128 + 64 = 448 of 512 columns
+    128: BlackwellForwardConfig(block_m=128, block_n=128, num_buffers_q=2, num_buffers_kv=4, softmax_regs=184,
+                                o_slices=4, s_buffers=1),
+}
+MX_RULES = ("floor", "rceil")
+
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
+# the shared layout of an MX build's scale tiles where they are all scaled_mma.SCALE_TILE (tcgen05.cp's)
+_SCALE_LAYOUT = tl.constexpr(scaled_mma.scale_layout())
 
 
-def config_for(head_dim: int) -> BlackwellForwardConfig:
-    return _CONFIGS[head_dim]
+def config_for(head_dim: int, mx: str = "") -> BlackwellForwardConfig:
+    """The config of a build: bf16/fp16 (``mx=""``) or MXFP8 (``mx`` the P rule)."""
+    return (_MX_CONFIGS if mx else _CONFIGS)[head_dim]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -145,6 +171,29 @@ def _load_tile(desc, tiles, fulls, empties, count, row, col, NUM_BUFFERS: tl.con
 
 
 @triton.jit
+def _dim_scales(SCALES, row0, rows_valid, head, num_heads, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """E8M0 bytes ``[ROWS, HEAD_DIM // 32]`` of rows ``row0 ..`` of a D-axis operand's scales (``[T, heads, D / 32]``,
+    contiguous) at ``head``; rows from ``rows_valid`` on (past the sequence) read nothing and hold 127 (2^0)."""
+    NB: tl.constexpr = HEAD_DIM // 32
+    rows = tl.arange(0, ROWS)
+    ptrs = SCALES + ((row0 + rows).to(tl.int64) * num_heads + head)[:, None] * NB + tl.arange(0, NB)[None, :]
+    return tl.load(ptrs, mask=(rows < rows_valid)[:, None], other=127)
+
+
+@triton.jit
+def _token_scales(SCALES, scale_row0, n_start, len_k, head, num_heads, BLOCK_N: tl.constexpr,
+                  HEAD_DIM: tl.constexpr):
+    """E8M0 bytes ``[HEAD_DIM, BLOCK_N // 32]`` of V's token-axis scales (``[rows, heads, D]``, contiguous) for keys
+    ``n_start ..`` of the sequence whose first scale row is ``scale_row0``, transposed to the B-operand scale
+    layout of PV (one row per output column d, one byte per 32 keys). Blocks from ``len_k`` on read nothing
+    and hold 127."""
+    blocks = n_start // 32 + tl.arange(0, BLOCK_N // 32)
+    cols = tl.arange(0, HEAD_DIM)
+    ptrs = SCALES + ((scale_row0 + blocks).to(tl.int64) * num_heads + head)[None, :] * HEAD_DIM + cols[:, None]
+    return tl.load(ptrs, mask=(blocks * 32 < len_k)[None, :], other=127)
+
+
+@triton.jit
 def _load_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
                kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
                col_stride_k, col_stride_v, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
@@ -174,17 +223,32 @@ def _load_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q
 
 # ---- MMA partition ------------------------------------------------------------------------------------
 @triton.jit
-def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf, k_use, s_cnt,
-              NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles, kvs_fulls,
+              q_buf, k_use, s_cnt, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr,
+              S_BUFFERS: tl.constexpr):
     """S_g = Q_g K^T for both groups, K the ring's ``k_use``-th fill. Each waits until its softmax has read
-    the previous S_g; it completes on s_fulls[g], the last one also on the K slot's empty barrier."""
+    the previous S_g; it completes on s_fulls[g], the last one also on the K slot's empty barrier (MX builds:
+    ``_qk_scaled``, once K's scales are in the slot too). With one S (S_BUFFERS 1) QK^T of group g waits instead
+    for the softmax that read S last: the previous group's this round, the last group's the round before."""
     k_buf, k_phase = bufidx_phase(k_use, NUM_BUFFERS_KV)
     tlx.barrier_wait(kv_fulls[k_buf], k_phase)
+    if MX != "":
+        tlx.barrier_wait(kvs_fulls[k_buf], k_phase)
     k_t = tlx.local_trans(kv_tiles[k_buf])
     s_phase = s_cnt & 1
     for g in tl.static_range(_GROUPS):
-        tlx.barrier_wait(s_empties[g], s_phase ^ 1)
-        if g == _GROUPS - 1:
+        if S_BUFFERS == 1:
+            if g == 0:
+                tlx.barrier_wait(s_empties[_GROUPS - 1], s_phase ^ 1)
+            else:
+                tlx.barrier_wait(s_empties[g - 1], s_phase)
+        else:
+            tlx.barrier_wait(s_empties[g], s_phase ^ 1)
+        if MX != "":
+            _qk_scaled(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g % S_BUFFERS],
+                       qs_tiles[g * NUM_BUFFERS_Q + q_buf],
+                       ks_tiles[k_buf], s_fulls[g], kv_empties[k_buf], g == _GROUPS - 1)
+        elif g == _GROUPS - 1:
             tlx.async_dot(q_tiles[g * NUM_BUFFERS_Q + q_buf], k_t, s_tiles[g], use_acc=False,
                           mBarriers=[s_fulls[g], kv_empties[k_buf]])
         else:
@@ -194,18 +258,38 @@ def _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empti
 
 
 @triton.jit
-def _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, v_use, pv_cnt,
-              use_acc, NUM_BUFFERS_KV: tl.constexpr):
+def _qk_scaled(q, k_t, s, q_scales, k_scales, s_full, k_empty, LAST: tl.constexpr):
+    """S = Q K^T as a block-scaled MMA (MX builds): E4M3 Q and K with their E8M0 scales along D (Q's per row, K's
+    per key); completes on ``s_full``, the LAST group's also on the K slot's ``k_empty``."""
+    if LAST:
+        tlx.async_dot_scaled(q, k_t, s, q_scales, "e4m3", k_scales, "e4m3", use_acc=False, mBarriers=[s_full, k_empty])
+    else:
+        tlx.async_dot_scaled(q, k_t, s, q_scales, "e4m3", k_scales, "e4m3", use_acc=False, mBarriers=[s_full])
+
+
+@triton.jit
+def _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, ps_tiles, vs_tiles,
+              kvs_fulls, v_use, pv_cnt, use_acc, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
     """O_g (+)= P_g V for both groups, V the ring's ``v_use``-th fill, once the softmax has stored P_g and
     the correction has handed O_g back. Each completes on pv_dones[g], the last one also on the V slot's
-    empty barrier."""
+    empty barrier. MX builds issue the block-scaled MMA, once V's scales are in the slot too: E4M3 P and V with
+    their E8M0 scales along keys (P's per row and 32-key block, V's per column d and 32-key block)."""
     v_buf, v_phase = bufidx_phase(v_use, NUM_BUFFERS_KV)
     tlx.barrier_wait(kv_fulls[v_buf], v_phase)
+    if MX != "":
+        tlx.barrier_wait(kvs_fulls[v_buf], v_phase)
     pv_phase = pv_cnt & 1
     for g in tl.static_range(_GROUPS):
         tlx.barrier_wait(p_fulls[g], pv_phase)
         tlx.barrier_wait(o_readies[g], pv_phase ^ 1)
-        if g == _GROUPS - 1:
+        if MX != "":  # block-scaled: E4M3 P and V with their E8M0 scales along keys
+            if g == _GROUPS - 1:
+                tlx.async_dot_scaled(p_tiles[g], kv_tiles[v_buf], o_tiles[g], ps_tiles[g], "e4m3", vs_tiles[v_buf],
+                                     "e4m3", use_acc=use_acc, mBarriers=[pv_dones[g], kv_empties[v_buf]])
+            else:
+                tlx.async_dot_scaled(p_tiles[g], kv_tiles[v_buf], o_tiles[g], ps_tiles[g], "e4m3", vs_tiles[v_buf],
+                                     "e4m3", use_acc=use_acc, mBarriers=[pv_dones[g]])
+        elif g == _GROUPS - 1:
             tlx.async_dot(p_tiles[g], kv_tiles[v_buf], o_tiles[g], use_acc=use_acc,
                           mBarriers=[pv_dones[g], kv_empties[v_buf]])
         else:
@@ -215,9 +299,10 @@ def _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_done
 
 @triton.jit
 def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls, q_empties,
-              kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, TILES, CU_Q, CU_K, num_slots,
-              num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+              kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles, ks_tiles, vs_tiles,
+              ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """MMA partition, one work item: QK^T(0), then per block j >= 1 QK^T(j) before PV(j - 1) (the tensor core
     computes S(j) while the softmax turns S(j - 1) into P), then PV of the last block. K(j) is the ring's
     fill kv_cnt + 2 j and V(j) the next one, in the load partition's order."""
@@ -227,18 +312,20 @@ def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         for g in tl.static_range(_GROUPS):
             tlx.barrier_wait(q_fulls[g * NUM_BUFFERS_Q + q_buf], q_phase)
-        s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf, kv_cnt, s_cnt,
-                          NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+            if MX != "":
+                tlx.barrier_wait(qs_fulls[g * NUM_BUFFERS_Q + q_buf], q_phase)
+        s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles,
+                          kvs_fulls, q_buf, kv_cnt, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX, S_BUFFERS)
         for j in tl.range(1, n_blocks):
-            s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, q_buf,
-                              kv_cnt + 2 * j, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+            s_cnt = _issue_qk(q_tiles, kv_tiles, s_tiles, kv_fulls, kv_empties, s_fulls, s_empties, qs_tiles, ks_tiles,
+                              kvs_fulls, q_buf, kv_cnt + 2 * j, s_cnt, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX, S_BUFFERS)
             pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies,
-                               kv_cnt + 2 * j - 1, pv_cnt, j > 1, NUM_BUFFERS_KV)
+                               ps_tiles, vs_tiles, kvs_fulls, kv_cnt + 2 * j - 1, pv_cnt, j > 1, NUM_BUFFERS_KV, MX)
         # every QK^T of the item is issued: Q goes back to the load partition once they have completed
         for g in tl.static_range(_GROUPS):
             tlx.tcgen05_commit(q_empties[g * NUM_BUFFERS_Q + q_buf])
-        pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies,
-                           kv_cnt + 2 * n_blocks - 1, pv_cnt, n_blocks > 1, NUM_BUFFERS_KV)
+        pv_cnt = _issue_pv(kv_tiles, p_tiles, o_tiles, kv_fulls, kv_empties, p_fulls, pv_dones, o_readies, ps_tiles,
+                           vs_tiles, kvs_fulls, kv_cnt + 2 * n_blocks - 1, pv_cnt, n_blocks > 1, NUM_BUFFERS_KV, MX)
         kv_cnt += 2 * n_blocks
         q_cnt += 1
     return q_cnt, kv_cnt, s_cnt, pv_cnt
@@ -276,6 +363,34 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
 
 
 @triton.jit
+def _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED: tl.constexpr,
+                       CAUSAL: tl.constexpr, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """MX softmax step of one block (docs/mxfp8.md section 2): logits ``qk * qk_scale``, the integer running
+    maximum and P quantized in its 32-key blocks by the step every MX kernel shares (``weight_blocks``: P's
+    element bytes are the portable kernel's). Returns (P's E4M3 elements ``[BLOCK_M, BLOCK_N]``, their E8M0
+    scales relative to m_new ``[BLOCK_M, BLOCK_N // 32]``, m_new, l_new, alpha = the exact ``2^(m_i - m_new)``).
+
+    A block whose exponent falls below E8M0's range (all its weights under 448 * 2^-128 of the running
+    maximum) is dropped from P and l alike; a block holding a NaN logit gets the NaN scale 0xFF. l sums each
+    block's elements (exact in fp32: E4M3 values of one block) times its power of two."""
+    s = qk * qk_scale
+    if MASKED:
+        s = tl.where(visible_keys(offs_m, n_start + tl.arange(0, BLOCK_N), len_k, causal_shift, 0, 0, CAUSAL, False),
+                     s, float("-inf"))
+    q, se, shift, nan, m_new = weight_blocks(s, m_i, RCEIL, BLOCK_M, BLOCK_N)
+    e = se + shift  # the block's exponent relative to m_new
+    kept = e >= -127
+    q = tl.where(kept[:, :, None], q, 0.0)
+    block_sums = _ldexp(tl.sum(q, 2), tl.maximum(e, -127))
+    block_sums = tl.where(nan, float("nan"), block_sums)
+    scales = tl.where(nan, 255, tl.where(kept, e + 127, 0)).to(tl.uint8)
+    codes = tl.reshape(tl.where(nan[:, :, None], float("nan"), q), [BLOCK_M, BLOCK_N]).to(tl.float8e4nv)
+    alpha = pow2_step(m_i, tl.where(m_new == float("-inf"), 0.0, m_new))
+    l_new = l_i * alpha + tl.sum(block_sums, 1)
+    return codes, scales, m_new, l_new, alpha
+
+
+@triton.jit
 def _send_scale(scale, scale_tiles, scale_fulls, scale_empties, index, g: tl.constexpr):
     """Softmax -> correction: the row vector that goes with PV number ``index`` of group g."""
     tlx.barrier_wait(scale_empties[g], (index & 1) ^ 1)
@@ -284,34 +399,53 @@ def _send_scale(scale, scale_tiles, scale_fulls, scale_empties, index, g: tl.con
 
 
 @triton.jit
-def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
-                   scale_fulls, scale_empties, n_start, offs_m, len_k, causal_shift, qk_scale, g: tl.constexpr,
-                   FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls,
+                   pv_dones, scale_fulls, scale_empties, n_start, offs_m, len_k, causal_shift, qk_scale,
+                   g: tl.constexpr, FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   SCALE_NONNEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr,
+                   MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """One K/V block of group g: S from tensor memory (handed back at once), the softmax step, the rescale of
     the previous PV to the correction (not for the item's FIRST block), P into shared memory once the
-    previous PV has read it. Returns the advanced (m_i, l_i, s_cnt, pv_cnt)."""
+    previous PV has read it (MX builds: P's E4M3 elements and its E8M0 scales). Returns the advanced (m_i, l_i,
+    s_cnt, pv_cnt)."""
     tlx.barrier_wait(s_fulls[g], s_cnt & 1)
-    qk = tlx.local_load(s_tiles[g])
+    qk = tlx.local_load(s_tiles[g % S_BUFFERS])
     tlx.barrier_arrive(s_empties[g], 1)
-    p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED,
-                                         CAUSAL, SCALE_NONNEG, BLOCK_N)
-    p = p.to(DTYPE)  # before the waits: 16-bit P halves what the warpgroup holds while it waits (fp32 spills)
+    if MX != "":
+        p, p_scales, m_i, l_i, alpha = _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift,
+                                                          qk_scale, MASKED, CAUSAL, MX == "rceil", BLOCK_M, BLOCK_N)
+    else:
+        p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED,
+                                             CAUSAL, SCALE_NONNEG, BLOCK_N)
+        p = p.to(DTYPE)  # before the waits: 16-bit P halves what the warpgroup holds while it waits (fp32 spills)
     if not FIRST:  # O holds PV(j - 1) at the old maximum: the correction rescales it before PV(j)
         _send_scale(alpha, scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
     tlx.barrier_wait(pv_dones[g], (pv_cnt & 1) ^ 1)  # the previous PV has read P
     tlx.local_store(p_tiles[g], p)
+    if MX != "":
+        tlx.local_store(ps_tiles[g], p_scales)
     tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)
     tlx.barrier_arrive(p_fulls[g], 1)
     return m_i, l_i, s_cnt + 1, pv_cnt + 1
 
 
 @triton.jit
-def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
-                  scale_fulls, scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
-                  qk_scale, g: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+def _seen(l_i, MX: tl.constexpr):
+    """Rows that saw a key: l > 0; MX builds take l != 0, so a NaN l (a NaN operand) reaches out and lse as the
+    portable MX kernel's does."""
+    if MX != "":
+        seen = l_i != 0.0
+    else:
+        seen = l_i > 0.0
+    return seen
+
+
+@triton.jit
+def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls,
+                  pv_dones, scale_fulls, scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
+                  len_q_bcast, qk_scale, g: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DTYPE: tl.constexpr):
+                  DTYPE: tl.constexpr, MX: tl.constexpr, S_BUFFERS: tl.constexpr):
     """Softmax of group g, one work item: the peeled first block, the unmasked bulk, the masked tail, then
     1 / l to the correction and lse (row-masked) to memory."""
     head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, n_blocks = _work_item(
@@ -328,27 +462,27 @@ def _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s
         n_bulk = bulk_end // BLOCK_N
         if n_bulk > 0:
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
-                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, False, CAUSAL,
-                SCALE_NONNEG, BLOCK_N, DTYPE)
+                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         else:
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
-                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, 0, offs_m, len_k, causal_shift, qk_scale, g, True, True, CAUSAL,
-                SCALE_NONNEG, BLOCK_N, DTYPE)
+                SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         for j in tl.range(1, n_bulk):  # bulk: no mask anywhere
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
-                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, False,
-                CAUSAL, SCALE_NONNEG, BLOCK_N, DTYPE)
+                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):  # tail: causal diagonal, partial last block
             m_i, l_i, s_cnt, pv_cnt = _softmax_block(
-                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
+                m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles, s_fulls, s_empties, p_fulls, pv_dones,
                 scale_fulls, scale_empties, j * BLOCK_N, offs_m, len_k, causal_shift, qk_scale, g, False, True,
-                CAUSAL, SCALE_NONNEG, BLOCK_N, DTYPE)
+                CAUSAL, SCALE_NONNEG, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
         # rows that saw no key have l == 0 exactly: their O is 0 (every P was 0), scaled by 1
-        _send_scale(1.0 / tl.where(l_i > 0.0, l_i, 1.0), scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
-    lse = tl.where(l_i > 0.0, (m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
+        _send_scale(1.0 / tl.where(_seen(l_i, MX), l_i, 1.0), scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)
+    lse = tl.where(_seen(l_i, MX), (m_i + tl.math.log2(tl.where(_seen(l_i, MX), l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
     out_rows = out_row0 + offs_m.to(tl.int64)
     tl.store(LSE + out_rows * num_heads + head, lse, mask=offs_m < len_q)
@@ -389,19 +523,95 @@ def _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_read
 
 
 @triton.jit
-def _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, OUT, TILES,
-                  CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast,
-                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, O_SLICES: tl.constexpr):
+def _fill_scales(scale_tiles, fulls, empties, count, scales, NUM_BUFFERS: tl.constexpr):
+    """MX builds, correction partition: ``scales`` into the scale slot of the K/V ring's ``count``-th fill once the
+    MMA that read its last fill has completed (the load warp waits for the same phase before its TMA), fenced
+    for the tensor core, then one arrival on the slot's scale barrier (the MMA waits for it beside the bytes')."""
+    buf, phase = bufidx_phase(count, NUM_BUFFERS)
+    tlx.barrier_wait(empties[buf], phase ^ 1)
+    tlx.local_store(scale_tiles[buf], scales)
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(fulls[buf], 1)
+    return count + 1
+
+
+@triton.jit
+def _fill_item_scales(item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties,
+                      QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, j,
+                      CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                      NUM_BUFFERS_KV: tl.constexpr, WHICH: tl.constexpr):
+    """MX builds, correction partition: the E8M0 scales of one fill of work item ``item`` (WHICH "q": both groups'
+    Q; "k" / "v": block j's K or V), loaded with plain loads masked to the sequence (no scale of another sequence
+    is read) and stored beside the tile the load warp brings. The tensor ops of a scale tile need a warpgroup: the
+    load partition is one warp. Returns the advanced (q_cnt, kv_cnt)."""
+    head, q_row0, _o, len_q, k_row0, len_k, m_start, _cs, _nb = _work_item(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
+    if WHICH == "q":
+        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
+        for g in tl.static_range(_GROUPS):
+            scales = _dim_scales(QS, q_row0 + m_start + g * BLOCK_M, len_q - m_start - g * BLOCK_M, head, num_heads,
+                                 BLOCK_M, HEAD_DIM)
+            tlx.barrier_wait(q_empties[g * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
+            tlx.local_store(qs_tiles[g * NUM_BUFFERS_Q + q_buf], scales)
+            tlx.fence_async_shared()
+            tlx.barrier_arrive(qs_fulls[g * NUM_BUFFERS_Q + q_buf], 1)
+        q_cnt += 1
+    elif WHICH == "k":
+        scales = _dim_scales(KS, k_row0 + j * BLOCK_N, len_k - j * BLOCK_N, head // GROUP, num_heads // GROUP, BLOCK_N,
+                             HEAD_DIM)
+        kv_cnt = _fill_scales(ks_tiles, kvs_fulls, kv_empties, kv_cnt, scales, NUM_BUFFERS_KV)
+    else:
+        scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
+        scales = _token_scales(VS, scale_row0, j * BLOCK_N, len_k, head // GROUP, num_heads // GROUP, BLOCK_N,
+                               HEAD_DIM)
+        kv_cnt = _fill_scales(vs_tiles, kvs_fulls, kv_empties, kv_cnt, scales, NUM_BUFFERS_KV)
+    return q_cnt, kv_cnt
+
+
+@triton.jit
+def _correct_item(item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies,
+                  OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast,
+                  qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS, VS, VB_OFF,
+                  CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, O_SLICES: tl.constexpr,
+                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MX: tl.constexpr):
     """Correction, one work item: a rescale after every PV but the last, the epilogue after the last; an
-    item with no K/V block stores zeros (its rows see no key)."""
+    item with no K/V block stores zeros (its rows see no key). MX builds also fill the item's scale slots
+    (``_fill_item_scales``), in the load warp's fill order: Q's, K(0)'s and V(0)'s first, then per block j K(j)'s
+    before the rescale of PV(j - 1) (QK^T(j) precedes PV(j - 1)) and V(j)'s after it (its slot frees when PV(j - 2)
+    or an earlier MMA completes). Returns the advanced (pv_cnt, q_cnt, kv_cnt): q_cnt, kv_cnt count the fills as
+    the load warp does."""
     head, _qr, out_row0, len_q, _kr, _lk, m_start, _cs, n_blocks = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N)
     if n_blocks > 0:
+        if MX != "":  # Q's, K(0)'s and V(0)'s scales
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "q")
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "k")
+            q_cnt, kv_cnt = _fill_item_scales(
+                item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, 0, CAUSAL, GROUP,
+                BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "v")
         for _j in tl.range(1, n_blocks):
+            if MX != "":
+                q_cnt, kv_cnt = _fill_item_scales(
+                    item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                    KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, _j, CAUSAL, GROUP,
+                    BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "k")
             for g in tl.static_range(_GROUPS):
                 _rescale(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, g, HEAD_DIM,
                          O_SLICES)
+            if MX != "":
+                q_cnt, kv_cnt = _fill_item_scales(
+                    item, q_cnt, kv_cnt, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                    KS, VS, VB_OFF, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, _j, CAUSAL, GROUP,
+                    BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, "v")
             pv_cnt += 1
         for g in tl.static_range(_GROUPS):
             _epilogue(o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones, o_readies, pv_cnt, OUT, out_row0,
@@ -413,32 +623,57 @@ def _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties
         rows = (out_row0 + offs_m.to(tl.int64))[:, None] * stride_ot + head * stride_oh
         zeros = tl.zeros([TILE_M, HEAD_DIM], dtype=OUT.dtype.element_ty)
         tl.store(OUT + rows + tl.arange(0, HEAD_DIM)[None, :], zeros, mask=(offs_m < len_q)[:, None])
-    return pv_cnt
+    return pv_cnt, q_cnt, kv_cnt
 
 
 # per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_fwd_blackwell_kernel(
-    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES,
+    desc_q, desc_k, desc_v, OUT, LSE, CU_Q, CU_K, TILES, QS, KS, VS, VB_OFF,
     stride_ot, stride_oh, col_stride_q, col_stride_k, col_stride_v,
     num_items, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-    SCALE_NONNEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-    NUM_BUFFERS_KV: tl.constexpr, SOFTMAX_REGS: tl.constexpr, O_SLICES: tl.constexpr,
+    SCALE_NONNEG: tl.constexpr, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, SOFTMAX_REGS: tl.constexpr, O_SLICES: tl.constexpr,
+    SCALE_TILES: tl.constexpr, S_BUFFERS: tl.constexpr,
 ):
+    """MX ("" or the P rule): "" reads bf16/fp16 q, k, v; an MXFP8 build reads E4M3 q, k, v (TMA, as the bf16
+    build) and their E8M0 scales QS, KS (D-axis) and VS (token-axis, sequence b's first scale row VB_OFF[b])
+    with plain loads, and issues both products as block-scaled tcgen05 MMAs (P quantized by the softmax).
+    SCALE_TILES: every scale tile is a ``scaled_mma.SCALE_TILE``; they then take the layout tcgen05.cp reads
+    (``_SCALE_LAYOUT``), else the default one (the simulator runs either). A bf16 launch passes the tile list for
+    the four scale pointers (never read)."""
     TILE_M: tl.constexpr = _GROUPS * BLOCK_M  # rows of one work item: one BLOCK_M group per softmax warpgroup
-    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)  # E4M3 in MX builds
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
 
     # shared memory: Q per group (index g * NUM_BUFFERS_Q + b), the K/V ring, P per group, the row vectors
-    # the softmax hands the correction
+    # the softmax hands the correction; MX builds: each tile's E8M0 scales beside it (the B operands' scales, K's
+    # and V's, in rings of their own indexed like the K/V ring)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, _GROUPS * NUM_BUFFERS_Q)
     kv_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, NUM_BUFFERS_KV)
     p_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), DTYPE, _GROUPS)
     scale_tiles = tlx.local_alloc((BLOCK_M,), tl.float32, _GROUPS)
-    # tensor memory: S and O per group
-    s_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), tl.float32, _GROUPS, tlx.storage_kind.tmem)
+    if MX != "":
+        if SCALE_TILES:
+            qs_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM // 32), tl.uint8, _GROUPS * NUM_BUFFERS_Q,
+                                       layout=_SCALE_LAYOUT)
+            ks_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM // 32), tl.uint8, NUM_BUFFERS_KV, layout=_SCALE_LAYOUT)
+            vs_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N // 32), tl.uint8, NUM_BUFFERS_KV, layout=_SCALE_LAYOUT)
+            ps_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N // 32), tl.uint8, _GROUPS, layout=_SCALE_LAYOUT)
+        else:
+            qs_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM // 32), tl.uint8, _GROUPS * NUM_BUFFERS_Q)
+            ks_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM // 32), tl.uint8, NUM_BUFFERS_KV)
+            vs_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N // 32), tl.uint8, NUM_BUFFERS_KV)
+            ps_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N // 32), tl.uint8, _GROUPS)
+    else:
+        qs_tiles = None
+        ks_tiles = None
+        vs_tiles = None
+        ps_tiles = None
+    # tensor memory: S per group (or one both groups take turns in: S_BUFFERS 1) and O per group
+    s_tiles = tlx.local_alloc((BLOCK_M, BLOCK_N), tl.float32, S_BUFFERS, tlx.storage_kind.tmem)
     o_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, _GROUPS, tlx.storage_kind.tmem)
 
     q_fulls = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)  # TMA bytes
@@ -452,18 +687,28 @@ def jagged_fwd_blackwell_kernel(
     o_readies = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)  # correction is done with O
     scale_fulls = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
     scale_empties = tlx.alloc_barriers(num_barriers=_GROUPS, arrive_count=1)
+    if MX != "":  # the correction has stored a slot's E8M0 scales (the TMA bytes land on q_fulls / kv_fulls)
+        qs_fulls = tlx.alloc_barriers(num_barriers=_GROUPS * NUM_BUFFERS_Q, arrive_count=1)
+        kvs_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    else:
+        qs_fulls = None
+        kvs_fulls = None
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- correction + epilogue
         with tlx.async_task("default"):
             pv_cnt = 0
+            q_cnt = 0  # MX builds: the scale fills, counted as the load warp counts its fills
+            kv_cnt = 0
             for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
                 item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
                 if item < num_items:
-                    pv_cnt = _correct_item(item, pv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
-                                           o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots,
-                                           num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, HEAD_DIM, TILE_M,
-                                           BLOCK_M, BLOCK_N, O_SLICES)
+                    pv_cnt, q_cnt, kv_cnt = _correct_item(
+                        item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                        o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
+                        len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                        VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
 
         # ---------------------------------------------------------------- softmax, one warpgroup per group
         with tlx.async_task(num_warps=_SOFTMAX_WARPS, registers=SOFTMAX_REGS, replicate=_GROUPS):
@@ -474,11 +719,11 @@ def jagged_fwd_blackwell_kernel(
             for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
                 item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
                 if item < num_items:
-                    s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, scale_tiles, s_fulls,
-                                                  s_empties, p_fulls, pv_dones, scale_fulls, scale_empties, LSE,
-                                                  TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                    s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
+                                                  s_fulls, s_empties, p_fulls, pv_dones, scale_fulls, scale_empties,
+                                                  LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
                                                   qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
-                                                  BLOCK_N, DTYPE)
+                                                  BLOCK_N, DTYPE, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -491,9 +736,10 @@ def jagged_fwd_blackwell_kernel(
                 if item < num_items:
                     q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
                         item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
-                        q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, TILES,
-                        CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M,
-                        BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+                        q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles,
+                        ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads,
+                        num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX,
+                        S_BUFFERS)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -525,11 +771,21 @@ def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[
 
 
 def _constexprs(cfg: BlackwellForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool, scale_nonneg: bool,
-                group: int = 1) -> dict:
+                group: int = 1, mx: str = "") -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
-                NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices)
+    constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
+                     MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                     NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices,
+                     S_BUFFERS=cfg.s_buffers)
+    constants["SCALE_TILES"] = bool(mx) and mx_scale_tiles(cfg, head_dim) == {scaled_mma.SCALE_TILE}
+    return constants
+
+
+def mx_scale_tiles(cfg: BlackwellForwardConfig, head_dim: int) -> set:
+    """The shapes of an MX build's scale tiles (Q's, K's, V's, P's): sm_100a compiles the build only where they are
+    all ``scaled_mma.SCALE_TILE`` (D 128; at D 64, Q's and K's have 2 columns and V's 64 rows)."""
+    return {(cfg.block_m, head_dim // 32), (cfg.block_n, head_dim // 32), (head_dim, cfg.block_n // 32),
+            (cfg.block_m, cfg.block_n // 32)}
 
 
 def _launch_options() -> dict:
@@ -538,35 +794,42 @@ def _launch_options() -> dict:
     return dict(num_warps=CORRECTION_WARPS, num_stages=1)
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, group: int = 1):
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, group: int = 1, mx: str = ""):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one config
     (the compile gate). Descriptors are typed from the config's block shapes, as the launcher's binder
-    spells them."""
-    cfg = config_for(head_dim)
-    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True, group=group)
-    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+    spells them. ``dtype``: the inputs' (and output's) type; with ``mx`` (an MXFP8 build) the output's, the
+    inputs being E4M3."""
+    cfg = config_for(head_dim, mx)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True, group=group,
+                            mx=mx)
+    types = {f"desc_{x}": f"tensordesc<{'fp8e4nv' if mx else dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
-    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", sm_scale="fp32")
+    scales = "*u8" if mx else "*i32"  # a bf16 launch passes the tile list for the unused scale pointers
+    types.update(OUT=f"*{dtype}", LSE="*fp32", CU_Q="*i32", CU_K="*i32", TILES="*i32", QS=scales, KS=scales,
+                 VS=scales, VB_OFF="*i32", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_fwd_blackwell_kernel, constants, types)
     return jagged_fwd_blackwell_kernel, signature, constants, attrs, _launch_options()
 
 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, softmax_scale: float,
-                     broadcast_q: bool, num_seqs: int, len_q_bcast: int) -> tuple[tuple, dict, int]:
+                     broadcast_q: bool, num_seqs: int, len_q_bcast: int, mx=None) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the offline
     gate can bind them to the kernel on a CPU machine and check that a launch specialises to the very
-    signature ``compile_spec`` compiles."""
+    signature ``compile_spec`` compiles. ``mx``: an MXFP8 launch's ``(rule, q scales, k scales, v scales, v
+    block offsets)``, with q, k, v its E4M3 data."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
-    cfg = config_for(head_dim)
+    rule = mx[0] if mx is not None else ""
+    cfg = config_for(head_dim, rule)
     desc_q, col_q = descriptor(q, cfg.block_m)
     desc_k, col_k = descriptor(k, cfg.block_n)
     desc_v, col_v = descriptor(v, cfg.block_n)
     num_items = tiles.num_slots * num_heads
     cu_q = cu_k if broadcast_q else out_cu  # never read for a broadcast Q; cu_k keeps one pointer type
-    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, out.stride(0), out.stride(1), col_q, col_k,
-            col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
+    scales = tuple(mx[1:]) if mx is not None else (tiles.tiles,) * 4  # (never read by a bf16 launch)
+    args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, *scales, out.stride(0), out.stride(1), col_q,
+            col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
-                            group=num_heads // k.shape[1])
+                            group=num_heads // k.shape[1], mx=rule)
     return args, {**constants, **_launch_options()}, num_items
 
 
@@ -594,6 +857,65 @@ def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
                                                softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                                                num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+    with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
+                      **kwargs)
+    return out, lse
+
+
+def mx_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:
+    """Whether the MXFP8 build runs these operands, and why not: MXTensors (q, k along dim, v along tokens) or
+    the high-precision tensors a call quantizes; head dim 64 or 128, an sm_100 launch target, no sliding window
+    (causal runs). The launcher makes the E4M3 bytes contiguous and 16-byte aligned, so their layout is never
+    the reason."""
+    axes = tuple(getattr(t, "axis", None) for t in (q, k, v))
+    if axes != (None,) * 3 and axes != ("dim", "dim", "tokens"):
+        return False, f"MX axes {axes} (the kernel takes ('dim', 'dim', 'tokens'))"
+    if tuple(window) not in ((-1, -1), (-1, 0)):
+        return False, f"window_size {tuple(window)} (the TLX Blackwell MXFP8 forward has no windowed build)"
+    probe = torch.empty((0, q.shape[1], q.shape[-1]), dtype=torch.bfloat16, device=q.device)
+    return check_inputs({"q": probe}, dtype=torch.bfloat16, head_dim=q.shape[-1],
+                        head_dims=tuple(sorted(_MX_CONFIGS)), capability=CAPABILITY)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte aligned base (what a TMA descriptor over it needs)."""
+    t = t.contiguous()
+    return t.clone() if t.data_ptr() % 16 else t
+
+
+def mx_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
+                         num_seqs: int, len_q_bcast: int = 0, window=(-1, -1), rule: str = "floor",
+                         out_dtype=torch.bfloat16):
+    """MXFP8 forward on the Blackwell kernel (``MX`` build): the contract of the portable
+    ``jfa.kernels.triton.mx_attention.mx_forward`` (docs/mxfp8.md section 2), q, k, v MXTensors, as the Hopper
+    ``mx_forward_tlx``. Returns (out ``[rows, H, D]`` out_dtype, lse ``[rows, H]`` fp32). Raises ValueError where
+    ``mx_supports`` says no."""
+    from jfa import mx as jmx
+
+    if rule not in MX_RULES:
+        raise ValueError(f"rule: must be one of {MX_RULES}, got {rule!r}")
+    ok, reason = mx_supports(q, k, v, window)
+    if not ok:
+        raise ValueError(f"mx_forward_blackwell: {reason}")
+    causal = window_band(causal, tuple(window))[0]
+    head_dim, num_heads = q.shape[-1], q.shape[1]
+    cfg = config_for(head_dim, rule)
+    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
+    out = alloc.empty((rows, num_heads, head_dim), out_dtype, q.device)
+    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    if rows == 0 or k.shape[0] == 0:
+        # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    tiles = build_tile_list(out_cu, rows, NUM_GROUPS * cfg.block_m, work_offsets=cu_k)
+    data = [_tma_ready(t.data) for t in (q, k, v)]
+    scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(), jmx.token_block_offsets(cu_k))
+    args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles, causal=causal,
+                                               softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, mx=scales)
     with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
                       **kwargs)

@@ -20,6 +20,9 @@ try:  # the import itself touches no GPU (checked on a CPU-only machine); it fai
     import triton.language.extra.tlx as tlx
 
     pipeline.install()  # compile switches of the TLX builds (jfa.kernels.tlx.pipeline)
+    from jfa.kernels.tlx.common import scaled_mma
+
+    scaled_mma.install()  # tlx.async_dot_scaled as this plugin compiles it (jfa.kernels.tlx.common.scaled_mma)
     TLX_IMPORT_ERROR: Optional[ImportError] = None
 except ImportError as exc:  # pragma: no cover - depends on the installed Triton
     tlx = None

@@ -34,3 +34,16 @@ def test_blackwell_forward_and_its_backward_meet_the_oracle_through_the_op(case)
 def test_which_kernels_names_the_blackwell_forward():
     q = torch.zeros(8, 2, 128, device="cuda", dtype=torch.bfloat16)
     assert jfa.which_kernels(q, q, q).forward == "tlx-blackwell"
+
+
+def test_mxfp8_at_d64_falls_back_on_the_gpu_with_the_reason():
+    """The D 64 MXFP8 build runs on the simulator only (its scale tiles have no tcgen05.cp layout in Triton
+    3.8): on a B200 the MXFP8 forward at D 64 is the portable one, and which_kernels says why; D 128 is the
+    Blackwell MX build."""
+    for head_dim, forward in ((64, "triton-mxfp8"), (128, "tlx-blackwell-mxfp8")):
+        q = torch.zeros(8, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+        choice = jfa.which_kernels(q, q, q, precision="mxfp8")
+        assert choice.forward == forward, choice
+    assert "tcgen05.cp" in jfa.which_kernels(torch.zeros(8, 2, 64, device="cuda", dtype=torch.bfloat16),
+                                             *(torch.zeros(8, 2, 64, device="cuda", dtype=torch.bfloat16),) * 2,
+                                             precision="mxfp8").reason

@@ -865,8 +865,8 @@ def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale
 
 def mx_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:
     """Whether the MXFP8 build runs these operands, and why not: MXTensors (q, k along dim, v along tokens) or
-    the high-precision tensors a call quantizes; head dim 64 or 128, an sm_100 launch target, no sliding window
-    (causal runs). The launcher makes the E4M3 bytes contiguous and 16-byte aligned, so their layout is never
+    the high-precision tensors a call quantizes; head dim 128 on an sm_100 GPU (64 too on the TLX simulator: its
+    build does not compile for sm_100a), no sliding window (causal runs). The launcher makes the E4M3 bytes contiguous and 16-byte aligned, so their layout is never
     the reason."""
     axes = tuple(getattr(t, "axis", None) for t in (q, k, v))
     if axes != (None,) * 3 and axes != ("dim", "dim", "tokens"):
@@ -874,8 +874,13 @@ def mx_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:
     if tuple(window) not in ((-1, -1), (-1, 0)):
         return False, f"window_size {tuple(window)} (the TLX Blackwell MXFP8 forward has no windowed build)"
     probe = torch.empty((0, q.shape[1], q.shape[-1]), dtype=torch.bfloat16, device=q.device)
-    return check_inputs({"q": probe}, dtype=torch.bfloat16, head_dim=q.shape[-1],
-                        head_dims=tuple(sorted(_MX_CONFIGS)), capability=CAPABILITY)
+    ok, reason = check_inputs({"q": probe}, dtype=torch.bfloat16, head_dim=q.shape[-1],
+                              head_dims=tuple(sorted(_MX_CONFIGS)), capability=CAPABILITY)
+    head_dim = q.shape[-1]
+    if ok and q.device.type == "cuda" and mx_scale_tiles(config_for(head_dim, "floor"), head_dim) != {scaled_mma.SCALE_TILE}:
+        return False, (f"head_dim {head_dim}: the MXFP8 build's scale tiles have no tcgen05.cp layout in Triton 3.8, "
+                       "so it compiles for the TLX simulator only (D 128 runs on the GPU)")
+    return ok, reason
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:

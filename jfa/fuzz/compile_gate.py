@@ -673,6 +673,20 @@ def blackwell_launch_binding(target: Target) -> dict:
     return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
 
 
+def _tensor_memory(compiled, result: Result, expected: dict, *, commits: str, loads: str) -> None:
+    """An sm_100 build's tensor memory: its columns (within the SM's), tcgen05.commit and tcgen05.ld present
+    (``commits``, ``loads``: what each is for in this kernel), into ``result.details`` and ``expected``."""
+    ptx = compiled.asm["ptx"]
+    tmem = getattr(compiled.metadata, "tmem_size", -1)
+    result.details.update(tmem_columns=tmem, tcgen05_commits=len(re.findall(r"tcgen05\.commit", ptx)),
+                          tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
+    expected.update({
+        f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
+        f"tcgen05.commit ({commits})": result.details["tcgen05_commits"] > 0,
+        f"tcgen05.ld ({loads})": result.details["tcgen05_loads"] > 0,
+    })
+
+
 def blackwell_dkdv_launch_binding(target: Target) -> dict:
     """What a launch of the Blackwell dK/dV kernel by its launcher (``jagged_dkdv_blackwell``, with the fused dQ's
     accumulator for a "fused-dq" target) would compile, bound on CPU tensors like ``dkdv_launch_binding``."""
@@ -706,14 +720,9 @@ def _check_blackwell_dkdv(target: Target) -> Result:
     cfg = bwb.config_for(target.head_dim)
     compiled, result, expected = _compile_tlx(target, spec, 3, llvm_o0=cfg.llvm_o0, consumer_regs=cfg.compute_regs,
                                               spill_allowance=SM100_ENTRY_SPILL_BYTES)
-    ptx = compiled.asm["ptx"]
-    tmem = getattr(compiled.metadata, "tmem_size", -1)
-    result.details.update(tmem_columns=tmem, tcgen05_commits=len(re.findall(r"tcgen05\.commit", ptx)),
-                          tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
+    _tensor_memory(compiled, result, expected, commits="dK/dV, K/V handed on once the item's MMAs completed",
+                   loads="S^T, dP^T, dK, dV, dQ read from tensor memory")
     expected.update({
-        f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
-        "tcgen05.commit (dK/dV, K/V handed on once the item's MMAs completed)": result.details["tcgen05_commits"] > 0,
-        "tcgen05.ld (S^T, dP^T, dK, dV, dQ read from tensor memory)": result.details["tcgen05_loads"] > 0,
         f"partition registers as stated ({cfg.compute_regs} compute, {bwb.ISSUER_REGS.value} issuers)":
             result.details["requested_registers"] == [cfg.compute_regs] + [bwb.ISSUER_REGS.value] * 2,
         "TMA reduce-adds of dQ exactly in the fused build": (result.details["tma_reduce_adds"] > 0) == fused,
@@ -767,14 +776,10 @@ def _check_blackwell(target: Target) -> Result:
     cfg = bw.config_for(target.head_dim, target.mx)
     compiled, result, expected = _compile_tlx(target, spec, bw.NUM_GROUPS + 2, llvm_o0=cfg.llvm_o0,
                                               consumer_regs=cfg.softmax_regs, spill_allowance=SM100_ENTRY_SPILL_BYTES)
+    _tensor_memory(compiled, result, expected, commits="Q handed back once its MMAs completed",
+                   loads="S and O read from tensor memory")
     ptx = compiled.asm["ptx"]
-    tmem = getattr(compiled.metadata, "tmem_size", -1)
-    result.details.update(tmem_columns=tmem, tcgen05_commits=len(re.findall(r"tcgen05\.commit", ptx)),
-                          tcgen05_loads=len(re.findall(r"tcgen05\.ld\b", ptx)))
     expected.update({
-        f"tensor memory within {SM100_TMEM_COLUMNS} columns": 0 < tmem <= SM100_TMEM_COLUMNS,
-        "tcgen05.commit (Q handed back once its MMAs completed)": result.details["tcgen05_commits"] > 0,
-        "tcgen05.ld (S and O read from tensor memory)": result.details["tcgen05_loads"] > 0,
         f"partition registers as stated ({cfg.softmax_regs} softmax, {bw.ISSUER_REGS.value} issuers)":
             result.details["requested_registers"] == [cfg.softmax_regs] * bw.NUM_GROUPS + [bw.ISSUER_REGS.value] * 2,
     })

@@ -15,6 +15,8 @@ import torch
 
 from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check_block_size, select_kv_blocks,
                               sparse_backend)
+from jfa import knobs
+from jfa.plans import call_key, plans
 from jfa.dispatch import (KERNEL_NAMES, MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
                           mx_backend, mx_tlx_kernel, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
@@ -92,13 +94,18 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
 _FORWARD_LAUNCHERS = {"triton": ("jfa.kernels.triton.forward", "jagged_forward"),
                       "tlx": ("jfa.kernels.tlx.hopper.forward", "jagged_forward_tlx"),
                       "tlx_blackwell": ("jfa.kernels.tlx.blackwell.forward", "jagged_forward_blackwell")}
+# the launchers that keep prepared launches in a call plan (``plan=``; jfa.plans): the Hopper TLX kernels
+_PLANNED = frozenset({"tlx"})
+
+
 def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                 window_left, window_right):
+                 window_left, window_right, plan=None):
     """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
-    backward can follow any forward."""
+    backward can follow any forward. ``plan``: the call's plan (``jfa.plans``), for the launchers that use one."""
     launch = launcher(*_FORWARD_LAUNCHERS[backend])
+    planned = {"plan": plan} if plan is not None and backend in _PLANNED else {}
     result = launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                    num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=(window_left, window_right))
+                    num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=(window_left, window_right), **planned)
     record("forward", backend, q.device)
     return result
 
@@ -129,17 +136,32 @@ def _tlx_backward_launcher(q, k, v, dout, backend: str = "tlx"):
 
 
 def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, softmax_scale, broadcast_q,
-                  num_seqs, len_q_bcast, window_left, window_right, deterministic):
+                  num_seqs, len_q_bcast, window_left, window_right, deterministic, plan=None):
     """(dq, dk, dv) after ``backend``'s forward. The kernel is chosen here, on the real tensors: under
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
-    formula with fake tensors (no data pointer there for the TMA layout rules to read)."""
-    if backend in _TLX_BACKWARDS:
-        chosen, launch, dout = _tlx_backward_launcher(q, k, v, dout, backend)
+    formula with fake tensors (no data pointer there for the TMA layout rules to read). With a ``plan``
+    the choice is made once per layout of dout (what it depends on: q, k, v are the plan's)."""
+    # (the settings too: a backward may run under other settings than its forward's)
+    choice_key = plan is not None and ("backward", dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16,
+                                       knobs.fingerprint())
+    choice = plan.memo.get(choice_key) if plan is not None else None
+    if choice is not None:
+        chosen, copied = choice
+        dout = dout.contiguous() if copied else dout
+        launch = launcher(*_TLX_BACKWARDS[chosen]) if chosen in _TLX_BACKWARDS else _portable_backward_launcher(
+            q, k, v, dout)[1]
     else:
-        chosen, launch, dout = _portable_backward_launcher(q, k, v, dout)
+        given = dout
+        if backend in _TLX_BACKWARDS:
+            chosen, launch, dout = _tlx_backward_launcher(q, k, v, dout, backend)
+        else:
+            chosen, launch, dout = _portable_backward_launcher(q, k, v, dout)
+        if plan is not None:
+            plan.memo[choice_key] = (chosen, dout is not given)
+    planned = {"plan": plan} if plan is not None and chosen in _PLANNED else {}
     grads = launch(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dlse=dlse,
-                   deterministic=deterministic, window=(window_left, window_right))
+                   deterministic=deterministic, window=(window_left, window_right), **planned)
     record("backward", chosen, q.device)
     return grads
 
@@ -227,15 +249,16 @@ class _EagerAttention(torch.autograd.Function):
     it; tracers take the custom ops (``traced``)."""
 
     # (ctx in forward, not a separate setup_context: that style costs ~55 us more per call in
-    # Function.apply, and torch.func transforms cannot run the Triton kernels anyway)
+    # Function.apply, and torch.func transforms cannot run the Triton kernels anyway; the arguments that
+    # are not q, k, v travel as one tuple: apply's own work grows with the number of arguments)
     @staticmethod
-    def forward(ctx, backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                window_left, window_right, deterministic):
-        out, lse = _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs,
-                                len_q_bcast, window_left, window_right)
-        _setup_context(ctx, (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                             window_left, window_right, deterministic), (out, lse))
-        ctx.backend = backend
+    def forward(ctx, q, k, v, call):
+        """``call``: (backend, plan, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+        window_left, window_right, deterministic)."""
+        backend, plan, cu_q, cu_k, *args = call
+        out, lse = _run_forward(backend, q, k, v, cu_q, cu_k, *args[:-1], plan)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, *args), (out, lse))
+        ctx.backend, ctx.plan = backend, plan
         # an unused output's grad stays None (no zeros made): delta - dlse is then delta itself
         ctx.set_materialize_grads(False)
         return out, lse
@@ -243,18 +266,19 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
-        grads = _run_backward(ctx.backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args)
-        return (None, *grads) + _NO_GRADS
+        grads = _run_backward(ctx.backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.args, plan=ctx.plan)
+        return (*grads, None)
 
 
 def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-               window_left, window_right, deterministic):
-    """(out, lse) of ``backend``'s kernels ("triton" or "tlx"), differentiable in q, k, v."""
+               window_left, window_right, deterministic, plan=None):
+    """(out, lse) of ``backend``'s kernels ("triton" or "tlx"), differentiable in q, k, v. ``plan``: the
+    call's plan (``jfa.plans``; eager calls only)."""
     args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left,
             window_right, deterministic)
     if traced(q, k, v):
         return _FORWARD_OPS[backend](*args)
-    return _EagerAttention.apply(backend, *args)
+    return _EagerAttention.apply(q, k, v, (backend, plan, *args[3:]))
 
 
 def tlx_backward_supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *,
@@ -382,6 +406,14 @@ def jagged_attention(
         ValueError: a broken rule (shapes, devices, offset values, a hint below the longest sequence, a
             backend that cannot run here); nothing is computed then.
     """
+    key = call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k, causal, window_size,
+                   softmax_scale, broadcast_q, deterministic, backend, return_lse)) if precision == "auto" else None
+    offsets = (cu_seqlens_q, cu_seqlens_k)
+    plan = plans.get(key, offsets)
+    if plan is not None:  # this call's structure passed every check before (jfa.plans)
+        out, lse = _attention(plan.problem[0], q, k, v, cu_seqlens_q, cu_seqlens_k, causal, *plan.problem[1:],
+                              deterministic, plan)
+        return (out, lse) if return_lse else out
     q, k, v, cu_seqlens_q, cu_seqlens_k, wrap = _unpack_nested(q, k, v, cu_seqlens_q, cu_seqlens_k, broadcast_q)
     problem = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        softmax_scale=softmax_scale, broadcast_q=broadcast_q, deterministic=deterministic,
@@ -404,9 +436,12 @@ def jagged_attention(
         lse = lse.to(torch.float32)
         record("forward", "torch", q.device)
     else:
+        if problem.q is q and problem.k is k and problem.v is v:  # (a copied input: its key names the original)
+            plan = plans.make(key, offsets, (problem.backend, problem.softmax_scale, broadcast_q, problem.num_seqs,
+                                             problem.len_q_bcast, *problem.window))
         out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
                               problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast,
-                              *problem.window, deterministic)
+                              *problem.window, deterministic, plan)
     if wrap is not None:
         out = wrap(out)
     return (out, lse) if return_lse else out

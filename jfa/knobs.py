@@ -126,6 +126,12 @@ _scopes: tuple = ()  # the open scopes' settings, innermost last (a dict each); 
 _process: dict = {}
 _parsed: dict = {}  # (name, environment text) -> parsed value: the variable is read at each access, parsed once
 _lock = threading.Lock()
+_generation = 0  # bumped by every change of the scopes or the process settings (fingerprint)
+_ENV_NAMES = tuple(k.env for k in KNOBS.values())
+# os.environ's own table and its keys for our variables (CPython keeps the encoded table in ``_data``; a
+# read there costs a dict lookup, os.environ.get ~40 times that: the fingerprint runs at every call)
+_ENV_TABLE = getattr(os.environ, "_data", None)
+_ENV_KEYS = tuple(os.environ.encodekey(name) for name in _ENV_NAMES) if _ENV_TABLE is not None else _ENV_NAMES
 
 
 def _knob(name: str) -> Knob:
@@ -166,6 +172,15 @@ def get(name: str) -> Any:
     return parsed
 
 
+def fingerprint() -> tuple:
+    """A value that differs whenever any setting may read differently from when it was taken: the
+    generation of the scopes and process settings and the environment's text of every variable. Caches of
+    work that depends on settings (``jfa.plans``) key on it instead of reading each setting."""
+    table = os.environ._data if _ENV_TABLE is not None else os.environ
+    get_env = table.get
+    return (_generation, *[get_env(key) for key in _ENV_KEYS])
+
+
 def __getattr__(name: str) -> Any:  # knobs.trust_offsets etc.
     if name.startswith("__"):
         raise AttributeError(name)
@@ -181,18 +196,21 @@ def scope(**values: Any) -> Iterator[None]:
     for name, value in values.items():
         knob = _knob(name)
         layer[name] = knob.default if value is None else _normalise(knob, value)
-    global _scopes
+    global _scopes, _generation
     with _lock:
         _scopes = _scopes + (layer,)
+        _generation += 1
     try:
         yield
     finally:
         with _lock:  # this block's own layer, wherever it now is in the stack
             _scopes = tuple(other for other in _scopes if other is not layer)
+            _generation += 1
 
 
 def set_process(**values: Any) -> None:
     """Set settings for the whole process (every thread); ``None`` clears a process setting."""
+    global _generation
     with _lock:
         for name, value in values.items():
             knob = _knob(name)
@@ -200,6 +218,7 @@ def set_process(**values: Any) -> None:
                 _process.pop(name, None)
             else:
                 _process[name] = _normalise(knob, value)
+        _generation += 1  # after the change: a fingerprint taken before it never names the new values
 
 
 def describe() -> list:

@@ -214,3 +214,62 @@ def test_cluster_launches_always_take_tritons_path(triton_launches):
         fast.launch(UNSPECIALISED, (2,), x, 16, 3, ctas_per_cga=(2, 1, 1))
         fast.launch(UNSPECIALISED, (2,), x, 16, 3, num_ctas=2)
     assert len(calls) == 4 and compiled.launches == []
+
+
+def test_a_prepared_launch_replaces_the_named_arguments_and_keeps_the_rest(triton_launches):
+    calls, compiled = triton_launches
+    x, y, z = (BASE.view(torch.float16)[i:i + 8] for i in (0, 16, 32))
+    desc = TensorDescriptor(torch.zeros(64, 64, dtype=torch.float16), shape=[64, 64], strides=[64, 1],
+                            block_shape=[16, 32])
+    args, kwargs = (x, y, desc, 32, 7, 0.5, True), dict(BLOCK=16, num_warps=4)
+    fast.launch(PROBE, (3,), *args, **kwargs)
+    prepared = fast.prepare(PROBE, args, kwargs, ("Y", "X"))
+    assert prepared is not None
+    assert prepared.run((4,), (z, y)) is True
+    assert len(calls) == 1
+    assert compiled.launches == [((4, 1, 1), 0, (y, z, desc, 32, 7, 0.5, True, 16, 1))]
+
+
+def test_a_prepared_launch_refuses_a_replacement_that_changes_the_signature(triton_launches):
+    calls, compiled = triton_launches
+    aligned, unaligned = BASE.view(torch.float16)[:8], BASE.view(torch.float16)[1:9]
+    as_float = BASE.view(torch.float32)[:8]
+    fast.launch(UNSPECIALISED, (1,), aligned, 16, 3)
+    prepared = fast.prepare(UNSPECIALISED, (aligned, 16, 3), {}, ("X",))
+    assert prepared.run((1,), (unaligned,)) is False  # another binary: Triton's path must pick it
+    assert prepared.run((1,), (as_float,)) is False
+    assert compiled.launches == []
+    assert prepared.run((1,), (aligned,)) is True and len(compiled.launches) == 1
+
+
+def test_nothing_is_prepared_before_the_first_launch_or_for_a_cluster_launch(triton_launches):
+    x = BASE.view(torch.float16)[:8]
+    assert fast.prepare(UNSPECIALISED, (x, 16, 3), {}, ("X",)) is None
+    fast.launch(UNSPECIALISED, (1,), x, 16, 3)
+    assert fast.prepare(UNSPECIALISED, (x, 16, 3), {"num_ctas": 2}, ("X",)) is None
+    relaunch = fast.prepare_or_relaunch(UNSPECIALISED, (x, 16, 4), {}, ("X",))
+    assert isinstance(relaunch, fast.Prepared)  # (16, 4): the signature of (16, 3)
+
+
+def test_a_prepared_launch_yields_to_a_hook_set_later(triton_launches):
+    from triton import knobs as triton_knobs
+
+    calls, compiled = triton_launches
+    x = BASE.view(torch.float16)[:8]
+    fast.launch(UNSPECIALISED, (1,), x, 16, 3)
+    prepared = fast.prepare(UNSPECIALISED, (x, 16, 3), {}, ("X",))
+    hook = lambda metadata: None  # noqa: E731 - what a profiler adds
+    triton_knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert prepared.run((1,), (x,)) is False
+    finally:
+        triton_knobs.runtime.launch_enter_hook.remove(hook)
+    assert compiled.launches == []
+
+
+def test_a_relaunch_goes_through_the_usual_launch_with_the_arguments_replaced():
+    seen = []
+    relaunch = fast.Relaunch(lambda kernel, grid, args, kwargs: seen.append((grid, args, kwargs)), PROBE,
+                             ("x", "y", "desc", 1), {"m": 2, "BLOCK": 16}, ("Y", "m"))
+    assert relaunch.run((7,), ("new-y", 5)) is True
+    assert seen == [((7,), ("x", "new-y", "desc", 1), {"m": 5, "BLOCK": 16})]

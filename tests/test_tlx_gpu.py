@@ -15,6 +15,7 @@ from jfa.fuzz.catalog import tlx_cases
 from jfa.fuzz.cases import Case, offsets
 from jfa.fuzz.rule import run_case
 from jfa.kernels.schedule import TileList, build_tile_list
+from planned_calls import planned_cases, run_twice, spy_on_planned_launchers
 
 pytestmark = pytest.mark.gpu
 
@@ -74,6 +75,21 @@ def test_tlx_kernels_meet_the_oracle(case, dq, monkeypatch, record_property):
         assert launches and all(launch == fused for launch in launches), launches
     record_property("verdicts", str({v.name: [v.error, v.allowed] for v in report.verdicts}))
     assert report.ok, str(report)
+
+
+PLANNED = planned_cases(CASES)
+
+
+@pytest.mark.parametrize("case", PLANNED, ids=[c.id for c in PLANNED])
+def test_a_planned_call_meets_the_oracle(case, monkeypatch):
+    """A call on offsets a call of the same structure had (a model's next layer or step) takes the call
+    plan (``jfa.plans``): the launches prepared on the GPU, then judged by the rule."""
+    ran = spy_on_planned_launchers(monkeypatch)
+    first, second = run_twice(case, "cuda", monkeypatch)
+    assert first.ok, str(first)
+    assert (second.kernel, second.backward_kernel) == ("tlx-hopper", "tlx-hopper"), second.ran
+    assert ran == {"forward": 1, "backward": 1}, "the second call did not take the prepared launches"
+    assert second.ok, str(second)
 
 
 ABLATION_CASES = [c for c in CASES if c.name.startswith(("tlx-many-items", "tlx-long-items", "tlx-tails"))

@@ -81,25 +81,30 @@ class _KernelLaunches:
         from jfa.kernels.tlx import pipeline
 
         key = [device, options, pipeline.build_settings()]
-        append = key.append
         for value, treatment in zip(values, self.treatment):
-            if treatment == _CONSTEXPR:
-                append(value)
-                continue
-            cls = value.__class__
-            if cls is int:
-                width = 0 if _I32_MIN <= value <= _I32_MAX else (1 if value <= _I64_MAX else 2)
-                append(width if treatment == _TYPED else (width, value == 1, value % 16 == 0))
-            elif isinstance(value, torch.Tensor):
-                append(value.dtype)
-                append(value.data_ptr() % 16 == 0)
-            elif value is None or cls is float or cls is bool:
-                append(cls)
-            elif cls.__name__ == "TensorDescriptor":
-                append((value.base.dtype, *value.block_shape, value.padding, value.round_f32_to_tf32))
-            else:
+            kind = describe(value, treatment)
+            if kind is _UNDESCRIBED:
                 return None
+            key.append(kind)
         return tuple(key)
+
+
+def describe(value, treatment: int):
+    """What the launch signature records of one argument (the module docstring), ``_UNDESCRIBED`` for a
+    kind it does not describe."""
+    if treatment == _CONSTEXPR:
+        return value
+    cls = value.__class__
+    if cls is int:
+        width = 0 if _I32_MIN <= value <= _I32_MAX else (1 if value <= _I64_MAX else 2)
+        return width if treatment == _TYPED else (width, value == 1, value % 16 == 0)
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if value is None or cls is float or cls is bool:
+        return cls
+    if cls.__name__ == "TensorDescriptor":
+        return value.base.dtype, *value.block_shape, value.padding, value.round_f32_to_tf32
+    return _UNDESCRIBED
 
 
 def _set(hook) -> bool:
@@ -152,6 +157,99 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     grid_z = grid[2] if len(grid) > 2 else 1
     compiled.run(grid[0], grid_y, grid_z, driver.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *values)
+
+
+class Prepared:
+    """A launch of one kernel bound once, for a caller that repeats the same kind of launch with some
+    arguments replaced (``jfa.plans``: fresh outputs, the descriptors of new inputs). :meth:`run` puts the
+    replacements in, checks that each keeps what the launch signature records of its argument (so the
+    kept binary is the one Triton would pick) and launches it. The caller keeps every other argument's
+    value, and the settings in force when it was prepared, unchanged (its cache key covers them)."""
+
+    __slots__ = ("launches", "compiled", "values", "slots", "kinds", "device")
+
+    def __init__(self, launches: _KernelLaunches, compiled, values: list, replaced: tuple, device: int):
+        self.launches, self.compiled, self.values, self.device = launches, compiled, values, device
+        self.slots = tuple(launches.index[name] for name in replaced)
+        self.kinds = tuple(describe(values[i], launches.treatment[i]) for i in self.slots)
+
+    def run(self, grid: tuple, replacements: tuple) -> bool:
+        """Launch with ``replacements`` (the values of the names given to :func:`prepare`, in order); False,
+        launching nothing, when one of them changes the signature, the current device is another, or a
+        Triton hook is set: the caller then launches the usual way."""
+        values = self.values.copy()
+        treatment = self.launches.treatment
+        for slot, kind, value in zip(self.slots, self.kinds, replacements):
+            if describe(value, treatment[slot]) != kind:
+                return False
+            values[slot] = value
+        driver = _driver()
+        device = driver.get_current_device()
+        if device != self.device or _hooks_set():
+            return False
+        grid_y = grid[1] if len(grid) > 1 else 1
+        grid_z = grid[2] if len(grid) > 2 else 1
+        self.compiled.run(grid[0], grid_y, grid_z, driver.get_current_stream(device), self.compiled.function,
+                          self.compiled.packed_metadata, None, None, None, *values)
+        return True
+
+
+def prepare(kernel, args: tuple, kwargs: dict, replaced: tuple) -> Optional[Prepared]:
+    """The launch ``kernel[grid](*args, **kwargs)`` bound for :meth:`Prepared.run` with the parameters named
+    in ``replaced`` replaced, or None where :func:`launch` would not launch it directly, or its binary is
+    not kept yet (launch it once first)."""
+    if (not hasattr(kernel, "params") or "ctas_per_cga" in kwargs or kwargs.get("num_ctas", 1) != 1
+            or _hooks_set()):
+        return None
+    launches = _COMPILED.get(id(kernel))
+    if launches is None or launches.kernel is not kernel:
+        return None
+    bound = launches.bind(args, kwargs)
+    if bound is None:
+        return None
+    values, options = bound
+    device = _driver().get_current_device()
+    key = launches.signature(values, options, device)
+    try:
+        compiled = launches.compiled.get(key) if key is not None else None
+    except TypeError:
+        return None
+    if compiled is None:
+        return None
+    return Prepared(launches, compiled, values, replaced, device)
+
+
+class Relaunch:
+    """A prepared launch without the direct path (an interpreted kernel, the simulator's target, a launch
+    :func:`prepare` refuses): :meth:`run` launches through ``launch_fn(kernel, grid, args, kwargs)`` with the
+    named arguments replaced, exactly as the first launch went."""
+
+    __slots__ = ("launch_fn", "kernel", "args", "kwargs", "replaced")
+
+    def __init__(self, launch_fn, kernel, args: tuple, kwargs: dict, replaced: tuple):
+        self.launch_fn, self.kernel, self.args, self.kwargs = launch_fn, kernel, tuple(args), dict(kwargs)
+        names = list(kernel.arg_names)
+        # the position in args, or the keyword, of each replaced parameter
+        self.replaced = tuple(names.index(name) if names.index(name) < len(args) else name for name in replaced)
+
+    def run(self, grid: tuple, replacements: tuple) -> bool:
+        args, kwargs = list(self.args), dict(self.kwargs)
+        for where, value in zip(self.replaced, replacements):
+            if where.__class__ is int:
+                args[where] = value
+            else:
+                kwargs[where] = value
+        self.launch_fn(self.kernel, grid, tuple(args), kwargs)
+        return True
+
+
+def _launch_with(kernel, grid, args, kwargs) -> None:
+    launch(kernel, grid, *args, **kwargs)
+
+
+def prepare_or_relaunch(kernel, args: tuple, kwargs: dict, replaced: tuple):
+    """:func:`prepare`'s direct launch where it can be made, else a :class:`Relaunch` through :func:`launch`."""
+    return prepare(kernel, args, kwargs, replaced) or Relaunch(_launch_with, kernel, args, kwargs, replaced)
 
 
 def clear() -> None:

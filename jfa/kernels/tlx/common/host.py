@@ -122,6 +122,16 @@ def descriptor(t: torch.Tensor, block_rows: int):
     return desc, view.col_stride
 
 
+def rebased(template, base: torch.Tensor):
+    """The TMA descriptor ``template`` over ``base`` instead of its own base, without re-running the
+    descriptor's checks: ``base`` must have the template base's dtype, shape, strides and 16-byte
+    alignment (a call plan's key guarantees it: ``jfa.plans``)."""
+    desc = object.__new__(type(template))
+    desc.__dict__.update(template.__dict__)
+    desc.base = base
+    return desc
+
+
 def make_variant(cls, switches: Mapping[str, str], source: str):
     """``cls(**switches)`` for a dataclass of ablation switches: bool fields parse 0/1/true/false, the
     others take the text; an unknown key is a ValueError naming ``source`` (the knob's variable)."""

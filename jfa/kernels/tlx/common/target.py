@@ -8,7 +8,10 @@ tile lists and dispatch run unchanged on a machine without a GPU. The product ne
 simulator; the harness registers it (dependency inversion, so ``jfa.kernels`` stays free of ``jfa.sim``).
 
 A target answers three questions: the compute capability its kernels are built for (the dispatch's
-``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, and how to launch.
+``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, and how to launch. A launcher
+that repeats one kind of launch (``jfa.plans``) asks :func:`prepare` for it once: on the GPU the compiled
+kernel bound to its arguments (``jfa.kernels.launch.Prepared``), elsewhere the same launch through the
+target with the arguments replaced (:class:`Relaunch`), so both run the same launcher code.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from jfa.kernels.launch import launch as launch_compiled
+from jfa.kernels.launch import Relaunch, prepare_or_relaunch
 
 LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, kwargs)
 
@@ -31,6 +35,8 @@ class LaunchTarget:
     capability: tuple  # (major, minor) of the architecture the kernels are dispatched for
     sm_count: int  # CTAs a persistent grid launches at most
     launch: LaunchFn  # runs ``kernel[grid](*args, **kwargs)``
+    # (kernel, args, kwargs, replaced names) -> a prepared launch; None: a ``Relaunch`` through ``launch``
+    prepare: Optional[Callable] = None
 
 
 _registered: dict = {}  # device type -> LaunchTarget (the non-CUDA targets)
@@ -62,7 +68,7 @@ def _cuda_target(device: torch.device) -> LaunchTarget:
     if target is None:
         props = torch.cuda.get_device_properties(index)
         target = _cuda_targets[index] = LaunchTarget("cuda", (props.major, props.minor), props.multi_processor_count,
-                                                     _cuda_launch)
+                                                     _cuda_launch, prepare_or_relaunch)
     return target
 
 
@@ -80,3 +86,16 @@ def launch(kernel, grid: tuple, device: torch.device, *args, **kwargs) -> None:
         raise ValueError(f"no TLX execution target for {device.type} tensors (CUDA runs on the GPU; "
                          "the TLX simulator registers one for CPU tensors: jfa.sim)")
     target.launch(kernel, grid, args, kwargs)
+
+
+def prepare(kernel, device: torch.device, args: tuple, kwargs: dict, replaced: tuple):
+    """The launch ``kernel[grid](*args, **kwargs)`` on ``device``'s target, prepared for repeats in which the
+    parameters named in ``replaced`` change (``run(grid, values) -> bool``; False: launch the usual way).
+    Call it after the launch itself ran once (a GPU launch then has its binary kept)."""
+    target = target_for(device)
+    if target is None:
+        raise ValueError(f"no TLX execution target for {device.type} tensors")
+    if target.prepare is not None:
+        return target.prepare(kernel, args, kwargs, replaced)
+    return Relaunch(lambda kernel_, grid, args_, kwargs_: target.launch(kernel_, grid, args_, kwargs_),
+                    kernel, args, kwargs, replaced)

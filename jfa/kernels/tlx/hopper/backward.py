@@ -65,7 +65,8 @@ from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, item_slot_head, safe_sequence, static_item
-from jfa.kernels.tlx.common.host import check_inputs, descriptor, make_variant, offline_signature, sm_count, tlx
+from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
+                                         tlx)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -809,7 +810,8 @@ class DqAccumulator:
 
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum: Optional[DqAccumulator] = None,
-                    variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1), lists=None) -> None:
+                    variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1), lists=None,
+                    keep: Optional[dict] = None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``), or None with
     ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With
@@ -819,7 +821,8 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     ``window_size``; k and v may have fewer heads than q (a divisor): each query head's dK and dV are then
     fp32 partials, summed over its group into ``dk`` and ``dv``. ``lists``: block-sparse attention's
     (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's keys): each key tile then steps over
-    the query blocks that list it (``sparse_key_tiles``)."""
+    the query blocks that list it (``sparse_key_tiles``). ``keep``: a dict that receives the launches made,
+    prepared for repeats (``_PlannedBackward``), when kernels ran."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
@@ -859,7 +862,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
         else:
             dq_accum.tensor.zero_()
             dq_accum.zeroed = True
-    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs, zero=zero)
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs, zero=zero, keep=keep)
     if zero is not None:
         dq_accum.zeroed = True
     desc_stats = stats_descriptor(stats, cfg.block_m)
@@ -874,17 +877,70 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
-    with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
-        target.launch(
-            jagged_dkdv_tlx_kernel, (grid,), q.device,
-            desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
+    args = (desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
             q_idx, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid, triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
-            softmax_scale, *band, **constants, **_launch_options())
+            softmax_scale, *band)
+    kwargs = {**constants, **_launch_options()}
+    with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_dkdv_tlx_kernel, (grid,), q.device, *args, **kwargs)
+        if keep is not None:
+            keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, _PlannedBackward.REPLACED),
+                            grid, cfg.llvm_o0, args[:6], zero is not None)
     if group > 1:
-        rows, kv_heads = k.shape[0], k.shape[1]
-        dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
-        dv_out.copy_(dv.view(rows, kv_heads, group, head_dim).sum(dim=2))
+        _sum_groups(dk, dv, dk_out, dv_out)
+
+
+def _sum_groups(dk: torch.Tensor, dv: torch.Tensor, dk_out: torch.Tensor, dv_out: torch.Tensor) -> None:
+    """dK, dV of each key/value head: the sums of its query heads' fp32 partials (``dk``, ``dv``)."""
+    rows, kv_heads, head_dim = dk_out.shape
+    group = dk.shape[1] // kv_heads
+    dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
+    dv_out.copy_(dv.view(rows, kv_heads, group, head_dim).sum(dim=2))
+
+
+class _PlannedBackward:
+    """The fused backward of one call structure and gradient layout (``jfa.plans``), its two launches
+    prepared: a call allocates dK, dV, the dQ accumulator and the statistics, re-bases the kept
+    descriptors on its tensors and launches the statistics' pass and the dK/dV kernel."""
+
+    # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists
+    REPLACED = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_stats", "desc_dq", "DK", "DV")
+
+    def __init__(self, keep: dict, q, k):
+        """From what ``jagged_dkdv_tlx`` kept (``keep``) of a fused launch on q, k."""
+        self.row_stats, self.stats_grid = keep["row_stats"]
+        self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats = keep["dkdv"]
+        self.stats_shape = self.descriptors[4].base.shape
+        self.group = q.shape[1] // k.shape[1]
+        self.partials_shape = (k.shape[0], q.shape[1], q.shape[2])
+
+    def __call__(self, q, k, v, out, lse, dout, dlse):
+        """(dq, dk, dv), or None when a prepared launch cannot run (the caller runs the usual way)."""
+        device = q.device
+        dk_out = dk = alloc.empty(k.shape, k.dtype, device)
+        dv_out = dv = alloc.empty(v.shape, v.dtype, device)
+        if self.group > 1:
+            dk = alloc.empty(self.partials_shape, torch.float32, device)
+            dv = alloc.empty(self.partials_shape, torch.float32, device)
+        accumulator = torch.empty(q.shape, dtype=torch.float32, device=device)
+        if not self.zero_in_stats:
+            accumulator.zero_()
+        stats = torch.zeros(self.stats_shape, dtype=torch.float32, device=device)
+        dlse = lse if dlse is None else dlse.to(torch.float32).contiguous()
+        if not self.row_stats.run(self.stats_grid, (lse, lse, out, dout, dlse, stats,
+                                                    accumulator if self.zero_in_stats else stats)):
+            return None
+        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq = self.descriptors
+        with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, self.llvm_o0):
+            ran = self.dkdv.run((self.grid,), (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v),
+                                               rebased(desc_do, dout), rebased(desc_stats, stats),
+                                               rebased(desc_dq, accumulator), dk, dv))
+        if not ran:
+            return None
+        if self.group > 1:
+            _sum_groups(dk, dv, dk_out, dv_out)
+        return accumulator.to(q.dtype), dk_out, dv_out
 
 
 def variant_from_knobs() -> BackwardVariant:
@@ -895,14 +951,24 @@ def variant_from_knobs() -> BackwardVariant:
 
 def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                         broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
-                        variant: Optional[BackwardVariant] = None, window=(-1, -1)):
+                        variant: Optional[BackwardVariant] = None, window=(-1, -1), plan=None):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (the
     default, ``knobs.tlx_fused_dq``, where the fused build takes grouped heads: ``HopperDkDvConfig.grouped``)
     or, with ``deterministic`` (or the knob off), by the portable dQ pass, which writes each row once in a
-    fixed order (bitwise reproducible)."""
+    fixed order (bitwise reproducible). ``plan``: the call's plan (``jfa.plans``): the fused backward keeps
+    its prepared launches there per gradient layout, and later calls with that layout reuse them."""
     from jfa.kernels.triton import backward as portable
 
+    grads_key = None
+    if plan is not None:
+        grads_key = ("tlx_backward", dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16,
+                     None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype), knobs.fingerprint())
+        planned = plan.memo.get(grads_key)
+        if planned is not None:
+            grads = planned(q, k, v, out, lse, dout, dlse)
+            if grads is not None:
+                return grads
     variant = variant_from_knobs() if variant is None else variant
     fused_takes_it = k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped
     if deterministic or not knobs.tlx_fused_dq or not fused_takes_it:
@@ -914,10 +980,13 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
     dq_accum = DqAccumulator(q, zeroed=False)  # zeroed by the statistics' pass
+    keep = {} if grads_key is not None else None
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
-                    variant=variant, outputs=(out, dout, dlse), window=window)
+                    variant=variant, outputs=(out, dout, dlse), window=window, keep=keep)
+    if keep and "row_stats" in keep and "dkdv" in keep:  # (both kernels ran: the call had rows and keys)
+        plan.memo[grads_key] = _PlannedBackward(keep, q, k)
     return dq_accum.read(), dk, dv
 
 

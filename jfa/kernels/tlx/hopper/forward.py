@@ -71,7 +71,8 @@ from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
-from jfa.kernels.tlx.common.host import check_inputs, descriptor, make_variant, offline_signature, sm_count, tlx
+from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
+                                         tlx)
 from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
 
 
@@ -937,9 +938,37 @@ class Timeline:
     variant: Variant
 
 
+class _PlannedForward:
+    """The forward of one call structure (``jfa.plans``), its launch prepared: a call allocates the
+    outputs, re-bases the kept descriptors on its q, k, v and launches."""
+
+    __slots__ = ("launch", "grid", "out_shape", "lse_shape", "descriptors", "dynamic")
+
+    # the kernel parameters a planned call replaces: the inputs' descriptors and the outputs, and for the
+    # dynamic schedule the current stream's work counter (the static schedules never read it)
+    REPLACED = ("desc_q", "desc_k", "desc_v", "OUT", "LSE")
+    REPLACED_DYNAMIC = REPLACED + ("COUNTER",)
+
+    def __init__(self, launch, grid: int, out: torch.Tensor, lse: torch.Tensor, descriptors: tuple, dynamic: bool):
+        self.launch, self.grid, self.descriptors, self.dynamic = launch, grid, descriptors, dynamic
+        self.out_shape, self.lse_shape = out.shape, lse.shape
+
+    def __call__(self, q, k, v):
+        """(out, lse), or None when the prepared launch cannot run (the caller launches the usual way)."""
+        out = alloc.empty(self.out_shape, q.dtype, q.device)
+        lse = alloc.empty(self.lse_shape, torch.float32, q.device)
+        desc_q, desc_k, desc_v = self.descriptors
+        replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), out, lse)
+        if self.dynamic:
+            replacements += (work_counter(q.device),)
+        if not self.launch.run((self.grid,), replacements):
+            return None
+        return out, lse
+
+
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
                        num_seqs: int, len_q_bcast: int = 0, variant: Optional[Variant] = None,
-                       profile: bool = False, window=(-1, -1)):
+                       profile: bool = False, window=(-1, -1), plan=None):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
@@ -947,7 +976,13 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     ``window``: as the API's ``window_size``; ``k``/``v`` may have fewer heads (a divisor of q's).
     ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
-    kernel ran)."""
+    kernel ran). ``plan``: the call's plan (``jfa.plans``): the first call keeps its prepared launch there,
+    later ones (same structure, validated by the plan's key) reuse it."""
+    planned = plan.memo.get("tlx_forward") if plan is not None and not profile else None
+    if planned is not None:
+        result = planned(q, k, v)
+        if result is not None:
+            return result
     variant = variant_from_knobs() if variant is None else variant
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
@@ -976,6 +1011,12 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
                                                profile=profile)
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
+    if plan is not None and not profile:
+        dynamic = kwargs["DYNAMIC"]
+        replaced = _PlannedForward.REPLACED_DYNAMIC if dynamic else _PlannedForward.REPLACED
+        prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs, replaced)
+        if prepared is not None:
+            plan.memo["tlx_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic)
     if not profile:
         return out, lse
     seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from jfa.kernels.cache import IdentityCache
-from jfa.kernels.launch import launch
+from jfa.kernels.launch import launch, prepare_or_relaunch
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_seqs", "search_steps"])
@@ -89,8 +89,13 @@ def _aligned_columns(out_cu: torch.Tensor, num_seqs: int, rows: int) -> tuple[to
     return col_cu, -(-(rows + (COLUMN_ALIGN - 1) * num_seqs + 1) // COLUMN_ALIGN) * COLUMN_ALIGN
 
 
+# the parameters a repeat of the statistics' launch replaces (``keep``): every tensor it reads or writes but
+# the offsets and the column layout (the plan's key fixes those)
+ROW_STATS_REPLACED = ("LSE", "DELTA", "OUT", "DOUT", "DLSE", "STATS", "DQ_ZERO")
+
+
 def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, outputs=None, zero=None,
-              block_rows: int = None):
+              block_rows: int = None, keep: dict = None):
     """The kernel's per-row statistics, transposed so that a query tile's rows are one TMA box:
     ``stats[h, c] = lse[t, h] * log2(e)`` (+inf for a row that saw no key, so its P is exactly 0) and
     ``stats[H + h, c] = delta[t, h]``, columns as ``aligned_columns``; the gaps hold 0, so a box reaching
@@ -98,7 +103,9 @@ def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, 
     with ``outputs=(out, dout, dlse or None)``: then delta = rowsum(dO * O) - dlse is computed in the
     same pass (the portable pre-pass's definition, ``row_delta``). ``zero``: a float32 [rows, H, D]
     tensor (the fused dQ's accumulator, contiguous) that the same pass zeroes (with ``outputs`` only).
-    ``block_rows``: rows per program (measurements; default 64 with ``outputs``, 128 without). Returns (stats [2H, width] float32, stats_cu [B+1] int64). No host sync."""
+    ``block_rows``: rows per program (measurements; default 64 with ``outputs``, 128 without). ``keep``: a
+    dict that receives ``"row_stats"``: (the launch prepared for repeats with ``ROW_STATS_REPLACED`` replaced,
+    its grid), when a kernel ran. Returns (stats [2H, width] float32, stats_cu [B+1] int64). No host sync."""
     rows, num_heads = lse.shape
     stats_cu, width = aligned_columns(out_cu, num_seqs, rows)
     stats = torch.zeros((2 * num_heads, width), dtype=torch.float32, device=lse.device)
@@ -120,14 +127,17 @@ def row_stats(lse: torch.Tensor, delta, out_cu: torch.Tensor, num_seqs: int, *, 
         strides, head_dim, block_t = (0, 0, 0, 0), 16, block_rows or 128
     if zero is not None and zero.shape[2] != head_dim:
         raise ValueError(f"row_stats: zero has head dim {zero.shape[2]}, the outputs {head_dim}")
-    launch(row_stats_kernel, (triton.cdiv(rows, block_t), num_heads),
-           LSE=lse, **tensors, OUT_CU=out_cu, STATS_CU=stats_cu, STATS=stats,
-           DQ_ZERO=stats if zero is None else zero, num_rows=rows, num_heads=num_heads, num_seqs=num_seqs,
-           search_steps=max(1, (num_seqs - 1).bit_length()), stride_stats=stats.stride(0), stride_ot=strides[0],
-           stride_oh=strides[1], stride_dot=strides[2], stride_doh=strides[3],
-           stride_zt=0 if zero is None else zero.stride(0), stride_zh=0 if zero is None else zero.stride(1),
-           FROM_OUTPUTS=delta is None, HAS_DLSE=delta is None and dlse is not None, ZERO_DQ=zero is not None,
-           HEAD_DIM=head_dim, BLOCK_T=block_t)
+    grid = (triton.cdiv(rows, block_t), num_heads)
+    kwargs = dict(LSE=lse, **tensors, OUT_CU=out_cu, STATS_CU=stats_cu, STATS=stats,
+                  DQ_ZERO=stats if zero is None else zero, num_rows=rows, num_heads=num_heads, num_seqs=num_seqs,
+                  search_steps=max(1, (num_seqs - 1).bit_length()), stride_stats=stats.stride(0),
+                  stride_ot=strides[0], stride_oh=strides[1], stride_dot=strides[2], stride_doh=strides[3],
+                  stride_zt=0 if zero is None else zero.stride(0), stride_zh=0 if zero is None else zero.stride(1),
+                  FROM_OUTPUTS=delta is None, HAS_DLSE=delta is None and dlse is not None, ZERO_DQ=zero is not None,
+                  HEAD_DIM=head_dim, BLOCK_T=block_t)
+    launch(row_stats_kernel, grid, **kwargs)
+    if keep is not None:
+        keep["row_stats"] = (prepare_or_relaunch(row_stats_kernel, (), kwargs, ROW_STATS_REPLACED), grid)
     return stats, stats_cu
 
 

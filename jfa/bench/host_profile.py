@@ -6,6 +6,10 @@ the host's own work, as ``jfa.bench.runner.host_us`` measures it). Writes, per p
 median wall time of a call and the functions with the most cumulative and own time per call.
 
     python -m jfa.bench.host_profile --suite gem --pass fwd,bwd --out DIR [--triton-launch]
+
+``--compare-plans`` measures instead, per problem and pass, the host time with call plans (``jfa.plans``)
+and without them, interleaved in one process (rounds of ``--calls`` calls, alternating; the minimum
+round's mean per call of each, since this host's medians drift by up to 1.6x between runs).
 """
 from __future__ import annotations
 
@@ -59,6 +63,32 @@ def _profile(fn: Callable[[], object], calls: int, top: int) -> dict:
             "by_cumulative": by_cum, "by_own": by_own}
 
 
+def _plans_enabled(enabled: bool) -> None:
+    """Turn call plans on or off for the calls that follow (off: no call has a key, so none is made or used)."""
+    from jfa import api, plans
+
+    api.call_key = plans.call_key if enabled else (lambda *args, **kwargs: None)
+
+
+def _compare_plans(fn: Callable[[], object], calls: int, rounds: int) -> dict:
+    """Host us per call of ``fn`` with and without call plans: the minimum over ``rounds`` interleaved rounds
+    of ``calls`` calls each, the GPU kept busy by a sleep kernel queued before each round."""
+    best = {"planned_us": float("inf"), "unplanned_us": float("inf")}
+    for _ in range(rounds):
+        for name, enabled in (("planned_us", True), ("unplanned_us", False)):
+            _plans_enabled(enabled)
+            fn()  # (a plan made, or the unplanned path warm)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES // 4)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+    _plans_enabled(True)
+    return best
+
+
 def _text(name: str, result: dict) -> str:
     out = io.StringIO()
     out.write(f"## {name}: {result['plain_us']:.0f} us per call unprofiled, {result['wall_us']:.0f} us under "
@@ -81,6 +111,9 @@ def main(argv=None) -> int:
     parser.add_argument("--triton-launch", action="store_true",
                         help="every launch through Triton's own binding (jfa.kernels.launch's direct launch off): "
                              "the comparison for what the direct launch saves")
+    parser.add_argument("--compare-plans", action="store_true",
+                        help="host time with and without call plans, interleaved (no cProfile)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of --calls calls each (--compare-plans)")
     args = parser.parse_args(argv)
     if args.triton_launch:
         from jfa.kernels import launch
@@ -93,6 +126,17 @@ def main(argv=None) -> int:
         out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
         grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
         prepared = impl.prepare(batch, grad)
+        if args.compare_plans:
+            for name, fn in (("fwd", prepared.fwd), ("fwd+bwd", prepared.fwd_bwd)):
+                if name.split("+")[-1] in args.passes and fn is not None:
+                    result = results[f"{problem.name} {name}"] = _compare_plans(fn, args.calls, args.rounds)
+                    print(f"{problem.name} {name}: planned {result['planned_us']:.0f} us, unplanned "
+                          f"{result['unplanned_us']:.0f} us", flush=True)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "compare_plans.json"), "w") as f:
+                    json.dump(results, f, indent=1)
+            continue
         if "fwd" in args.passes:
             results[f"{problem.name} fwd"] = _profile(prepared.fwd, args.calls, args.top)
         if "bwd" in args.passes and prepared.fwd_bwd is not None:

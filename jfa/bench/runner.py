@@ -70,7 +70,8 @@ CHECK_SEQUENCES = 6
 CHECK_HEADS = 2
 #: Host time: calls timed per pass, behind a sleep kernel of this many GPU cycles (~50 ms on an H200),
 #: which keeps the GPU busy for longer than the calls take so that none of them waits on it.
-HOST_CALLS = 20
+HOST_CALLS = 20  # calls per round of host_us
+HOST_ROUNDS = 5
 HOST_SLEEP_CYCLES = 100_000_000
 #: ``--suite`` value that runs every suite of ``SUITES`` in turn.
 ALL = "all"
@@ -232,23 +233,26 @@ def peak_extra_mib(fn: Callable, device: torch.device) -> float | None:
 
 
 def host_us(fn: Callable, device: torch.device) -> float | None:
-    """Host (CPU) microseconds of one call of ``fn``: the median over HOST_CALLS calls issued while the
-    GPU is still busy with a sleep kernel queued ahead of them, so the time is the caller's own (Python,
-    allocations, launches), which a GPU waits on whenever its kernels are shorter. A call that
-    synchronises with the GPU waits for the sleep and shows it (milliseconds, not microseconds). None
-    unless ``device`` is a CUDA device."""
+    """Host (CPU) microseconds of one call of ``fn``: the mean per call of the fastest of HOST_ROUNDS rounds
+    of HOST_CALLS calls, each round issued while the GPU is still busy with a sleep kernel queued ahead of
+    it, so the time is the caller's own (Python, allocations, launches), which a GPU waits on whenever its
+    kernels are shorter. The fastest round, because what the host adds between calls (scheduling, other
+    processes) only ever adds time: medians of single calls on the H200's host drifted up to 1.6x between
+    runs of the same code (NOTES.md, session 18). A call that synchronises with the GPU waits for the
+    sleep and shows it (milliseconds, not microseconds). None unless ``device`` is a CUDA device."""
     if not _on_cuda(device):
         return None
     fn()  # compiled and its caches filled: the steady state a training step sees
-    torch.cuda.synchronize()
-    torch.cuda._sleep(HOST_SLEEP_CYCLES)
-    times = []
-    for _ in range(HOST_CALLS):
+    best = float("inf")
+    for _ in range(HOST_ROUNDS):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(HOST_SLEEP_CYCLES)
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        for _ in range(HOST_CALLS):
+            fn()
+        best = min(best, (time.perf_counter() - start) / HOST_CALLS)
     torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
+    return best * 1e6
 
 
 def _tflops(flop: float, ms: float | None) -> float | None:

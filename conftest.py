@@ -50,6 +50,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--sim-scope") != "full":
+        skip_slow = pytest.mark.skip(reason="slow: the gate runs it (jfa gate, or --sim-scope full); the CPU suite "
+                                            "leaves it out to stay within its 15-minute budget")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if config.getoption("--device") == "cuda":
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run with --device cuda on a GPU machine")

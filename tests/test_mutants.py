@@ -183,7 +183,15 @@ def _on_cpu_only(device):
         pytest.skip("mutants run on the CPU interpreter (an out-of-bounds mutant would fault the GPU context)")
 
 
-@pytest.mark.parametrize("mutant", PORTABLE, ids=[m.name for m in PORTABLE])
+# the portable mutants whose kill takes minutes on 2 cores (100-240 s each, 2026-12-02: the catalogue and the
+# fuzzer reach their one killing shape late): the gate kills them, the CPU suite leaves them out
+SLOW_TO_KILL = frozenset({"head-dim-mask-off-by-one", "sparse-bulk-bound-of-last-row",
+                          "sparse-dkdv-skips-partly-visible-chunks", "sparse-dkdv-tail-chunk-unmasked"})
+PORTABLE_KILLS = [pytest.param(m, id=m.name, marks=pytest.mark.slow) if m.name in SLOW_TO_KILL else
+                  pytest.param(m, id=m.name) for m in PORTABLE]
+
+
+@pytest.mark.parametrize("mutant", PORTABLE_KILLS)
 def test_catalog_kills(mutant, device, record_property):
     _on_cpu_only(device)
     result = kill(mutant, KILL_SET, device=device)
@@ -197,6 +205,7 @@ def test_catalog_kills(mutant, device, record_property):
     assert report.ok, str(report)
 
 
+@pytest.mark.slow  # the fuzzer's power over the portable kernels: the gate (the catalogue's kills stay in CI)
 @pytest.mark.parametrize("mutant", PORTABLE, ids=[m.name for m in PORTABLE])
 def test_fuzzer_kills(mutant, device, record_property):
     _on_cpu_only(device)

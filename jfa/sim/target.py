@@ -36,7 +36,7 @@ class SimSession:
 
     def _launch(self, kernel, grid, args, kwargs) -> None:
         report = launch(kernel, grid, *args, schedule=self.schedule, trace=self.trace, arch=self.arch,
-                        max_steps=self.max_steps, timeout_s=self.timeout_s, **kwargs)
+                        max_steps=self.max_steps, timeout_s=self.timeout_s, sm_count=self.sm_count, **kwargs)
         self.reports.append(report)
 
     @property

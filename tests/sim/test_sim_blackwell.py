@@ -109,7 +109,7 @@ def test_a_cancel_after_the_last_tile_answers_none():
 def test_a_clc_producer_waiting_on_the_wrong_phase_deadlocks():
     with pytest.raises(sim.DeadlockError) as info:
         run_clc("wrong_phase")
-    assert "clc_empty" in str(info.value)
+    assert "ctx.empty[0]" in str(info.value)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=["deterministic", "seed1", "seed2", "seed3"])
@@ -120,9 +120,9 @@ def test_a_clc_consumer_waiting_on_the_wrong_phase_reads_a_response_not_yet_writ
     with pytest.raises((sim.RaceError, sim.UninitialisedReadError, sim.DeadlockError)) as info:
         run_clc("consumer_wrong_phase", schedule=schedule)
     if isinstance(info.value, sim.DeadlockError):
-        assert "clc_full" in str(info.value)
+        assert "ctx.full[0]" in str(info.value)
     else:
-        assert "clc_response" in str(info.value) and info.value.site.line == line_of("clc-consumer-wrong-phase")
+        assert "ctx.response[0]" in str(info.value) and info.value.site.line == line_of("clc-consumer-wrong-phase")
 
 
 def test_a_try_cancel_after_an_observed_failure_is_refused():

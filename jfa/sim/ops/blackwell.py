@@ -344,11 +344,11 @@ class ClcContext:
     hand the slot back)."""
 
     def __init__(self, cta, num_consumers: int, num_stages: int, site):
-        self.fulls = BarrierArray(cta, core._alloc_name(cta, site, "clc_full"), num_stages, 1, site)
-        self.empties = BarrierArray(cta, core._alloc_name(cta, site, "clc_empty"), num_stages, num_consumers, site)
+        name = core._alloc_name(cta, site, "clc")  # the context's variable: clc.full[k], clc.empty[k], ...
+        self.fulls = BarrierArray(cta, f"{name}.full", num_stages, 1, site)
+        self.empties = BarrierArray(cta, f"{name}.empty", num_stages, num_consumers, site)
         cta.barriers += [self.fulls, self.empties]
-        self.responses = cta.smem.alloc(core._alloc_name(cta, site, "clc_response"), (4,), tl.int32, num_stages,
-                                        site)
+        self.responses = cta.smem.alloc(f"{name}.response", (4,), tl.int32, num_stages, site)
 
 
 class ClcResponse(AsyncOp):

@@ -7,8 +7,9 @@ registered for it: the TLX simulator (``jfa.sim``) registers one for CPU tensors
 tile lists and dispatch run unchanged on a machine without a GPU. The product never imports the
 simulator; the harness registers it (dependency inversion, so ``jfa.kernels`` stays free of ``jfa.sim``).
 
-A target answers three questions: the compute capability its kernels are built for (the dispatch's
-``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, and how to launch.
+A target answers four questions: the compute capability its kernels are built for (the dispatch's
+``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, whether its kernels may schedule
+themselves with cluster launch control, and how to launch.
 """
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ import torch
 from jfa.kernels.launch import launch as launch_compiled
 
 LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, kwargs)
+# Whether the toolchain lowers TLX's cluster launch control for sm_100a. Triton 3.8 with uTLX 3.8.0.post16 does
+# not: uTLX emits ttng.async_clc_try_cancel / ttng.clc_query_cancel, ops of the TLX fork's Triton that Triton 3.8
+# never registered, so a CLC build fails to compile and a GPU launch runs the static schedule instead.
+# tests/test_tlx_compile.py compiles the CLC build and fails once it does compile: then set this True.
+TOOLCHAIN_LOWERS_CLC = False
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class LaunchTarget:
     capability: tuple  # (major, minor) of the architecture the kernels are dispatched for
     sm_count: int  # CTAs a persistent grid launches at most
     launch: LaunchFn  # runs ``kernel[grid](*args, **kwargs)``
+    cluster_launch_control: bool = False  # sm_100 kernels take their next work item from CLC (one CTA per item)
 
 
 _registered: dict = {}  # device type -> LaunchTarget (the non-CUDA targets)
@@ -62,7 +69,7 @@ def _cuda_target(device: torch.device) -> LaunchTarget:
     if target is None:
         props = torch.cuda.get_device_properties(index)
         target = _cuda_targets[index] = LaunchTarget("cuda", (props.major, props.minor), props.multi_processor_count,
-                                                     _cuda_launch)
+                                                     _cuda_launch, TOOLCHAIN_LOWERS_CLC and props.major >= 10)
     return target
 
 

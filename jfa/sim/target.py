@@ -77,10 +77,11 @@ _installed: Optional[SimSession] = None
 
 
 def install(arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-            max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S) -> SimSession:
-    """Make the simulator the target of CPU tensors for the rest of the process (``uninstall`` undoes it)."""
+            max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True) -> SimSession:
+    """Make the simulator the target of CPU tensors for the rest of the process (``uninstall`` undoes it);
+    the arguments are ``simulated``'s."""
     global _installed
-    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s)
+    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s, clc)
     _target.register_target(DEVICE_TYPE, session.target)
     _installed = session
     return session

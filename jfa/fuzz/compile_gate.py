@@ -8,18 +8,18 @@ NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.fuzz.c
 Each target is one kernel with one shipped config and one set of compile-time flags; the runtime
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
 
-Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels
-(``tlx_targets``, names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward and dK/dV kernels for
-sm_100a (``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the
-PTX, the forward's CLC try_cancel and query exactly where the toolchain lowers CLC (``TOOLCHAIN_LOWERS_CLC``) and
-a launch grid that fits the schedule, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated registers,
-spill limited to the thread indices Triton's lowering computes once at the entry, ``SM100_ENTRY_SPILL_BYTES``). TLX targets get further
-checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with setmaxnreg, TMA
-(cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named barriers, no spill and no wgmma
-serialisation warning from ptxas; and the arguments its launcher builds are bound to the kernel (on
-CPU tensors, stopping before the compile) to check that a real launch specialises to the very
-signature compiled here, and for the dK/dV kernel that its launcher asks for the same compile settings
-(the LLVM O0 build of ``HopperDkDvConfig.llvm_o0``, read off Triton's cache key).
+Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels (``tlx_targets``,
+names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward and dK/dV kernels for sm_100a
+(``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the PTX, the
+forward's CLC try_cancel and query exactly where the toolchain lowers CLC (``TOOLCHAIN_LOWERS_CLC``) and a launch
+grid that fits the schedule, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated
+registers, spill limited to the thread indices Triton's lowering computes once at the entry,
+``SM100_ENTRY_SPILL_BYTES``). TLX targets get further checks read off the PTX/TTGIR and a ptxas log:
+warp-specialised partitions with setmaxnreg, TMA (cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named
+barriers, no spill and no wgmma serialisation warning from ptxas; and the arguments its launcher builds are bound
+to the kernel (on CPU tensors, stopping before the compile) to check that a real launch specialises to the very
+signature compiled here, and for the dK/dV kernel that its launcher asks for the same compile settings (the LLVM
+O0 build of ``HopperDkDvConfig.llvm_o0``, read off Triton's cache key).
 """
 from __future__ import annotations
 
@@ -890,8 +890,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
-    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc"),
-                        default="all",
+    parser.add_argument("--backend", default="all",
+                        choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc"),
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
                              "the TLX Blackwell (sm_100a) kernels', the Blackwell MXFP8 build's (not in 'all'), or "
                              "the Blackwell forward's CLC build, whether the toolchain lowers it or not (not in 'all')")

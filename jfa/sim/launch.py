@@ -73,8 +73,9 @@ class LaunchReport:
 
     def summary(self) -> str:
         ops = sum(self.op_counts.values())
-        return (f"{self.kernel} grid {self.grid}: {self.ctas} CTAs, {ops} TLX ops, {self.task_switches} task switches, "
-                f"{self.copies} copies, {self.seconds:.3f} s ({self.schedule})"
+        cancelled = f" ({len(self.cancelled)} more cancelled by CLC)" if self.cancelled else ""
+        return (f"{self.kernel} grid {self.grid}: {self.ctas} CTAs{cancelled}, {ops} TLX ops, "
+                f"{self.task_switches} task switches, {self.copies} copies, {self.seconds:.3f} s ({self.schedule})"
                 + (f", {len(self.warnings)} warning(s)" if self.warnings else ""))
 
     def __str__(self) -> str:

@@ -10,16 +10,16 @@ j <= i + Lk - Lq); broadcast-Q output rows are ``b * Lq + i``; query head h read
 Shape of the kernel (the roles of the TLX tutorial ``blackwell_fa_ws_pipelined_persistent``):
 
 * Persistent CTAs, two schedules (``CLC``). The CLC build, scheduled by cluster launch control: the grid has
-  one CTA per work item (tile-list slot, head; decoded by ``common.device.item_sequence``), the item of program
-  id ``i`` being the ``i``-th of the longest-first tile list. Each CTA works the item of its own program id, then asks CLC to cancel a CTA
-  that has not started yet and works that CTA's item instead, until the answer is -1 (every CTA has started
-  or been claimed). The hardware starts CTAs in program-id order and a try_cancel claims the next one, so
-  the heaviest items still go first while the load balances itself. The correction partition issues each
-  try_cancel when it starts an item (the request is in flight while the item runs); all five partitions
-  read the answer (``_NEXT_ITEM_READERS``) when they finish the item, and the last of them hands the
-  response slot back for the next request. The static build (what a GPU runs while the toolchain does not
-  lower CLC, ``common.target.TOOLCHAIN_LOWERS_CLC``): one CTA per SM deals the items zig-zag
-  (``common.device.static_item``), as on Hopper.
+  one CTA per work item (tile-list slot, head; decoded by ``common.device.item_sequence``), the item of
+  program id ``i`` being the ``i``-th of the longest-first tile list. Each CTA works the item of its own
+  program id, then asks CLC to cancel a CTA that has not started yet and works that CTA's item instead, until
+  the answer is -1 (every CTA has started or been claimed). The hardware starts CTAs in program-id order and a
+  try_cancel claims the next one, so the heaviest items still go first while the load balances itself. The
+  correction partition issues each try_cancel when it starts an item (the request is in flight while the item
+  runs); all five partitions read the answer (``_NEXT_ITEM_READERS``) when they finish the item, and the last
+  of them hands the response slot back for the next request. The static build (what a GPU runs while the
+  toolchain does not lower CLC, ``common.target.TOOLCHAIN_LOWERS_CLC``): one CTA per SM deals the items
+  zig-zag (``common.device.static_item``), as on Hopper.
 * A work item is ``NUM_GROUPS * block_m`` query rows: two groups of ``block_m`` rows (one tcgen05 M each),
   whose softmaxes run in two warpgroups while the tensor core works on the other group.
 * Five partitions per CTA, one mbarrier protocol between each pair:
@@ -718,8 +718,9 @@ def jagged_fwd_blackwell_kernel(
         qs_fulls = None
         kvs_fulls = None
 
-    # one CLC response slot: the next request waits until every partition has read the previous answer, which
-    # each reads only when it finishes its item, so a second slot would never be filled any earlier
+    # one CLC response slot: the correction asks for the next item when it starts one, having read the answer that
+    # named it; asking further ahead would claim CTAs before this one can work their items, which CTAs still
+    # waiting to start might work sooner
     if CLC:
         clc = tlx.clc_create_context(num_consumers=_NEXT_ITEM_READERS, num_stages=1)
     else:

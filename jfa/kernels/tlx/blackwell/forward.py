@@ -636,16 +636,12 @@ def _correct_item(item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls
 
 
 @triton.jit
-def _next_item(clc, rounds, num_items, CLC: tl.constexpr):
-    """The work item a partition takes after its ``rounds + 1``-th: with CLC the answer to the request of that
-    round (the program id of the CTA it cancelled, or ``num_items`` when none was left); else the static
-    schedule's (``>= num_items`` once the CTA's share is done). Every partition of a CTA gets the same one."""
-    if CLC:
-        claimed = tlx.clc_consumer(clc, rounds & 1)
-        item = tl.where(claimed == -1, num_items, claimed)
-    else:
-        item = static_item(rounds + 1, tl.program_id(0), tl.num_programs(0), True)
-    return item
+def _clc_next_item(clc, rounds, num_items):
+    """The work item a partition of the CLC build takes after its ``rounds + 1``-th: the answer to the request of
+    that round, i.e. the program id of the CTA it cancelled, or ``num_items`` when none was left. Every partition
+    of a CTA reads the same answer."""
+    claimed = tlx.clc_consumer(clc, rounds & 1)
+    return tl.where(claimed == -1, num_items, claimed)
 
 
 # per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
@@ -726,27 +722,39 @@ def jagged_fwd_blackwell_kernel(
     else:
         clc = None
 
-    # every partition walks the same items: its CTA's own (program id), then each next one (``_next_item``);
-    # ``rounds`` counts the items done (the static schedule's round, the parity of CLC's response phase)
+    # every partition walks the same items. CLC: its CTA's own (program id), then each one CLC claims
+    # (``_clc_next_item``; ``rounds``, the items done, gives the response phase). Static: a counted loop over the
+    # rounds (as a while loop like CLC's the MX fp32-output GQA build spills 32 B of stack, not 8: the gate)
     with tlx.async_tasks():
         # ---------------------------------------------------------------- correction + epilogue, CLC requests
         with tlx.async_task("default"):
             pv_cnt = 0
             q_cnt = 0  # MX builds: the scale fills, counted as the load warp counts its fills
             kv_cnt = 0
-            item = tl.program_id(0)
-            rounds = 0
-            while item < num_items:
-                if CLC:  # the next item's request flies while this one runs (a fresh empty barrier passes parity 1)
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
+                    # the next item's request flies while this one runs (a fresh empty barrier passes parity 1)
                     tlx.clc_producer(clc, (rounds & 1) ^ 1)
-                pv_cnt, q_cnt, kv_cnt = _correct_item(
-                    item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
-                    o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
-                    len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
-                    VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
-                    NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
-                item = _next_item(clc, rounds, num_items, CLC)
-                rounds += 1
+                    pv_cnt, q_cnt, kv_cnt = _correct_item(
+                        item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                        o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
+                        len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
+                        VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        pv_cnt, q_cnt, kv_cnt = _correct_item(
+                            item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                            o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
+                            len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                            KS, VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
 
         # ---------------------------------------------------------------- softmax, one warpgroup per group
         with tlx.async_task(num_warps=_SOFTMAX_WARPS, registers=SOFTMAX_REGS, replicate=_GROUPS):
@@ -754,16 +762,26 @@ def jagged_fwd_blackwell_kernel(
             qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
             s_cnt = 0
             pv_cnt = 0
-            item = tl.program_id(0)
-            rounds = 0
-            while item < num_items:
-                s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
-                                              s_fulls, s_empties, p_fulls, pv_dones, scale_fulls, scale_empties,
-                                              LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
-                                              qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
-                                              BLOCK_N, DTYPE, MX, S_BUFFERS)
-                item = _next_item(clc, rounds, num_items, CLC)
-                rounds += 1
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
+                    s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
+                                                  s_fulls, s_empties, p_fulls, pv_dones, scale_fulls, scale_empties,
+                                                  LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                                                  qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
+                                                  BLOCK_N, DTYPE, MX, S_BUFFERS)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
+                                                      s_fulls, s_empties, p_fulls, pv_dones, scale_fulls,
+                                                      scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads,
+                                                      num_seqs, len_q_bcast, qk_scale, g, CAUSAL, BROADCAST_Q,
+                                                      SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -771,32 +789,53 @@ def jagged_fwd_blackwell_kernel(
             kv_cnt = 0
             s_cnt = 0
             pv_cnt = 0
-            item = tl.program_id(0)
-            rounds = 0
-            while item < num_items:
-                q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
-                    item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
-                    q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles,
-                    ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads,
-                    num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX,
-                    S_BUFFERS)
-                item = _next_item(clc, rounds, num_items, CLC)
-                rounds += 1
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
+                    q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
+                        item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
+                        q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles,
+                        ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads,
+                        num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX,
+                        S_BUFFERS)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
+                            item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
+                            q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies,
+                            qs_tiles, ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots,
+                            num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q,
+                            NUM_BUFFERS_KV, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
             q_cnt = 0
             kv_cnt = 0
-            item = tl.program_id(0)
-            rounds = 0
-            while item < num_items:
-                q_cnt, kv_cnt = _load_item(
-                    item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
-                    kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
-                    col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N,
-                    NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
-                item = _next_item(clc, rounds, num_items, CLC)
-                rounds += 1
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
+                    q_cnt, kv_cnt = _load_item(
+                        item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
+                        kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
+                        col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        q_cnt, kv_cnt = _load_item(
+                            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties,
+                            kv_fulls, kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                            col_stride_q, col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M,
+                            BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
 
 # ----------------------------------------------------------------------------------------------------

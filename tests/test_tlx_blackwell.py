@@ -4,8 +4,10 @@ oracle, and each run asserting the Blackwell kernel ran on the simulator. The ca
 jagged kernel: empty and one-token sequences, tails that are no multiple of the blocks, Lq != Lk, causal rows
 that see no key, broadcast Q, grouped key/value heads, strided views, a negative scale; head dims 64 and 128,
 bf16 and fp16; under the deterministic schedule (copies and MMAs land as late as possible), and seeds 1-3 (random
-switches and completion order) on a core of it (``--sim-scope full``, the gate: on six cases). Fewer CTAs than
-work items, so every CTA's rings and phases wrap around.
+switches and completion order) on a core of it (``--sim-scope full``, the gate: on six cases). The kernel is
+scheduled by cluster launch control: one CTA per work item, of which only SM_COUNT start at once; the others are
+claimed by the running CTAs (each run checks that every item was handed out once), so a CTA works several items
+and its rings and phases wrap around.
 The catalogue is ``jfa.fuzz.catalog.blackwell_cases()``; its mutants are killed in tests/test_mutants.py."""
 import pytest
 import torch
@@ -49,25 +51,45 @@ def cpu_only(device):
         pytest.skip("the simulator runs on the CPU interpreter")
 
 
-def _launch(case, inp, schedule):
-    """(out, lse, session) of the Blackwell forward on ``case``'s inputs, outputs NaN-poisoned."""
-    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT, schedule=schedule) as session:
+def _launch(case, inp, schedule, clc=True):
+    """(out, lse, session) of the Blackwell forward on ``case``'s inputs, outputs NaN-poisoned; ``clc``: its
+    cluster-launch-control build, else the static one (what a GPU runs while the toolchain lowers no CLC)."""
+    with sim.simulated(arch=(10, 0), sm_count=SM_COUNT, schedule=schedule, clc=clc) as session:
         out, lse = run_forward_launcher(bw.jagged_forward_blackwell, case, inp)
     return out, lse, session
 
 
-def _meets_the_oracle(case, schedule):
+def _clc_accounts_for_every_item(report):
+    """Every work item (one CTA of the grid each) was worked once: its CTA ran, or a running CTA claimed it by
+    CLC; each item's request was answered and read by every partition (_NEXT_ITEM_READERS)."""
+    grid = report.grid[0]
+    assert report.ctas + len(set(report.cancelled)) == grid and len(set(report.cancelled)) == len(report.cancelled)
+    assert report.op_counts["clc_producer"] == grid
+    assert report.op_counts["clc_consumer"] == bw._NEXT_ITEM_READERS.value * grid
+
+
+def _meets_the_oracle(case, schedule, clc=True):
     inp = make_inputs(case)
-    out, lse, session = _launch(case, inp, schedule)
+    out, lse, session = _launch(case, inp, schedule, clc)
     assert session.kernels() == [KERNEL], session.kernels()  # the Blackwell kernel ran, on the simulator
+    report = session.last()
+    if clc:
+        _clc_accounts_for_every_item(report)
+        if schedule.kind == "deterministic" and report.grid[0] > SM_COUNT:  # none starts early: the first claims
+            assert report.cancelled == tuple(range(SM_COUNT, report.grid[0])), report.cancelled
+    else:  # the static build: at most one CTA per SM, all of them run, no CLC
+        assert report.grid[0] <= SM_COUNT and report.ctas == report.grid[0] and "clc_producer" not in report.op_counts
     assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
     verdicts = forward_verdicts(case, inp, out, lse)
     assert all(v.ok for v in verdicts), "\n".join(map(str, verdicts))
 
 
+@pytest.mark.parametrize("clc", [True, False], ids=["clc", "static"])
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.name for c in CATALOGUE])
-def test_blackwell_forward_meets_the_oracle(case):
-    _meets_the_oracle(case, sim.Schedule.deterministic())
+def test_blackwell_forward_meets_the_oracle(case, clc):
+    """Both persistent schedules: CLC (the simulator's default on sm_100) and the static one a GPU runs while the
+    toolchain does not lower CLC (``TOOLCHAIN_LOWERS_CLC``)."""
+    _meets_the_oracle(case, sim.Schedule.deterministic(), clc)
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
@@ -98,12 +120,38 @@ def test_stores_stay_inside_their_own_sequence(head_dim, causal):
             args, kwargs, items = bw.kernel_arguments(q, k, v, out, lse, cu, cu, tiles, causal=causal,
                                                       softmax_scale=head_dim ** -0.5, broadcast_q=False,
                                                       num_seqs=len(lengths), len_q_bcast=0)
-            target.launch(bw.jagged_fwd_blackwell_kernel, (min(items, SM_COUNT),), q.device, *args, **kwargs)
+            bw.launch_forward(args, kwargs, items, q.device)
             rows = torch.zeros(q.shape[0], dtype=torch.bool)
             rows[int(cu[seq]):int(cu[seq + 1])] = True
             assert (out[~rows] == 7.0).all() and (lse[~rows] == 7.0).all(), f"sequence {seq} wrote outside its rows"
             assert torch.equal(out[rows], reference[rows]), f"sequence {seq} rows differ from the full launch"
     assert session.kernels() == [KERNEL] * (1 + len(lengths))
+
+
+def test_clc_hands_the_waiting_ctas_items_to_the_running_ones():
+    """More work items than SMs: one CTA per item is launched, only SM_COUNT start, and the rest never start:
+    the running CTAs claim them by CLC and work their items (the heaviest, the lowest program ids, first)."""
+    case = next(c for c in CATALOGUE if c.name == "bw-many-items-causal-D128-bf16")
+    inp = make_inputs(case)
+    _, _, session = _launch(case, inp, sim.Schedule.deterministic())
+    report = session.last()
+    assert session.kernels() == [KERNEL] and report.grid[0] > 2 * SM_COUNT
+    assert report.ctas == SM_COUNT and report.cancelled == tuple(range(SM_COUNT, report.grid[0]))
+
+
+@pytest.mark.parametrize("sm_count", [1, 4], ids=["one-sm", "more-sms-than-items"])
+def test_a_cancel_after_the_last_item_answers_none(sm_count):
+    """One work item per CTA and no CTA left to claim: every CTA's first try_cancel answers -1 (on one SM after
+    the CTA has claimed the other item), so each item is worked once and every CTA ends."""
+    case = _case("two-items", (100,), (100,), head_dim=64, heads=2)
+    inp = make_inputs(case)
+    with sim.simulated(arch=(10, 0), sm_count=sm_count) as session:
+        out, lse = run_forward_launcher(bw.jagged_forward_blackwell, case, inp)
+    report = session.last()
+    assert session.kernels() == [KERNEL] and report.grid == (2,)
+    _clc_accounts_for_every_item(report)
+    assert report.cancelled == ((1,) if sm_count == 1 else ())
+    assert all(v.ok for v in forward_verdicts(case, inp, out, lse))
 
 
 def test_a_batch_with_no_key_launches_nothing_and_every_row_sees_none():

@@ -341,6 +341,27 @@ def test_every_shipped_blackwell_config_is_a_gate_target():
     assert set(BLACKWELL_SUITE + BLACKWELL_BACKWARD_SUITE) <= {t.name for t in targets}
 
 
+def test_the_toolchain_lowers_cluster_launch_control_exactly_where_the_launchers_say(device):
+    """The Blackwell forward's CLC build compiles for sm_100a (with clusterlaunchcontrol.try_cancel and its query in
+    the PTX) exactly when ``TOOLCHAIN_LOWERS_CLC`` says so: a GPU launch then runs it. Triton 3.8 with uTLX
+    3.8.0.post16 registers neither CLC op (the compile crashes after saying so): when a toolchain lowers them this
+    fails, and the switch is to be turned on."""
+    if device != "cpu":
+        pytest.skip("the offline compile gate runs in the CPU suite")
+    from jfa.fuzz.compile_gate import blackwell_clc_targets, run_out_of_process
+    from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_CLC
+
+    (name,) = [t.name for t in blackwell_clc_targets()]
+    try:
+        row = run_out_of_process("blackwell-clc", jobs=1)[name]
+        lowers, why = row["ok"], "; ".join(row["problems"])
+    except RuntimeError as exc:  # the compiler died
+        lowers, why = False, str(exc)
+    assert lowers == TOOLCHAIN_LOWERS_CLC, why
+    if not lowers:
+        assert "'ttng.async_clc_try_cancel' is not registered" in why, why
+
+
 @pytest.mark.parametrize("name", BLACKWELL_SUITE)
 def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_results, record_property):
     """tcgen05 MMAs with commits and TMEM loads, tensor memory within 512 columns, shared memory within
@@ -349,6 +370,7 @@ def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_resul
     thread indices Triton computes at the entry for every partition, and a launch that binds to this build."""
     from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
     from jfa.kernels.tlx.blackwell import forward
+    from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_CLC
 
     row = blackwell_results[name]
     details = row["details"]
@@ -366,7 +388,9 @@ def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_resul
     assert regs in details["setmaxnreg"]["inc"]
     assert details["tma_loads"] > 0 and details["expect_tx"] > 0 and details["mbarrier_waits"] > 0
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
-    assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting, as compiled)
+    # the schedule a GPU launch runs: CLC requests and answers exactly in the CLC build
+    assert (details["clc_try_cancels"] > 0) == (details["clc_queries"] > 0) == TOOLCHAIN_LOWERS_CLC
+    assert row["ok"], "; ".join(row["problems"])  # (also: the launch's LLVM setting and grid, as compiled)
 
 
 @pytest.mark.parametrize("name", BLACKWELL_BACKWARD_SUITE)

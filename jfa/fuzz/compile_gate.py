@@ -8,17 +8,18 @@ NOT in interpreter mode (``TRITON_INTERPRET`` unset): run ``python -m jfa.fuzz.c
 Each target is one kernel with one shipped config and one set of compile-time flags; the runtime
 integer arguments are declared 16-divisible, as Triton specialises them at launch for aligned shapes.
 
-Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels
-(``tlx_targets``, names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward and dK/dV kernels for
-sm_100a (``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the
-PTX, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated registers,
-spill limited to the thread indices Triton's lowering computes once at the entry, ``SM100_ENTRY_SPILL_BYTES``). TLX targets get further
-checks read off the PTX/TTGIR and a ptxas log: warp-specialised partitions with setmaxnreg, TMA
-(cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named barriers, no spill and no wgmma
-serialisation warning from ptxas; and the arguments its launcher builds are bound to the kernel (on
-CPU tensors, stopping before the compile) to check that a real launch specialises to the very
-signature compiled here, and for the dK/dV kernel that its launcher asks for the same compile settings
-(the LLVM O0 build of ``HopperDkDvConfig.llvm_o0``, read off Triton's cache key).
+Three target sets: the portable Triton kernels (``shipped_targets``), the TLX Hopper kernels (``tlx_targets``,
+names ``tlx-...``; ``--backend tlx``) and the TLX Blackwell forward and dK/dV kernels for sm_100a
+(``blackwell_targets``, names ``blackwell-...``; ``--backend blackwell``: tcgen05.mma and commits in the PTX, the
+forward's CLC try_cancel and query exactly where the toolchain lowers CLC (``TOOLCHAIN_LOWERS_CLC``) and a launch
+grid that fits the schedule, tensor memory within 512 columns, shared memory within 227 KB, the partitions' stated
+registers, spill limited to the thread indices Triton's lowering computes once at the entry,
+``SM100_ENTRY_SPILL_BYTES``). TLX targets get further checks read off the PTX/TTGIR and a ptxas log:
+warp-specialised partitions with setmaxnreg, TMA (cp.async.bulk.tensor) loads, mbarrier waits, the pingpong named
+barriers, no spill and no wgmma serialisation warning from ptxas; and the arguments its launcher builds are bound
+to the kernel (on CPU tensors, stopping before the compile) to check that a real launch specialises to the very
+signature compiled here, and for the dK/dV kernel that its launcher asks for the same compile settings (the LLVM
+O0 build of ``HopperDkDvConfig.llvm_o0``, read off Triton's cache key).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ TENSOR_CORE_OPS = {90: "wgmma.mma_async", 100: "tcgen05.mma"}  # the MMA instruc
 # keeps them in local memory across the partitions' setmaxnreg (stored once at the entry, reloaded where a
 # partition uses them). At most four such 32-bit values; anything more is a partition running out of registers.
 SM100_ENTRY_SPILL_BYTES = 16
+OFFLINE_SM_COUNT = 132  # the SMs of the GPU the offline launch bindings pretend to be
 
 
 @dataclass
@@ -64,6 +66,9 @@ class Target:
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
     sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
     mx: str = ""  # tlx forward: the MXFP8 build with this P rule (E4M3 inputs; ``dtype`` is the output's)
+    # Blackwell forward: the cluster-launch-control build (True) or the static one (False); None: the one a launch
+    # runs (``TOOLCHAIN_LOWERS_CLC``), whose launch binding is then checked too
+    clc: object = None
 
     def window_size(self) -> tuple:
         """The ``window_size`` a launch of this target passes (the band's values do not change the build)."""
@@ -194,6 +199,13 @@ def blackwell_targets() -> list:
     targets.append(Target("blackwell-forward-bf16-D128-causal-gqa4", "forward", "bf16", 128, True, False, arch=100,
                           backend="tlx", group=4))
     return targets + blackwell_backward_targets()
+
+
+def blackwell_clc_targets() -> list:
+    """The Blackwell forward's cluster-launch-control build (bf16, D 128 causal, the fullest), compiled whatever
+    ``TOOLCHAIN_LOWERS_CLC`` says: whether the toolchain lowers CLC (``--backend blackwell-clc``, not in 'all')."""
+    return [Target("blackwell-forward-bf16-D128-causal-clc", "forward", "bf16", 128, True, False, arch=100,
+                   backend="tlx", clc=True)]
 
 
 def blackwell_backward_targets() -> list:
@@ -516,15 +528,20 @@ def tlx_launch_binding(target: Target) -> dict:
 
 
 @contextlib.contextmanager
-def _offline_target(capability: tuple = (9, 0)):
+def _offline_target(capability: tuple = (9, 0), grids: dict = None):
     """CPU tensors launch through Triton's JIT as if on a GPU of ``capability`` (132 SMs) inside the block: the
-    launchers' own target lookup answers, and ``_offline_launches`` stops each launch before compiling."""
-    from jfa.kernels.tlx.common.target import LaunchTarget, register_target
+    launchers' own target lookup answers, and ``_offline_launches`` stops each launch before compiling.
+    ``grids``: filled with kernel name -> (grid, positional args, keyword args) of its last launch."""
+    from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_CLC, LaunchTarget, register_target
 
     def bind(kernel, grid, args, kwargs):
+        if grids is not None:
+            grids[kernel.fn.__name__] = (tuple(grid), args, kwargs)
         kernel[grid](*args, **kwargs)
 
-    previous = register_target("cpu", LaunchTarget("offline-binding", capability, 132, bind))
+    # CLC as the GPU's own target decides it
+    previous = register_target("cpu", LaunchTarget("offline-binding", capability, OFFLINE_SM_COUNT, bind,
+                                                   TOOLCHAIN_LOWERS_CLC and capability[0] >= 10))
     try:
         yield
     finally:
@@ -666,11 +683,24 @@ def blackwell_launch_binding(target: Target) -> dict:
     from jfa.kernels.tlx.blackwell import forward as bw
 
     q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
-    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+    grids = {}
+    with _offline_target((10, 0), grids), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), \
+            _offline_launches() as seen:
         bw.jagged_forward_blackwell(q, k, v, None if target.broadcast_q else out_cu, cu_k, causal=target.causal,
                                     softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
                                     num_seqs=cu_k.numel() - 1, len_q_bcast=len_q)
-    return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
+    name = bw.jagged_fwd_blackwell_kernel.fn.__name__
+    return {**seen[name], "grid_fits_schedule": _grid_fits_schedule(bw.jagged_fwd_blackwell_kernel, *grids[name])}
+
+
+def _grid_fits_schedule(kernel, grid: tuple, args: tuple, kwargs: dict) -> bool:
+    """Whether a persistent forward's launch grid fits its schedule (the ``CLC`` constexpr): one CTA per work item
+    (``num_slots * num_heads``) for CLC (it hands out the items of CTAs that have not started, so a smaller grid
+    leaves items nobody works), at most one per SM for the static one."""
+    names = kernel.arg_names
+    items = args[names.index("num_slots")] * args[names.index("num_heads")]
+    return args[names.index("num_items")] == items and \
+        grid == ((items,) if kwargs["CLC"] else (min(OFFLINE_SM_COUNT, items),))
 
 
 def _tensor_memory(compiled, result: Result, expected: dict, *, commits: str, loads: str) -> None:
@@ -755,12 +785,15 @@ def blackwell_mx_launch_binding(target: Target) -> dict:
         return jmx.MXTensor(data, scales, axis, target.mx, t.dtype, cu_seqlens=cu_k,
                             block_offsets=jmx.token_block_offsets(cu_k))
 
-    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+    grids = {}
+    with _offline_target((10, 0), grids), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), \
+            _offline_launches() as seen:
         bw.mx_forward_blackwell(as_mx(q, "dim"), as_mx(k, "dim"), as_mx(v, "tokens"),
                                 None if target.broadcast_q else out_cu, cu_k, causal=target.causal,
                                 softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q,
                                 num_seqs=cu_k.numel() - 1, len_q_bcast=len_q, rule=target.mx, out_dtype=q.dtype)
-    return seen[bw.jagged_fwd_blackwell_kernel.fn.__name__]
+    name = bw.jagged_fwd_blackwell_kernel.fn.__name__
+    return {**seen[name], "grid_fits_schedule": _grid_fits_schedule(bw.jagged_fwd_blackwell_kernel, *grids[name])}
 
 
 def _check_blackwell(target: Target) -> Result:
@@ -770,9 +803,11 @@ def _check_blackwell(target: Target) -> Result:
     if target.kernel == "dkdv":
         return _check_blackwell_dkdv(target)
     from jfa.kernels.tlx.blackwell import forward as bw
+    from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_CLC
 
+    clc = TOOLCHAIN_LOWERS_CLC if target.clc is None else target.clc
     spec = bw.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
-                           group=target.group, mx=target.mx)
+                           group=target.group, mx=target.mx, clc=clc)
     cfg = bw.config_for(target.head_dim, target.mx)
     compiled, result, expected = _compile_tlx(target, spec, bw.NUM_GROUPS + 2, llvm_o0=cfg.llvm_o0,
                                               consumer_regs=cfg.softmax_regs, spill_allowance=SM100_ENTRY_SPILL_BYTES)
@@ -788,7 +823,18 @@ def _check_blackwell(target: Target) -> Result:
         expected["block-scaled tcgen05 MMAs (kind::mxf8f6f4 .block_scale)"] = result.details["block_scaled_mmas"] > 0
         expected["no unscaled tcgen05 MMA"] = result.details["block_scaled_mmas"] == result.tensor_core_ops
         expected["E8M0 scales copied into tensor memory (tcgen05.cp)"] = re.search(r"tcgen05\.cp\b", ptx) is not None
+    # the persistent schedule: the CLC build takes each next work item from cluster launch control
+    result.details["clc_try_cancels"] = len(re.findall(r"clusterlaunchcontrol\.try_cancel", ptx))
+    result.details["clc_queries"] = len(re.findall(r"clusterlaunchcontrol\.query_cancel", ptx))
+    expected[f"CLC requests (clusterlaunchcontrol.try_cancel) exactly in the CLC build ({clc})"] = \
+        (result.details["clc_try_cancels"] > 0) == clc
+    expected[f"CLC answers read (clusterlaunchcontrol.query_cancel) exactly in the CLC build ({clc})"] = \
+        (result.details["clc_queries"] > 0) == clc
+    if clc != TOOLCHAIN_LOWERS_CLC:  # a build no launch runs: nothing to bind
+        return _finish(result, expected)
     launch = blackwell_mx_launch_binding(target) if target.mx else blackwell_launch_binding(target)
+    expected["a launch's grid fits its schedule (CLC: one CTA per work item; static: one per SM)"] = \
+        launch["grid_fits_schedule"]
     expected.update(_binds_as_compiled(launch, spec, result))
     o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
     expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
@@ -798,7 +844,8 @@ def _check_blackwell(target: Target) -> Result:
 
 def _targets(backend: str) -> list:
     return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets,
-            "blackwell": blackwell_targets, "blackwell-mx": blackwell_mx_targets}[backend]()
+            "blackwell": blackwell_targets, "blackwell-mx": blackwell_mx_targets,
+            "blackwell-clc": blackwell_clc_targets}[backend]()
 
 
 def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None, only: tuple = ()) -> dict:
@@ -843,9 +890,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jfa compile-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
-    parser.add_argument("--backend", choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx"), default="all",
+    parser.add_argument("--backend", default="all",
+                        choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc"),
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
-                             "the TLX Blackwell (sm_100a) kernels', or the Blackwell MXFP8 build's (not in 'all')")
+                             "the TLX Blackwell (sm_100a) kernels', the Blackwell MXFP8 build's (not in 'all'), or "
+                             "the Blackwell forward's CLC build, whether the toolchain lowers it or not (not in 'all')")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)

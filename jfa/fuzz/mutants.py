@@ -326,6 +326,11 @@ BLACKWELL_MUTANTS: tuple = (
            "tlx.barrier_wait(s_empties[g], s_phase ^ 1)",
            "tlx.barrier_wait(s_empties[g], s_phase)",
            "the MMA waits for the wrong phase of S's empty barrier (a consumer's parity for a producer's wait)"),
+    Mutant("bw-fwd-clc-consumer-wrong-phase", TLX_BLACKWELL,
+           "    claimed = tlx.clc_consumer(clc, rounds & 1)\n",
+           "    claimed = tlx.clc_consumer(clc, (rounds & 1) ^ 1)\n",
+           "every partition waits for the wrong phase of CLC's full barrier (a producer's parity for a consumer's "
+           "wait): it reads the next work item before the try_cancel has answered"),
 )
 
 # The TLX Blackwell backward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell

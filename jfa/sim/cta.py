@@ -149,6 +149,13 @@ class Cta:
                 "would land in shared memory after the CTA has gone",
                 site=loads[0].site, sections=[("loads in flight", [op.describe_full() for op in loads])],
                 hint="every TMA load's barrier phase must be waited for before the CTA ends")
+        cancels = [op for op in self.sched.inflight if op.kind == "CLC try_cancel"]
+        if cancels:  # the CTA it may cancel never starts, and nobody would work its tile
+            raise ProtocolError(
+                f"the CTA finished with {len(cancels)} CLC try_cancel(s) still in flight: nobody reads the answer, "
+                "so a CTA it cancels is never run by anyone", site=cancels[0].site,
+                sections=[("try_cancels in flight", [op.describe_full() for op in cancels])],
+                hint="consume every response (clc_consumer) before the CTA ends")
 
     # ---- reports --------------------------------------------------------------------------------------
     def diagnose(self) -> list:

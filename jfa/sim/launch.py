@@ -12,8 +12,9 @@ For the duration of one launch (and only then; every patch is undone on exit, al
 * pointer loads, stores and atomics are checked against the launch's tensors and counted as steps;
   ``tl.range`` iterations are counted as steps.
 
-The CTAs of the grid run one after another, in the interpreter's order (x outer, z inner); each CTA's
-tasks run concurrently under the schedule. Cross-CTA concurrency is not modelled.
+The CTAs of the grid run one after another, in the order ``dispatch.Dispatch`` starts them (launch order, x
+outer, z inner, less the CTAs cluster launch control cancelled); each CTA's tasks run concurrently under the
+schedule. Cross-CTA concurrency is not modelled.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import rewrite, runtime, source
 from .cta import Cta
+from .dispatch import Dispatch
 from .errors import KernelError, ProtocolError, SimError, UnsupportedError
 from .gmem import Descriptor, MemoryMap
 from .ops import table_for
@@ -61,6 +63,7 @@ class LaunchReport:
     steps: list  # per CTA, in launch order
     seconds: float
     warnings: list = field(default_factory=list)
+    cancelled: tuple = ()  # x of every CTA a try_cancel claimed (it never started), in claim order
     tracer: Optional[Tracer] = field(default=None, repr=False)
 
     def render_trace(self, last: int = 50) -> str:
@@ -70,8 +73,9 @@ class LaunchReport:
 
     def summary(self) -> str:
         ops = sum(self.op_counts.values())
-        return (f"{self.kernel} grid {self.grid}: {self.ctas} CTAs, {ops} TLX ops, {self.task_switches} task switches, "
-                f"{self.copies} copies, {self.seconds:.3f} s ({self.schedule})"
+        cancelled = f" ({len(self.cancelled)} more cancelled by CLC)" if self.cancelled else ""
+        return (f"{self.kernel} grid {self.grid}: {self.ctas} CTAs{cancelled}, {ops} TLX ops, "
+                f"{self.task_switches} task switches, {self.copies} copies, {self.seconds:.3f} s ({self.schedule})"
                 + (f", {len(self.warnings)} warning(s)" if self.warnings else ""))
 
     def __str__(self) -> str:
@@ -225,7 +229,7 @@ def _tensors_of(name, value, out):
 class Launch:
     """One simulated launch (one at a time per process)."""
 
-    def __init__(self, kernel, *, schedule: Schedule, trace, arch, max_steps, timeout_s):
+    def __init__(self, kernel, *, schedule: Schedule, trace, arch, max_steps, timeout_s, sm_count=1):
         fn = getattr(kernel, "fn", None)
         if not isinstance(kernel, _interp.InterpretedFunction) or fn is None:
             raise UnsupportedError(
@@ -238,6 +242,8 @@ class Launch:
         self.arch = tuple(arch)
         self.max_steps = int(max_steps)
         self.timeout_s = float(timeout_s)
+        self.sm_count = int(sm_count)
+        self.dispatch: Optional[Dispatch] = None
         self.deadline = 0.0
         self.op_counts: dict = {}
         self.warnings: list = []
@@ -335,24 +341,22 @@ class Launch:
                 self._install(patches)
                 runtime.ACTIVE = self
                 _interp.interpreter_builder.set_grid_dim(*g3)
-                self.grid3, self.cancelled = g3, set()
-                for x in range(g3[0]):
-                    for y in range(g3[1]):
-                        for z in range(g3[2]):
-                            if (x, y, z) in self.cancelled:  # taken over by another CTA (CLC): never starts
-                                continue
-                            _interp.interpreter_builder.set_grid_idx(x, y, z)
-                            cta = self.cta = Cta(self, (x, y, z))
-                            try:
-                                cta.run(rfn, call_args)
-                            except BaseException as exc:  # noqa: BLE001
-                                raise self._annotate(exc, cta, g) from None
-                            finally:
-                                self.thread_ids.clear()
-                            ctas += 1
-                            steps.append(cta.sched.steps)
-                            switches += cta.sched.switches
-                            copies += cta.sched.landed
+                self.dispatch = Dispatch(g3, self.sm_count, self.schedule.dispatch_rng(),
+                                         self.schedule.land_prob)
+                while (index := self.dispatch.next_cta()) is not None:
+                    _interp.interpreter_builder.set_grid_idx(*index)
+                    cta = self.cta = Cta(self, index)
+                    try:
+                        cta.run(rfn, call_args)
+                    except BaseException as exc:  # noqa: BLE001
+                        raise self._annotate(exc, cta, g) from None
+                    finally:
+                        self.thread_ids.clear()
+                    ctas += 1
+                    steps.append(cta.sched.steps)
+                    switches += cta.sched.switches
+                    copies += cta.sched.landed
+                    self.dispatch.cta_done()
             finally:
                 runtime.ACTIVE = None
                 self.cta = None
@@ -360,21 +364,8 @@ class Launch:
                 torch.set_num_threads(threads)
         return LaunchReport(kernel=fn.__name__, grid=g, ctas=ctas, schedule=self.schedule.describe(),
                             task_switches=switches, copies=copies, op_counts=dict(self.op_counts), steps=steps,
+                            cancelled=tuple(self.dispatch.cancelled),
                             seconds=time.perf_counter() - t0, warnings=list(self.warnings), tracer=self.tracer)
-
-    def cancel_next(self, current: tuple) -> int:
-        """Cluster launch control's try_cancel, answered: the first CTA after ``current`` in launch order that
-        has neither started nor been cancelled is cancelled (it will never start) and its x coordinate
-        returned; -1 once there is none. The CTAs run one after another, so every CTA after the current
-        one has not started."""
-        gx, gy, gz = self.grid3
-        if gy * gz != 1:
-            raise UnsupportedError("cluster launch control on a grid of more than one dimension is not simulated")
-        for x in range(current[0] + 1, gx):
-            if (x, 0, 0) not in self.cancelled:
-                self.cancelled.add((x, 0, 0))
-                return x
-        return -1
 
     def _annotate(self, exc: BaseException, cta: Cta, grid) -> BaseException:
         err = exc
@@ -501,13 +492,14 @@ class _AsmCall:
 
 
 def launch(kernel, grid, *args, schedule: Schedule = None, trace=False, arch=(9, 0), max_steps=DEFAULT_MAX_STEPS,
-           timeout_s=DEFAULT_TIMEOUT_S, **kwargs) -> LaunchReport:
+           timeout_s=DEFAULT_TIMEOUT_S, sm_count=1, **kwargs) -> LaunchReport:
     """Run ``kernel[grid](*args, **kwargs)`` on the simulator and return its LaunchReport.
 
     ``schedule``: ``Schedule.deterministic()`` (default) or ``Schedule.seeded(seed)``; ``trace``: record
     events (True, or the ring's size); ``arch``: the compute capability whose op table runs (Hopper);
-    ``max_steps``: per CTA; ``timeout_s``: the wall-clock limit of the launch. Raises a SimError
+    ``max_steps``: per CTA; ``timeout_s``: the wall-clock limit of the launch; ``sm_count``: the CTAs resident
+    from the start (``dispatch.Dispatch``: what cluster launch control can no longer cancel). Raises a SimError
     subclass for every finding."""
     L = Launch(kernel, schedule=schedule or Schedule.deterministic(), trace=trace, arch=arch, max_steps=max_steps,
-               timeout_s=timeout_s)
+               timeout_s=timeout_s, sm_count=sm_count)
     return L.run(grid, args, kwargs)

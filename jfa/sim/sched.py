@@ -71,6 +71,12 @@ class Schedule:
     def describe(self) -> str:
         return "deterministic" if self.kind == "deterministic" else f"seeded({self.seed})"
 
+    def dispatch_rng(self) -> Optional[random.Random]:
+        """The generator of the launch's CTA dispatch (which waiting CTAs start early), None when deterministic."""
+        if self.kind == "deterministic":
+            return None
+        return random.Random(f"jfa.sim:{self.seed}:dispatch")
+
     def policy(self, cta_index: tuple) -> "_Policy":
         if self.kind == "deterministic":
             return _Deterministic()

@@ -22,7 +22,7 @@ class SimSession:
     """The simulator registered as a target: its settings and the reports of the launches it ran."""
 
     def __init__(self, arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-                 max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True):
         if sm_count < 1:
             raise ValueError("simulated: sm_count must be at least 1")
         self.arch = tuple(arch)
@@ -32,11 +32,13 @@ class SimSession:
         self.max_steps = max_steps
         self.timeout_s = timeout_s
         self.reports: list = []
-        self.target = _target.LaunchTarget("tlx-sim", self.arch, self.sm_count, self._launch)
+        # the simulator models cluster launch control on sm_100 whatever the toolchain lowers
+        self.clc = bool(clc) and self.arch[0] >= 10
+        self.target = _target.LaunchTarget("tlx-sim", self.arch, self.sm_count, self._launch, self.clc)
 
     def _launch(self, kernel, grid, args, kwargs) -> None:
         report = launch(kernel, grid, *args, schedule=self.schedule, trace=self.trace, arch=self.arch,
-                        max_steps=self.max_steps, timeout_s=self.timeout_s, **kwargs)
+                        max_steps=self.max_steps, timeout_s=self.timeout_s, sm_count=self.sm_count, **kwargs)
         self.reports.append(report)
 
     @property
@@ -59,9 +61,11 @@ class SimSession:
 
 @contextlib.contextmanager
 def simulated(arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-              max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Run TLX launches on CPU tensors in the simulator while the block runs; yields the SimSession."""
-    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s)
+              max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True):
+    """Run TLX launches on CPU tensors in the simulator while the block runs; yields the SimSession. ``clc``:
+    on sm_100, kernels run their cluster-launch-control builds (False: the static builds a GPU runs where the
+    toolchain does not lower CLC, ``TOOLCHAIN_LOWERS_CLC``)."""
+    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s, clc)
     previous = _target.register_target(DEVICE_TYPE, session.target)
     try:
         yield session
@@ -73,10 +77,11 @@ _installed: Optional[SimSession] = None
 
 
 def install(arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-            max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S) -> SimSession:
-    """Make the simulator the target of CPU tensors for the rest of the process (``uninstall`` undoes it)."""
+            max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True) -> SimSession:
+    """Make the simulator the target of CPU tensors for the rest of the process (``uninstall`` undoes it);
+    the arguments are ``simulated``'s."""
     global _installed
-    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s)
+    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s, clc)
     _target.register_target(DEVICE_TYPE, session.target)
     _installed = session
     return session

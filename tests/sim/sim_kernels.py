@@ -446,7 +446,8 @@ def run_tcgen05_scaled(m=128, n=64, k=64, scale_cols=None, seed=3, copy=0, **lau
 # ---------------------------------------------------------------------------------------------------------
 # Cluster launch control: each CTA works its own tile, then asks CLC for another CTA's, until none is left.
 # ---------------------------------------------------------------------------------------------------------
-CLC_BUGS = {"none": 0, "wrong_phase": 1, "stop_after_first": 2}
+CLC_BUGS = {"none": 0, "wrong_phase": 1, "stop_after_first": 2, "consumer_wrong_phase": 3, "ask_after_failure": 4,
+            "drop_last_answer": 5}
 
 
 @triton.jit
@@ -461,14 +462,25 @@ def clc_kernel(OUT, WHO, BUG: tl.constexpr):
         if BUG == 1:
             tlx.clc_producer(ctx, i & 1)  # <clc-producer-wrong-phase>
         else:
-            tlx.clc_producer(ctx, (i & 1) ^ 1)
-        tile = tlx.clc_consumer(ctx, i & 1)
+            tlx.clc_producer(ctx, (i & 1) ^ 1)  # <clc-producer>
+        if BUG == 3:
+            tile = tlx.clc_consumer(ctx, (i & 1) ^ 1)  # <clc-consumer-wrong-phase>
+        elif BUG == 5:
+            if i == 0:
+                tile = tlx.clc_consumer(ctx, i & 1)
+            else:
+                tile = -1
+        else:
+            tile = tlx.clc_consumer(ctx, i & 1)
         if BUG == 2:
             tile = -1
         i += 1
+    if BUG == 4:
+        tlx.clc_producer(ctx, (i & 1) ^ 1)  # <clc-ask-after-failure>
 
 
 def run_clc(bug="none", grid=7, **launch_kw):
+    """(OUT: times each tile was worked, WHO: the CTA that worked it, the LaunchReport) of ``clc_kernel``."""
     out = torch.zeros(grid, dtype=torch.int32)
     who = torch.full((grid,), -1, dtype=torch.int32)
     report = sim.launch(clc_kernel, (grid,), out, who, BUG=CLC_BUGS[bug], arch=(10, 0), **launch_kw)

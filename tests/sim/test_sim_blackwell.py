@@ -70,25 +70,78 @@ def test_a_scale_tensor_of_the_wrong_shape_is_refused_at_the_mma():
     assert info.value.site.line == line_of("tcs-mma")
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=["deterministic", "seed1"])
-def test_cluster_launch_control_hands_out_every_tile_once(schedule):
-    """A CTA that asks for more work gets the tiles of CTAs that have not started (which then never start);
-    after the last one it gets -1: every tile is worked exactly once, by fewer CTAs than the grid."""
-    out, who, report = run_clc(schedule=schedule)
+@pytest.mark.parametrize("sm_count", [1, 3])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=["deterministic", "seed1", "seed2", "seed3"])
+def test_cluster_launch_control_hands_out_every_tile_once(schedule, sm_count):
+    """A CTA that asks for more work gets the tile of a CTA that has not started (which then never starts);
+    after the last one it gets -1: every tile is worked exactly once, a cancelled CTA's by the CTA that claimed it,
+    every other by its own CTA."""
+    out, who, report = run_clc(schedule=schedule, sm_count=sm_count)
     assert out.tolist() == [1] * 7
-    assert report.ctas < 7 and set(who.tolist()) == {0}  # CTAs run in turn: the first takes every other tile
+    cancelled = set(report.cancelled)
+    assert report.cancelled and report.ctas + len(cancelled) == 7 and len(cancelled) == len(report.cancelled)
+    assert not cancelled & set(range(sm_count))  # the resident CTAs had started: none can be cancelled
+    for x, w in enumerate(who.tolist()):
+        assert (w != x and w not in cancelled) if x in cancelled else w == x
+
+
+def test_the_deterministic_dispatch_cancels_the_first_waiting_ctas_in_launch_order():
+    """sm_count CTAs start at once; the first CTA to ask claims every later one, in launch order."""
+    _, who, report = run_clc(sm_count=3)
+    assert report.cancelled == (3, 4, 5, 6) and report.ctas == 3
+    assert who.tolist() == [0, 1, 2, 0, 0, 0, 0]
+
+
+def test_seeds_start_ctas_early_so_different_ctas_get_cancelled():
+    """Under seeded schedules the hardware may start waiting CTAs before a try_cancel is answered: the seeds
+    explore different splits between CTAs that run and CTAs that are claimed."""
+    splits = {run_clc(schedule=sim.Schedule.seeded(seed))[2].cancelled for seed in range(1, 9)}
+    assert len(splits) > 1, splits
+
+
+def test_a_cancel_after_the_last_tile_answers_none():
+    """With one CTA in the grid nothing is left to claim: the first try_cancel answers -1 and the CTA ends."""
+    out, who, report = run_clc(grid=1)
+    assert out.tolist() == [1] and who.tolist() == [0]
+    assert report.cancelled == () and report.ctas == 1 and report.op_counts["clc_consumer"] == 1
 
 
 def test_a_clc_producer_waiting_on_the_wrong_phase_deadlocks():
     with pytest.raises(sim.DeadlockError) as info:
         run_clc("wrong_phase")
-    assert "clc_empty" in str(info.value)
+    assert "ctx.empty[0]" in str(info.value)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=["deterministic", "seed1", "seed2", "seed3"])
+def test_a_clc_consumer_waiting_on_the_wrong_phase_reads_a_response_not_yet_written(schedule):
+    """A fresh full barrier passes a wait for parity 1, so the consumer reads the response slot before any
+    try_cancel has answered into it (a race with the answer in flight, or an uninitialised read); where the
+    schedule lands the answer first, the wait is for a phase that has passed and the CTA deadlocks."""
+    with pytest.raises((sim.RaceError, sim.UninitialisedReadError, sim.DeadlockError)) as info:
+        run_clc("consumer_wrong_phase", schedule=schedule)
+    if isinstance(info.value, sim.DeadlockError):
+        assert "ctx.full[0]" in str(info.value)
+    else:
+        assert "ctx.response[0]" in str(info.value) and info.value.site.line == line_of("clc-consumer-wrong-phase")
+
+
+def test_a_try_cancel_after_an_observed_failure_is_refused():
+    with pytest.raises(sim.ProtocolError, match="observed a failed one") as info:
+        run_clc("ask_after_failure")
+    assert info.value.site.line == line_of("clc-ask-after-failure")
+
+
+def test_a_cta_ending_with_a_try_cancel_in_flight_is_refused():
+    """The answer nobody reads may have cancelled a CTA: its tile would be lost."""
+    with pytest.raises(sim.ProtocolError, match="try_cancel.*still in flight") as info:
+        run_clc("drop_last_answer")
+    assert info.value.site.line == line_of("clc-producer")
 
 
 def test_a_cancelled_tile_nobody_works_is_lost():
     """The CLC contract: a cancelled CTA never starts, so a kernel that drops the tile it was handed loses it."""
     out, _, report = run_clc("stop_after_first")
-    assert out.tolist() == [1, 0, 1, 0, 1, 0, 1] and report.ctas == 4
+    assert out.tolist() == [1, 0, 1, 0, 1, 0, 1] and report.ctas == 4 and report.cancelled == (1, 3, 5)
 
 
 @pytest.mark.parametrize("slices", [1, 2, 4])

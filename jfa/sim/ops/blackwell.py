@@ -17,10 +17,13 @@
   (an MMA issued after it reads the copy), its source read in flight until it lands.
 - ``tcgen05_commit(bar)``: one arrival on ``bar`` once every MMA its task issued so far has landed.
 - Cluster launch control (``clc_create_context``, ``clc_producer``, ``clc_consumer``; single-CTA clusters):
-  the producer's try_cancel is answered when it lands (16 bytes on the full barrier, as the hardware's
-  response): the next CTA of the grid that has not started is cancelled, never starts, and its x is the
-  response; -1 once every CTA has started or been taken. The consumer reads it after the full barrier and
-  arrives on the empty one.
+  the producer's try_cancel is answered when it lands: the launch's dispatch (``jfa.sim.dispatch``) claims
+  the first CTA that has not started (it never starts) and the answer is its x, or -1 once every CTA has
+  started or been claimed. The answer is written, as the hardware's 16-byte response, into a shared-memory
+  slot by the async proxy, with its bytes completing the full barrier; the consumer reads the slot after
+  waiting on that barrier (a read not ordered after the answer's landing is a race, a read of a slot never
+  answered an uninitialised read) and arrives on the empty one. A try_cancel issued after the CTA has read a
+  -1 is a ProtocolError (undefined behaviour in PTX).
 """
 from __future__ import annotations
 
@@ -336,33 +339,47 @@ def tcgen05_commit(cta, mBarrier, two_ctas=False):
 
 # ---- cluster launch control ----------------------------------------------------------------------------
 class ClcContext:
-    """The pipeline of CLC responses: ``num_stages`` response slots, a full barrier each (the response's 16
-    bytes land on it) and an empty barrier each (``num_consumers`` arrivals hand the slot back)."""
+    """The pipeline of CLC responses: ``num_stages`` response slots (16 bytes of shared memory each), a full
+    barrier each (the response's 16 bytes land on it) and an empty barrier each (``num_consumers`` arrivals
+    hand the slot back)."""
 
     def __init__(self, cta, num_consumers: int, num_stages: int, site):
-        self.fulls = BarrierArray(cta, core._alloc_name(cta, site, "clc_full"), num_stages, 1, site)
-        self.empties = BarrierArray(cta, core._alloc_name(cta, site, "clc_empty"), num_stages, num_consumers, site)
+        name = core._alloc_name(cta, site, "clc")  # the context's variable: clc.full[k], clc.empty[k], ...
+        self.fulls = BarrierArray(cta, f"{name}.full", num_stages, 1, site)
+        self.empties = BarrierArray(cta, f"{name}.empty", num_stages, num_consumers, site)
         cta.barriers += [self.fulls, self.empties]
-        self.responses: list = [None] * num_stages
+        self.responses = cta.smem.alloc(f"{name}.response", (4,), tl.int32, num_stages, site)
 
 
 class ClcResponse(AsyncOp):
     """A try_cancel in flight: answered when it lands (the scheduler decides when, as the hardware's)."""
 
     kind = "CLC try_cancel"
-    __slots__ = ("cta", "task", "context", "k", "site", "vc", "seq")
+    __slots__ = ("cta", "task", "context", "k", "site", "vc", "seq", "barrier", "box")
 
     def __init__(self, cta, task, context, k, site, vc, seq):
         self.cta, self.task, self.context, self.k, self.site, self.vc, self.seq = cta, task, context, k, site, vc, seq
+        self.barrier = context.fulls[k]
+        self.box = context.responses.full_box
 
     def describe(self) -> str:
         return f"CLC try_cancel #{self.seq} (response slot {self.k})"
 
+    def describe_full(self) -> str:
+        return (f"{self.describe()}, completing on {self.barrier.name}, issued by {self.task.name} at "
+                f"{self.site.format(indent='    ')}")
+
     def land(self) -> None:
         cta = self.cta
-        self.context.responses[self.k] = cta.launch.cancel_next(cta.index)
-        self.context.fulls[self.k].complete_tx(cta, self, 16)
-        cta.trace(None, "CLC response lands", f"#{self.seq}: {self.context.responses[self.k]}", self.site)
+        view = self.context.responses[self.k]
+        view.alloc.shadows[self.k].loads.remove(self)
+        answer = cta.launch.dispatch.try_cancel()
+        rec = cta.smem.write(view, None, self.vc, 0, f"CLC try_cancel #{self.seq} (issued by {self.task.name})",
+                             "CLC response", self.site, landing=self)
+        view.write(np.array([answer, 0, 0, 0], dtype=np.int32))
+        self.barrier.complete_tx(cta, self, 16)
+        rec.agent, rec.clock = self.barrier.tx_agent, self.barrier.tx_clock
+        cta.trace(None, "CLC response lands", f"#{self.seq}: {answer}", self.site)
 
 
 def _clc_slot(context, k, multi_ctas, site, what) -> int:
@@ -373,8 +390,8 @@ def _clc_slot(context, k, multi_ctas, site, what) -> int:
         raise ProtocolError(f"{what}: expected a clc_create_context() result, got {type(context).__name__}",
                             site=site)
     k = as_int(k, "k")
-    if not 0 <= k < len(context.responses):
-        raise ProtocolError(f"{what}: response slot {k} of a context with {len(context.responses)}", site=site)
+    if not 0 <= k < context.responses.num:
+        raise ProtocolError(f"{what}: response slot {k} of a context with {context.responses.num}", site=site)
     return k
 
 
@@ -390,9 +407,15 @@ def clc_producer(cta, context, p_producer=None, multi_ctas=False, k=0):
     k = _clc_slot(context, k, multi_ctas, site, "clc_producer")
     task = cta.task
     core.wait_on(cta, context.empties[k], as_int(p_producer, "p_producer") & 1, site)
+    failed = getattr(cta, "clc_failed", None)
+    if failed is not None:
+        raise ProtocolError(f"clc_producer: a try_cancel after this CTA observed a failed one (-1, read by "
+                            f"{failed[0]} at {failed[1].short()}): undefined behaviour in PTX", site=site,
+                            hint="stop asking once a response says no CTA is left (the loop's exit on -1)")
     context.fulls[k].expect(cta, task, 16, site)
     cta.n_copies += 1
     op = ClcResponse(cta, task, context, k, site, task.release(), cta.n_copies)
+    context.responses.shadows[k].loads.append(op)
     cta.sched.inflight.append(op)
     cta.trace(task, "clc_producer", f"try_cancel #{op.seq} into slot {k}", site)
 
@@ -403,7 +426,11 @@ def clc_consumer(cta, context, p_consumer=None, multi_ctas=False, k=0):
     k = _clc_slot(context, k, multi_ctas, site, "clc_consumer")
     task = cta.task
     core.wait_on(cta, context.fulls[k], as_int(p_consumer, "p_consumer") & 1, site)
-    tile = context.responses[k]
+    view = context.responses[k]
+    cta.smem.read(view, task, "clc_consumer (the CLC response)", site)
+    tile = int(view.read()[0])
+    if tile == -1 and getattr(cta, "clc_failed", None) is None:
+        cta.clc_failed = (task.name, site)
     context.empties[k].arrive(cta, task, 1, site)
     cta.trace(task, "clc_consumer", f"slot {k}: {tile}", site)
     return scalar_tensor(tile, tl.int32)

@@ -19,7 +19,8 @@ from . import OpTable
 
 CORE = OpTable("core")
 _REDUCES = ("", "add", "min", "max", "and", "or", "xor")
-_NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=\s*(?:[\w.]+\.)?(local_alloc|alloc_barriers)\b")
+_NAME_RE = re.compile(
+    r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=\s*(?:[\w.]+\.)?(local_alloc|alloc_barriers|clc_create_context)\b")
 
 
 def _alloc_name(cta, site, kind: str) -> str:

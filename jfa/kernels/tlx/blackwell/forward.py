@@ -9,10 +9,17 @@ j <= i + Lk - Lq); broadcast-Q output rows are ``b * Lq + i``; query head h read
 
 Shape of the kernel (the roles of the TLX tutorial ``blackwell_fa_ws_pipelined_persistent``):
 
-* Persistent grid, static schedule: one CTA per SM walks work items (tile-list slot, head), decoded by
-  ``common.device.item_sequence`` and dealt zig-zag over the longest-first tile list
-  (``common.device.static_item``), as on Hopper. Cluster launch control is not used: the simulator runs
-  the CTAs of a launch one after another, so a CLC schedule would prove nothing the static one does not.
+* Persistent CTAs, two schedules (``CLC``). The CLC build, scheduled by cluster launch control: the grid has
+  one CTA per work item (tile-list slot, head; decoded by ``common.device.item_sequence``), the item of
+  program id ``i`` being the ``i``-th of the longest-first tile list. Each CTA works the item of its own
+  program id, then asks CLC to cancel a CTA that has not started yet and works that CTA's item instead, until
+  the answer is -1 (every CTA has started or been claimed). The hardware starts CTAs in program-id order and a
+  try_cancel claims the next one, so the heaviest items still go first while the load balances itself. The
+  correction partition issues each try_cancel when it starts an item (the request is in flight while the item
+  runs); all five partitions read the answer (``_NEXT_ITEM_READERS``) when they finish the item, and the last
+  of them hands the response slot back for the next request. The static build (what a GPU runs while the
+  toolchain does not lower CLC, ``common.target.TOOLCHAIN_LOWERS_CLC``): one CTA per SM deals the items
+  zig-zag (``common.device.static_item``), as on Hopper.
 * A work item is ``NUM_GROUPS * block_m`` query rows: two groups of ``block_m`` rows (one tcgen05 M each),
   whose softmaxes run in two warpgroups while the tensor core works on the other group.
 * Five partitions per CTA, one mbarrier protocol between each pair:
@@ -100,6 +107,8 @@ _SINGLE_WARP = tl.constexpr(SINGLE_WARP)
 # + 128 x 48 (the two single-warp partitions share one warpgroup's allocation) + 128 x 96 (what is left to the
 # correction) = 65536.
 ISSUER_REGS = tl.constexpr(48)
+# the partitions that read each CLC answer (the next work item): correction, the softmax groups, MMA, load
+_NEXT_ITEM_READERS = tl.constexpr(1 + NUM_GROUPS + 2)
 
 _CONFIGS: dict[int, BlackwellForwardConfig] = {
     # D 64. Tensor memory: S 2 x 128 columns + O 2 x 64 = 384 of 512. Shared memory: Q 2 groups x 2 x 16 KB
@@ -626,6 +635,15 @@ def _correct_item(item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls
     return pv_cnt, q_cnt, kv_cnt
 
 
+@triton.jit
+def _clc_next_item(clc, rounds, num_items):
+    """The work item a partition of the CLC build takes after its ``rounds + 1``-th: the answer to the request of
+    that round, i.e. the program id of the CTA it cancelled, or ``num_items`` when none was left. Every partition
+    of a CTA reads the same answer."""
+    claimed = tlx.clc_consumer(clc, rounds & 1)
+    return tl.where(claimed == -1, num_items, claimed)
+
+
 # per-batch values: no recompiles, one specialisation per config (the one the offline gate compiles)
 @triton.jit(do_not_specialize=["num_items", "num_slots", "num_seqs", "num_heads", "len_q_bcast"])
 def jagged_fwd_blackwell_kernel(
@@ -635,14 +653,16 @@ def jagged_fwd_blackwell_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     SCALE_NONNEG: tl.constexpr, MX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, SOFTMAX_REGS: tl.constexpr, O_SLICES: tl.constexpr,
-    SCALE_TILES: tl.constexpr, S_BUFFERS: tl.constexpr,
+    SCALE_TILES: tl.constexpr, S_BUFFERS: tl.constexpr, CLC: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads bf16/fp16 q, k, v; an MXFP8 build reads E4M3 q, k, v (TMA, as the bf16
     build) and their E8M0 scales QS, KS (D-axis) and VS (token-axis, sequence b's first scale row VB_OFF[b])
     with plain loads, and issues both products as block-scaled tcgen05 MMAs (P quantized by the softmax).
     SCALE_TILES: every scale tile is a ``scaled_mma.SCALE_TILE``; they then take the layout tcgen05.cp reads
     (``_SCALE_LAYOUT``), else the default one (the simulator runs either). A bf16 launch passes the tile list for
-    the four scale pointers (never read)."""
+    the four scale pointers (never read).
+    CLC: the persistent schedule takes each next item from cluster launch control (a grid of ``num_items`` CTAs);
+    else it is static (``static_item``, a grid of at most one CTA per SM)."""
     TILE_M: tl.constexpr = _GROUPS * BLOCK_M  # rows of one work item: one BLOCK_M group per softmax warpgroup
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)  # E4M3 in MX builds
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
@@ -694,21 +714,47 @@ def jagged_fwd_blackwell_kernel(
         qs_fulls = None
         kvs_fulls = None
 
+    # one CLC response slot: the correction asks for the next item when it starts one, having read the answer that
+    # named it; asking further ahead would claim CTAs before this one can work their items, which CTAs still
+    # waiting to start might work sooner
+    if CLC:
+        clc = tlx.clc_create_context(num_consumers=_NEXT_ITEM_READERS, num_stages=1)
+    else:
+        clc = None
+
+    # every partition walks the same items. CLC: its CTA's own (program id), then each one CLC claims
+    # (``_clc_next_item``; ``rounds``, the items done, gives the response phase). Static: a counted loop over the
+    # rounds (as a while loop like CLC's the MX fp32-output GQA build spills 32 B of stack, not 8: the gate)
     with tlx.async_tasks():
-        # ---------------------------------------------------------------- correction + epilogue
+        # ---------------------------------------------------------------- correction + epilogue, CLC requests
         with tlx.async_task("default"):
             pv_cnt = 0
             q_cnt = 0  # MX builds: the scale fills, counted as the load warp counts its fills
             kv_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
-                if item < num_items:
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
+                    # the next item's request flies while this one runs (a fresh empty barrier passes parity 1)
+                    tlx.clc_producer(clc, (rounds & 1) ^ 1)
                     pv_cnt, q_cnt, kv_cnt = _correct_item(
                         item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
                         o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
                         len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS, KS,
                         VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
                         NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        pv_cnt, q_cnt, kv_cnt = _correct_item(
+                            item, pv_cnt, q_cnt, kv_cnt, o_tiles, scale_tiles, scale_fulls, scale_empties, pv_dones,
+                            o_readies, OUT, TILES, CU_Q, CU_K, stride_ot, stride_oh, num_slots, num_heads, num_seqs,
+                            len_q_bcast, qs_tiles, ks_tiles, vs_tiles, qs_fulls, q_empties, kvs_fulls, kv_empties, QS,
+                            KS, VS, VB_OFF, CAUSAL, GROUP, BROADCAST_Q, HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N, O_SLICES,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX)
 
         # ---------------------------------------------------------------- softmax, one warpgroup per group
         with tlx.async_task(num_warps=_SOFTMAX_WARPS, registers=SOFTMAX_REGS, replicate=_GROUPS):
@@ -716,14 +762,26 @@ def jagged_fwd_blackwell_kernel(
             qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
             s_cnt = 0
             pv_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
-                if item < num_items:
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
                     s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
                                                   s_fulls, s_empties, p_fulls, pv_dones, scale_fulls, scale_empties,
                                                   LSE, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
                                                   qk_scale, g, CAUSAL, BROADCAST_Q, SCALE_NONNEG, TILE_M, BLOCK_M,
                                                   BLOCK_N, DTYPE, MX, S_BUFFERS)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        s_cnt, pv_cnt = _softmax_item(item, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_tiles,
+                                                      s_fulls, s_empties, p_fulls, pv_dones, scale_fulls,
+                                                      scale_empties, LSE, TILES, CU_Q, CU_K, num_slots, num_heads,
+                                                      num_seqs, len_q_bcast, qk_scale, g, CAUSAL, BROADCAST_Q,
+                                                      SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, DTYPE, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
@@ -731,28 +789,53 @@ def jagged_fwd_blackwell_kernel(
             kv_cnt = 0
             s_cnt = 0
             pv_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
-                if item < num_items:
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
                     q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
                         item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
                         q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies, qs_tiles,
                         ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots, num_heads,
                         num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, MX,
                         S_BUFFERS)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        q_cnt, kv_cnt, s_cnt, pv_cnt = _mma_item(
+                            item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_tiles, o_tiles, q_fulls,
+                            q_empties, kv_fulls, kv_empties, s_fulls, s_empties, p_fulls, pv_dones, o_readies,
+                            qs_tiles, ks_tiles, vs_tiles, ps_tiles, qs_fulls, kvs_fulls, TILES, CU_Q, CU_K, num_slots,
+                            num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, TILE_M, BLOCK_N, NUM_BUFFERS_Q,
+                            NUM_BUFFERS_KV, MX, S_BUFFERS)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
             q_cnt = 0
             kv_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
-                if item < num_items:
+            if CLC:
+                item = tl.program_id(0)
+                rounds = 0
+                while item < num_items:
                     q_cnt, kv_cnt = _load_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties, kv_fulls,
                         kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
                         col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M, BLOCK_N,
                         NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                    item = _clc_next_item(clc, rounds, num_items)
+                    rounds += 1
+            else:
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
+                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                    if item < num_items:
+                        q_cnt, kv_cnt = _load_item(
+                            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, kv_tiles, q_fulls, q_empties,
+                            kv_fulls, kv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast,
+                            col_stride_q, col_stride_k, col_stride_v, CAUSAL, GROUP, BROADCAST_Q, TILE_M, BLOCK_M,
+                            BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -771,12 +854,12 @@ def supports(q: torch.Tensor, head_dim: int, dtype: torch.dtype, *, k: Optional[
 
 
 def _constexprs(cfg: BlackwellForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool, scale_nonneg: bool,
-                group: int = 1, mx: str = "") -> dict:
+                group: int = 1, mx: str = "", clc: bool = False) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, SCALE_NONNEG=scale_nonneg,
                      MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                      NUM_BUFFERS_KV=cfg.num_buffers_kv, SOFTMAX_REGS=cfg.softmax_regs, O_SLICES=cfg.o_slices,
-                     S_BUFFERS=cfg.s_buffers)
+                     S_BUFFERS=cfg.s_buffers, CLC=clc)
     constants["SCALE_TILES"] = bool(mx) and mx_scale_tiles(cfg, head_dim) == {scaled_mma.SCALE_TILE}
     return constants
 
@@ -794,14 +877,15 @@ def _launch_options() -> dict:
     return dict(num_warps=CORRECTION_WARPS, num_stages=1)
 
 
-def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, group: int = 1, mx: str = ""):
+def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, group: int = 1, mx: str = "",
+                 clc: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one config
     (the compile gate). Descriptors are typed from the config's block shapes, as the launcher's binder
     spells them. ``dtype``: the inputs' (and output's) type; with ``mx`` (an MXFP8 build) the output's, the
-    inputs being E4M3."""
+    inputs being E4M3; ``clc``: the cluster-launch-control build."""
     cfg = config_for(head_dim, mx)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=True, group=group,
-                            mx=mx)
+                            mx=mx, clc=clc)
     types = {f"desc_{x}": f"tensordesc<{'fp8e4nv' if mx else dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     scales = "*u8" if mx else "*i32"  # a bf16 launch passes the tile list for the unused scale pointers
@@ -812,11 +896,12 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
 
 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, softmax_scale: float,
-                     broadcast_q: bool, num_seqs: int, len_q_bcast: int, mx=None) -> tuple[tuple, dict, int]:
+                     broadcast_q: bool, num_seqs: int, len_q_bcast: int, mx=None, clc: bool = False
+                     ) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the offline
     gate can bind them to the kernel on a CPU machine and check that a launch specialises to the very
     signature ``compile_spec`` compiles. ``mx``: an MXFP8 launch's ``(rule, q scales, k scales, v scales, v
-    block offsets)``, with q, k, v its E4M3 data."""
+    block offsets)``, with q, k, v its E4M3 data; ``clc``: the cluster-launch-control build (``uses_clc``)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     rule = mx[0] if mx is not None else ""
     cfg = config_for(head_dim, rule)
@@ -829,8 +914,23 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, *, causal: bool, so
     args = (desc_q, desc_k, desc_v, out, lse, cu_q, cu_k, tiles.tiles, *scales, out.stride(0), out.stride(1), col_q,
             col_k, col_v, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
-                            group=num_heads // k.shape[1], mx=rule)
+                            group=num_heads // k.shape[1], mx=rule, clc=clc)
     return args, {**constants, **_launch_options()}, num_items
+
+
+def uses_clc(device: torch.device) -> bool:
+    """Whether a launch on ``device`` runs the cluster-launch-control build: where its target lowers CLC
+    (``LaunchTarget.cluster_launch_control``)."""
+    t = target.target_for(device)
+    return t is not None and t.cluster_launch_control
+
+
+def launch_forward(args, kwargs, num_items: int, device) -> None:
+    """Launch the kernel on ``kernel_arguments``' binding: the CLC build with one CTA per work item (the first
+    to start claim the others'), the static one with at most one per SM; none for no item."""
+    if num_items > 0:
+        grid = num_items if kwargs["CLC"] else min(sm_count(device), num_items)
+        target.launch(jagged_fwd_blackwell_kernel, (grid,), device, *args, **kwargs)
 
 
 def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
@@ -856,10 +956,9 @@ def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale
     tiles = build_tile_list(out_cu, rows, NUM_GROUPS * cfg.block_m, work_offsets=cu_k)
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
                                                softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, clc=uses_clc(q.device))
     with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
-        target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
-                      **kwargs)
+        launch_forward(args, kwargs, num_items, q.device)
     return out, lse
 
 
@@ -920,8 +1019,8 @@ def mx_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: fl
     scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(), jmx.token_block_offsets(cu_k))
     args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles, causal=causal,
                                                softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, mx=scales)
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, mx=scales,
+                                               clc=uses_clc(q.device))
     with pipeline.build_llvm_o0(jagged_fwd_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
-        target.launch(jagged_fwd_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args,
-                      **kwargs)
+        launch_forward(args, kwargs, num_items, q.device)
     return out, lse

@@ -7,11 +7,12 @@ registered for it: the TLX simulator (``jfa.sim``) registers one for CPU tensors
 tile lists and dispatch run unchanged on a machine without a GPU. The product never imports the
 simulator; the harness registers it (dependency inversion, so ``jfa.kernels`` stays free of ``jfa.sim``).
 
-A target answers three questions: the compute capability its kernels are built for (the dispatch's
-``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, and how to launch. A launcher
+A target answers four questions: the compute capability its kernels are built for (the dispatch's
+``sm_90`` / ``sm_100`` check), how many SMs a persistent grid may fill, whether its kernels may schedule
+themselves with cluster launch control, and how to launch. A launcher
 that repeats one kind of launch (``jfa.plans``) asks :func:`prepare` for it once: on the GPU the compiled
 kernel bound to its arguments (``jfa.kernels.launch.Prepared``), elsewhere the same launch through the
-target with the arguments replaced (:class:`Relaunch`), so both run the same launcher code.
+target with the arguments replaced (``jfa.kernels.launch.Relaunch``), so both run the same launcher code.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ from jfa.kernels.launch import launch as launch_compiled
 from jfa.kernels.launch import Relaunch, prepare_or_relaunch
 
 LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, kwargs)
+# Whether the toolchain lowers TLX's cluster launch control for sm_100a. Triton 3.8 with uTLX 3.8.0.post16 does
+# not: uTLX emits ttng.async_clc_try_cancel / ttng.clc_query_cancel, ops of the TLX fork's Triton that Triton 3.8
+# never registered, so a CLC build fails to compile and a GPU launch runs the static schedule instead.
+# tests/test_tlx_compile.py compiles the CLC build and fails once it does compile: then set this True.
+TOOLCHAIN_LOWERS_CLC = False
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class LaunchTarget:
     capability: tuple  # (major, minor) of the architecture the kernels are dispatched for
     sm_count: int  # CTAs a persistent grid launches at most
     launch: LaunchFn  # runs ``kernel[grid](*args, **kwargs)``
+    cluster_launch_control: bool = False  # sm_100 kernels take their next work item from CLC (one CTA per item)
     # (kernel, args, kwargs, replaced names) -> a prepared launch; None: a ``Relaunch`` through ``launch``
     prepare: Optional[Callable] = None
 
@@ -68,7 +75,8 @@ def _cuda_target(device: torch.device) -> LaunchTarget:
     if target is None:
         props = torch.cuda.get_device_properties(index)
         target = _cuda_targets[index] = LaunchTarget("cuda", (props.major, props.minor), props.multi_processor_count,
-                                                     _cuda_launch, prepare_or_relaunch)
+                                                     _cuda_launch, TOOLCHAIN_LOWERS_CLC and props.major >= 10,
+                                                     prepare_or_relaunch)
     return target
 
 

@@ -42,6 +42,8 @@ def pytest_configure(config):
 
     if config.getoption("--device") == "cuda" and settings.get_current_profile_name() == "ci":
         settings.load_profile("ci-gpu")  # fewer derandomised examples: each compiles GPU specialisations
+    elif config.getoption("--sim-scope") != "full" and settings.get_current_profile_name() == "ci":
+        settings.load_profile("ci-suite")  # the CPU suite's budget: the gate (--sim-scope full) keeps ci's
     if config.getoption("--device") == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise pytest.UsageError("triton was imported before the interpreter could be enabled; "

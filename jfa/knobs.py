@@ -115,7 +115,7 @@ KNOBS: dict = {k.name: k for k in (
     Knob("triton_config", "JFA_TRITON_CONFIG", _json_object, None,
          'portable kernels\' 16-bit launch configs, {"forward": [block_m, block_n, warps, stages], '
          '"dkdv": [...], "dq": [...]}: a tuning aid for benchmark sweeps'),
-    Knob("fuzz_profile", "JFA_FUZZ_PROFILE", _choice("ci", "ci-gpu", "dev", "nightly"), "ci",
+    Knob("fuzz_profile", "JFA_FUZZ_PROFILE", _choice("ci", "ci-gpu", "ci-suite", "dev", "nightly"), "ci",
          "hypothesis profile of the property tests (jfa.fuzz.profiles)"),
     Knob("test_device", "JFA_TEST_DEVICE", _choice("cpu", "cuda"), "cpu",
          "default of pytest's --device option"),

@@ -228,9 +228,9 @@ class Relaunch:
 
     def __init__(self, launch_fn, kernel, args: tuple, kwargs: dict, replaced: tuple):
         self.launch_fn, self.kernel, self.args, self.kwargs = launch_fn, kernel, tuple(args), dict(kwargs)
-        names = list(kernel.arg_names)
+        position = {name: i for i, name in enumerate(kernel.arg_names)}
         # the position in args, or the keyword, of each replaced parameter
-        self.replaced = tuple(names.index(name) if names.index(name) < len(args) else name for name in replaced)
+        self.replaced = tuple(position[name] if position[name] < len(args) else name for name in replaced)
 
     def run(self, grid: tuple, replacements: tuple) -> bool:
         args, kwargs = list(self.args), dict(self.kwargs)

@@ -105,5 +105,4 @@ def prepare(kernel, device: torch.device, args: tuple, kwargs: dict, replaced: t
         raise ValueError(f"no TLX execution target for {device.type} tensors")
     if target.prepare is not None:
         return target.prepare(kernel, args, kwargs, replaced)
-    return Relaunch(lambda kernel_, grid, args_, kwargs_: target.launch(kernel_, grid, args_, kwargs_),
-                    kernel, args, kwargs, replaced)
+    return Relaunch(target.launch, kernel, args, kwargs, replaced)

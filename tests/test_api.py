@@ -242,7 +242,11 @@ def test_tlx_backward_switches_parse_and_reject_typos():
 
     assert BackwardVariant.parse("") == SHIPPED and SHIPPED.persistent
     assert BackwardVariant.parse("persistent=0") == BackwardVariant(persistent=False)
-    for bad, words in (("dq_reduce=atomic", "unknown switch"), ("persistent=2", "persistent: must be 0, 1")):
+    assert BackwardVariant.parse("sparse_schedule=static").dynamic(sparse=True) is False
+    assert BackwardVariant.parse("dense_schedule=dynamic").dynamic(sparse=False) is True
+    assert SHIPPED.dynamic(sparse=True) and not SHIPPED.dynamic(sparse=False)
+    for bad, words in (("dq_reduce=atomic", "unknown switch"), ("persistent=2", "persistent: must be 0, 1"),
+                       ("sparse_schedule=zigzag", "sparse_schedule: must be one of")):
         with pytest.raises(ValueError, match=words):
             BackwardVariant.parse(bad)
 

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from jfa.kernels import schedule
 from jfa.kernels.schedule import virtual_cu_seqlens
+from jfa.kernels.tlx.common.host import work_counter
 from jfa.kernels.tlx.common.target import LaunchTarget, register_target
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 from jfa.kernels.tlx.hopper import forward as tlx_forward
@@ -52,7 +53,7 @@ def launches(monkeypatch):
     stats_pass._column_layouts.clear()
     virtual_cu_seqlens.cache_clear()
     monkeypatch.setattr(stats_pass, "row_stats_kernel", StubKernel(stats_pass.row_stats_kernel, recorded))
-    tlx_forward.work_counter(torch.device("cpu"))  # made once per device: not part of a call's own work
+    work_counter(torch.device("cpu"))  # made once per device: not part of a call's own work
 
     def record(kernel, grid, args, kwargs):
         recorded.append((kernel.fn.__name__, grid))

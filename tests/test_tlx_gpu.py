@@ -15,6 +15,7 @@ from jfa.fuzz.catalog import tlx_cases
 from jfa.fuzz.cases import Case, offsets
 from jfa.fuzz.rule import run_case
 from jfa.kernels.schedule import TileList, build_tile_list
+from jfa.kernels.tlx.common.host import work_counter
 from planned_calls import planned_cases, run_twice, spy_on_planned_launchers
 
 pytestmark = pytest.mark.gpu
@@ -198,7 +199,21 @@ def test_dynamic_counter_is_zero_after_each_launch():
     q, k, v, cu = packed([300, 0, 900, 5] * 20)
     run(q, k, v, cu, variant=tlx_forward.Variant(schedule="dynamic"))
     torch.cuda.synchronize()
-    assert torch.equal(tlx_forward.work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
+    assert torch.equal(work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
+
+
+def test_the_block_sparse_backward_leaves_the_dynamic_counter_zero():
+    """The block-sparse dK/dV kernel takes its items from the stream's counter (it ships with the dynamic
+    schedule): zero again after its launch, so the next launch on the stream starts from item 0."""
+    q, k, v, cu = packed([300, 0, 900, 5] * 20)
+    q.requires_grad_(True)
+    with recording_dispatch() as ran:
+        out = jfa.block_sparse_attention(q, k, v, cu, cu, keep_ratio=0.5, causal=True)
+        out.float().square().sum().backward()
+    torch.cuda.synchronize()
+    assert ran[-1] == ("backward", "tlx-hopper-block-sparse", "cuda"), ran
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert torch.equal(work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("schedule", tlx_forward.SCHEDULES)

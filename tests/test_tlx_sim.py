@@ -80,6 +80,46 @@ def test_tlx_kernels_meet_the_oracle_under_seeded_schedules(seeded_case, seed):
     assert report.ok, str(report)
 
 
+# (case, JFA_TLX_VARIANT, JFA_TLX_BWD_VARIANT, whether the forward and the dK/dV launches take their items
+# from the counter)
+SCHEDULES = {
+    "sparse-shipped": ("tlx-sparse-gqa-causal-random0.5-bs128-bf16-D64", "", "", False, True),
+    "sparse-static-bwd": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", "sparse_schedule=static", False, False),
+    "sparse-dynamic-fwd": ("tlx-sparse-bcastq-ratio0.5-bs128-bf16-D128", "schedule=dynamic", "", True, True),
+    "dense-shipped": ("tlx-many-items-causal-bf16-D64", "", "", False, False),
+    "dense-dynamic": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", "dense_schedule=dynamic", True,
+                      True),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedules_meet_the_oracle_and_leave_the_counter_zero(name, monkeypatch):
+    """Each way the TLX kernels deal their items (static, or the global counter the block-sparse dK/dV
+    build ships with) meets the oracle under a seeded schedule, each launch took the schedule its variant
+    names, and a counter it took is zero again after the launch (the next launch on the stream starts
+    from it)."""
+    case_name, switches, bwd_switches, fwd_dynamic, bwd_dynamic = SCHEDULES[name]
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    kernels = {tlx_forward.jagged_fwd_tlx_kernel: [], tlx_backward.jagged_dkdv_tlx_kernel: []}
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):  # records (DYNAMIC, the counter passed) per launch
+        if kernel in kernels:
+            kernels[kernel].append((kwargs["DYNAMIC"], args[kernel.arg_names.index("COUNTER")]))
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    with knobs.scope(tlx_variant=switches, tlx_bwd_variant=bwd_switches):
+        report, _ = _run_on_simulator(case, sim.Schedule.seeded(1), "fused-dq")
+    assert report.ok, str(report)
+    for kernel, dynamic in ((tlx_forward.jagged_fwd_tlx_kernel, fwd_dynamic),
+                            (tlx_backward.jagged_dkdv_tlx_kernel, bwd_dynamic)):
+        launches = kernels[kernel]
+        assert launches and {took for took, _ in launches} == {dynamic}, (kernel.fn.__name__, launches)
+        if dynamic:
+            assert all(torch.equal(counter, torch.zeros(2, dtype=torch.int32)) for _, counter in launches), launches
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)

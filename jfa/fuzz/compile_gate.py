@@ -370,6 +370,7 @@ def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
         "setmaxnreg": {kind: sorted({int(n) for k, n in setmaxnreg if k == kind}) for kind in ("dec", "inc")},
         "tma_loads": ptx.count("cp.async.bulk.tensor"),
         "tma_reduce_adds": ptx.count("cp.reduce.async.bulk.tensor"),
+        "global_atomics": len(re.findall(r"\batom\.global\.", ptx)),
         "expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
         "mbarrier_waits": ptx.count("mbarrier.try_wait"),
         "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive\.shared", ptx)),
@@ -649,6 +650,9 @@ def _check_tlx(target: Target) -> Result:
         cfg = tlx_backward.config_for(target.head_dim, fused)
         _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
+        dynamic = tlx_backward.SHIPPED.dynamic(target.sparse)
+        expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
+            (result.details["global_atomics"] > 0) == dynamic
         launch = dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
         # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)

@@ -225,6 +225,10 @@ MUTANTS: tuple = (
            "return round * num_progs + lane",
            "return round * num_progs + lane + (round > 0)",
            "the static schedule skips an item of every round after the first (and runs one twice)"),
+    Mutant("tlx-dynamic-item-ring-wrong-phase", TLX_COMMON,
+           "    tlx.barrier_wait(item_fulls[buf], phase)\n",
+           "    tlx.barrier_wait(item_fulls[buf], phase ^ 1)\n",
+           "under the dynamic schedule the consumers read an item slot before the producer filled it"),
     # --- TLX backward --------------------------------------------------------------------------------------
     Mutant("tlx-bwd-ds-fence-dropped", TLX_BACKWARD,
            "    tlx.fence_async_shared()  # generic-proxy stores made visible to the readers' wgmma (async proxy)\n",

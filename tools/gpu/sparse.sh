@@ -6,7 +6,9 @@
 # `source .gpu/device-env.sh`; results in $OUT/sparse.tgz.
 #   PART: "tests" (suite + sanitizers), "bench" (the benchmark), "profile" (Nsight Compute on the TLX dK/dV
 #         kernel of PROFILE_SHAPE, default full-B8, with the lists made beforehand, at each of PROFILE_KEEPS,
-#         default "0.5 1.0") or "all" (tests and bench; default)
+#         default "0.5 1.0"), "variants" (the benchmark once per setting of VARIANTS, a space-separated list
+#         of NAME:JFA_TLX_VARIANT:JFA_TLX_BWD_VARIANT, in turn, ROUNDS times) or "all" (tests and bench;
+#         default)
 #   BENCH_ARGS: more arguments for the benchmark (e.g. --keep 0.5 --only full-B8)
 #   SUITE_SECONDS (default 330), WORKERS (default 16): the suite's time limit and xdist workers
 set -u
@@ -23,6 +25,17 @@ if [ "$part" = profile ]; then
     ncu -i /tmp/dkdv-$keep.ncu-rep --page source --csv --print-source sass > $R/dkdv-$keep.sass.csv 2>&1
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|Executed Ipc A" \
       $R/dkdv-$keep.details.txt | head -8
+  done
+  exit 0
+fi
+if [ "$part" = variants ]; then
+  for round in $(seq ${ROUNDS:-1}); do
+    for spec in ${VARIANTS:-shipped::}; do
+      IFS=: read -r name fwd bwd <<< "$spec"
+      JFA_TLX_VARIANT="$fwd" JFA_TLX_BWD_VARIANT="$bwd" step "${BENCH_SECONDS:-240}" python3 -m jfa.bench.sparse \
+        --out $R/$name-$round --repeats "${REPEATS:-3}" ${BENCH_ARGS:-} > $R/$name-$round.log 2>&1
+      echo "-- $name (fwd '$fwd', bwd '$bwd') round $round"; cat $R/$name-$round/sparse.md 2>/dev/null | grep -E "jfa|impl"
+    done
   done
   exit 0
 fi

@@ -1,13 +1,20 @@
-"""Jit helpers every TLX kernel shares: ring indices and phases, work-item decoding, static schedules.
+"""Jit helpers every TLX kernel shares: ring indices and phases, work-item decoding, static and dynamic
+schedules.
 
 A persistent TLX kernel walks work items ``(tile-list slot, head)`` (the tile list of
 :mod:`jfa.kernels.schedule`, head fastest). Producer and consumer partitions decode each item with the
-same helpers, so they agree on every loop count, which the mbarrier phases depend on.
+same helpers, so they agree on every loop count, which the mbarrier phases depend on. Under the dynamic
+schedule the producer takes items from a global counter (``fetch_item``) and hands each to the consumers
+through a ring in shared memory (``receive_item``), so every partition of a CTA walks the same items.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from jfa.kernels.tlx.common.host import tlx
+
+ITEM_BUFFERS = tl.constexpr(2)  # dynamic schedule: items the producer may fetch ahead of the consumers
 
 
 @triton.jit
@@ -72,3 +79,38 @@ def static_item(round, pid, num_progs, ZIGZAG: tl.constexpr):
     else:
         lane = pid
     return round * num_progs + lane
+
+
+@triton.jit
+def fetch_item(COUNTER, item_bufs, item_fulls, item_empties, count):
+    """Producer side of the dynamic schedule: the next item of the launch (an atomic add on ``COUNTER[0]``;
+    >= num_items: no more work), handed to the consumers as the CTA's ``count``-th through shared memory.
+    barrier_arrive syncs the producer's warps before thread 0 arrives, so the store is visible to whoever
+    passes the full barrier."""
+    item = tl.atomic_add(COUNTER, 1)
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(item_empties[buf], phase ^ 1)
+    tlx.local_store(item_bufs[buf], item + tl.zeros([1], dtype=tl.int32))
+    tlx.barrier_arrive(item_fulls[buf], 1)
+    return item
+
+
+@triton.jit
+def receive_item(item_bufs, item_fulls, item_empties, count):
+    """Consumer side of the dynamic schedule: the ``count``-th item the CTA's producer fetched."""
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(item_fulls[buf], phase)
+    item = tl.max(tlx.local_load(item_bufs[buf]), 0)
+    tlx.barrier_arrive(item_empties[buf], 1)
+    return item
+
+
+@triton.jit
+def retire_counter(COUNTER, num_progs):
+    """The producer's last act under the dynamic schedule (after its fetch past the last item): count the
+    CTA done; the last CTA done zeroes both words, so the counter is zero for the next launch on its
+    stream without a memset (every CTA's last fetch came before it counted itself done)."""
+    done = tl.atomic_add(COUNTER + 1, 1)
+    if done == num_progs - 1:
+        tl.store(COUNTER, 0)
+        tl.store(COUNTER + 1, 0)

@@ -154,3 +154,27 @@ def offline_signature(kernel, constants: dict, types: dict) -> tuple[dict, dict]
         if signature[name].startswith("*") or "stride" in name:
             attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
+
+
+_COUNTERS: dict = {}
+
+
+def _stream_key(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        return (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
+    return (device.type, device.index, 0)
+
+
+def work_counter(device: torch.device) -> torch.Tensor:
+    """Two int32 words (next item, CTAs done) for the dynamic schedule (``common.device.fetch_item``), one
+    pair per (device, stream) shared by every TLX kernel: zero before a launch and zeroed again by the
+    launch's last CTA (``retire_counter``); launches on one stream run one after the other, so no memset
+    is launched per call. Other devices (the simulator's CPU tensors) get a fresh zeroed pair per launch: a
+    simulated launch that stopped part-way (a deadlock it reported) must not hand later launches a counter
+    past their items."""
+    if device.type != "cuda":
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    key = _stream_key(device)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _COUNTERS[key]

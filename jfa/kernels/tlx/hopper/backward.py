@@ -19,7 +19,8 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
 * Persistent grid, one CTA per SM, dealing work items round-robin over a longest-first list
   (``common.device.static_item``). A work item is (key tile of ``2 * BLOCK_N`` rows, head); the tile
   list is built on the key offsets and sorted by each sequence's query length (the work a key tile
-  streams over). Block-sparse builds number the items head-major (``common.device.item_slot_head``).
+  streams over). Block-sparse builds number the items head-major (``common.device.item_slot_head``)
+  and take them from a global counter (``common.device.fetch_item``; ``BackwardVariant`` says why).
 * Producer (default partition, one warpgroup): per item, TMA loads of each consumer's K and V half
   (``BLOCK_N`` rows each, single-buffered: reloaded when both MMAs of the item's last step retired),
   then per step the ``BLOCK_M`` query rows' Q, dO and row statistics (lse2, delta) into a ring shared by
@@ -64,9 +65,10 @@ from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, item_slot_head, safe_sequence, static_item
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, item_slot_head,
+                                           receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
-                                         tlx)
+                                         tlx, work_counter)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -136,6 +138,9 @@ def dq_box_columns(cfg: HopperDkDvConfig, head_dim: int) -> int:
     return head_dim // 2 if cfg.dq == "halves" else head_dim
 
 
+SCHEDULES = ("static", "dynamic")  # BackwardVariant.dense_schedule / sparse_schedule
+
+
 @dataclass(frozen=True)
 class BackwardVariant:
     """Switches of the backward's ablation study (``python -m jfa.bench.ablation backward``); the
@@ -144,6 +149,24 @@ class BackwardVariant:
     the ``deterministic`` argument of every call."""
 
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
+    # How a persistent grid deals the items (one of SCHEDULES). Dense builds: round-robin over the
+    # longest-first list ("static"); a round's items cost about the same, so the CTAs stay in step and
+    # those at work share their sequences' query tiles in L2. Block-sparse builds: from a global counter
+    # ("dynamic"): an item's cost is its key block's listed query blocks, which vary item to item, so
+    # round-robin CTAs drift apart until the items at work span ~3x the sequences (a model of the longtail
+    # lists: ~67 MB of Q/dO/dQ against ~24 MB taken in order, L2 holds 50 MB) and the last rounds end
+    # unevenly (NOTES.md, session 20).
+    dense_schedule: str = "static"
+    sparse_schedule: str = "dynamic"
+
+    def __post_init__(self):
+        for name in ("dense_schedule", "sparse_schedule"):
+            if getattr(self, name) not in SCHEDULES:
+                raise ValueError(f"BackwardVariant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
+
+    def dynamic(self, sparse: bool) -> bool:
+        """Whether a build (block-sparse or dense) takes its items from the global counter."""
+        return (self.sparse_schedule if sparse else self.dense_schedule) == "dynamic"
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -644,19 +667,19 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
 @triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast",
                                "band_lo", "band_hi"])
 def jagged_dkdv_tlx_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX,
+    desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
     band_lo, band_hi, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
 ):
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
-    # The K/V tiles' use count is the round counter (below): true for a static schedule, where every round
-    # but the last deals an item to every CTA. The grid's size and the number of rounds come as arguments,
+    # The K/V tiles' use count is the round counter (below): under a static schedule every round but the
+    # last deals an item to every CTA; under the dynamic one (DYNAMIC) a round is the CTA's next item. The grid's size and the number of rounds come as arguments,
     # not from %nctaid and a division: a kernel parameter is re-read from the constant bank where needed,
     # while ptxas keeps computed values on the stack once the consumers have a loop more.
     pid = tl.program_id(0)
@@ -697,15 +720,18 @@ def jagged_dkdv_tlx_kernel(
         ds_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS, arrive_count=_CONSUMERS)
         ds_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS,
                                         arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)
+    if DYNAMIC:  # the producer fetches items from the global counter and passes them on through a ring
+        item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
+        item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
+        item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
             qdo_cnt = 0
-            for rounds in range(0, num_rounds):
-                item = static_item(rounds, pid, num_progs, False)
-                if item < num_items:
-                    # the K/V tiles' use count is `rounds`: every round but the last has an item
-                    # for every CTA (so no register carries it: the D 128 producer has 72)
+            if DYNAMIC:
+                rounds = 0
+                item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                while item < num_items:
                     qdo_cnt = _produce_dkdv_item(
                         item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
@@ -713,21 +739,50 @@ def jagged_dkdv_tlx_kernel(
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                         col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
                         NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
+                    rounds += 1
+                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                retire_counter(COUNTER, num_progs)
+            else:
+                for rounds in range(0, num_rounds):
+                    item = static_item(rounds, pid, num_progs, False)
+                    if item < num_items:
+                        # the K/V tiles' use count is `rounds`: every round but the last has an item
+                        # for every CTA (so no register carries it: the D 128 producer has 72)
+                        qdo_cnt = _produce_dkdv_item(
+                            item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                            v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
+                            qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                            num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                            col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                            NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             qk_scale = sm_scale * 1.4426950408889634
             qdo_cnt = 0
-            for rounds in range(0, num_rounds):
-                item = static_item(rounds, pid, num_progs, False)
-                if item < num_items:
+            if DYNAMIC:
+                rounds = 0
+                item = receive_item(item_bufs, item_fulls, item_empties, rounds)
+                while item < num_items:
                     qdo_cnt = _consume_dkdv_item(
                         item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                         cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                    rounds += 1
+                    item = receive_item(item_bufs, item_fulls, item_empties, rounds)
+            else:
+                for rounds in range(0, num_rounds):
+                    item = static_item(rounds, pid, num_progs, False)
+                    if item < num_items:
+                        qdo_cnt = _consume_dkdv_item(
+                            item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
+                            kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
+                            desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
+                            stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
+                            cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -743,11 +798,11 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                group: int = 1, sparse: bool = False) -> dict:
+                group: int = 1, sparse: bool = False, dynamic: bool = False) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
     (the build takes no band parameters)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
-                     SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+                     SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                      NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
     if not window:
         constants.update(band_lo=None, band_hi=None)
@@ -759,12 +814,13 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
-                 window: bool = False, group: int = 1, sparse: bool = False):
+                 window: bool = False, group: int = 1, sparse: bool = False, variant: BackwardVariant = None):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (with
-    ``group`` > 1 dK and dV are the fp32 partials per query head)."""
+    ``group`` > 1 dK and dV are the fp32 partials per query head) of the build ``variant`` (default: what
+    ships) launches."""
     cfg = config_for(head_dim, fused_dq)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse)
+                            sparse=sparse, dynamic=(variant or SHIPPED).dynamic(sparse))
     grad = "fp32" if group > 1 else dtype
     types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -774,7 +830,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
         desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>",
         DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
-        Q_IDX="*i32", sm_scale="fp32")
+        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -874,19 +930,23 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if group > 1:
         dk = alloc.empty((k.shape[0], num_heads, head_dim), torch.float32, k.device)
         dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
+    dynamic = variant.persistent and variant.dynamic(lists is not None)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None)
+                            sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
+    # the static schedules never read the counter: any int32 pointer stands in
+    counter = work_counter(q.device) if dynamic else tiles.tiles
     args = (desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
-            q_idx, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
+            q_idx, counter, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid, triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast,
             softmax_scale, *band)
     kwargs = {**constants, **_launch_options()}
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_dkdv_tlx_kernel, (grid,), q.device, *args, **kwargs)
         if keep is not None:
-            keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, _PlannedBackward.REPLACED),
-                            grid, cfg.llvm_o0, args[:6], zero is not None)
+            replaced = _PlannedBackward.REPLACED_DYNAMIC if dynamic else _PlannedBackward.REPLACED
+            keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
+                            grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
     if group > 1:
         _sum_groups(dk, dv, dk_out, dv_out)
 
@@ -904,13 +964,15 @@ class _PlannedBackward:
     prepared: a call allocates dK, dV, the dQ accumulator and the statistics, re-bases the kept
     descriptors on its tensors and launches the statistics' pass and the dK/dV kernel."""
 
-    # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists
+    # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists,
+    # and under the dynamic schedule the current stream's work counter
     REPLACED = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_stats", "desc_dq", "DK", "DV")
+    REPLACED_DYNAMIC = REPLACED + ("COUNTER",)
 
     def __init__(self, keep: dict, q, k):
         """From what ``jagged_dkdv_tlx`` kept (``keep``) of a fused launch on q, k."""
         self.row_stats, self.stats_grid = keep["row_stats"]
-        self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats = keep["dkdv"]
+        self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats, self.dynamic = keep["dkdv"]
         self.stats_shape = self.descriptors[4].base.shape
         self.group = q.shape[1] // k.shape[1]
         self.partials_shape = (k.shape[0], q.shape[1], q.shape[2])
@@ -932,10 +994,12 @@ class _PlannedBackward:
                                                     accumulator if self.zero_in_stats else stats)):
             return None
         desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq = self.descriptors
+        replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), rebased(desc_do, dout),
+                        rebased(desc_stats, stats), rebased(desc_dq, accumulator), dk, dv)
+        if self.dynamic:
+            replacements += (work_counter(device),)
         with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, self.llvm_o0):
-            ran = self.dkdv.run((self.grid,), (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v),
-                                               rebased(desc_do, dout), rebased(desc_stats, stats),
-                                               rebased(desc_dq, accumulator), dk, dv))
+            ran = self.dkdv.run((self.grid,), replacements)
         if not ran:
             return None
         if self.group > 1:
@@ -1027,12 +1091,14 @@ def block_sparse_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, lists, *, cau
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
+    variant = variant_from_knobs()
     fused = (not deterministic and knobs.tlx_fused_dq and
              (k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped))
     if not fused:
         delta = row_delta(out, dout, dlse)
         jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
-                        broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists)
+                        broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists,
+                        variant=variant)
         dq = portable.block_sparse_dq(q, k, v, lse, dout, delta, cu_q, cu_k, lists, causal=causal,
                                       softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
                                       len_q_bcast=len_q_bcast)
@@ -1040,5 +1106,5 @@ def block_sparse_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, lists, *, cau
     dq_accum = DqAccumulator(q, zeroed=False)  # zeroed by the statistics' pass
     jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                     broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
-                    outputs=(out, dout, dlse), lists=lists)
+                    outputs=(out, dout, dlse), lists=lists, variant=variant)
     return dq_accum.read(), dk, dv

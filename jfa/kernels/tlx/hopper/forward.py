@@ -70,9 +70,10 @@ from jfa.kernels import alloc
 from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
+                                           retire_counter, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
-                                         tlx)
+                                         tlx, work_counter)
 from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
 
 
@@ -117,7 +118,6 @@ BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
-ITEM_BUFFERS = tl.constexpr(2)  # dynamic: items the producer may fetch ahead of the consumers
 
 
 
@@ -308,27 +308,6 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     p = p.to(DTYPE)
     acc = acc * alpha[:, None]
     return acc, p, m_i, l_i
-
-
-@triton.jit
-def _publish_item(item, item_bufs, item_fulls, item_empties, count):
-    """Producer side of the dynamic schedule: hand the fetched item to both consumers through shared
-    memory. barrier_arrive syncs the producer's warps before thread 0 arrives, so the store is visible
-    to whoever passes the full barrier."""
-    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
-    tlx.barrier_wait(item_empties[buf], phase ^ 1)
-    tlx.local_store(item_bufs[buf], item + tl.zeros([1], dtype=tl.int32))
-    tlx.barrier_arrive(item_fulls[buf], 1)
-
-
-@triton.jit
-def _receive_item(item_bufs, item_fulls, item_empties, count):
-    """Consumer side of the dynamic schedule: the ``count``-th item the producer fetched."""
-    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
-    tlx.barrier_wait(item_fulls[buf], phase)
-    item = tl.max(tlx.local_load(item_bufs[buf]), 0)
-    tlx.barrier_arrive(item_empties[buf], 1)
-    return item
 
 
 @triton.jit
@@ -704,8 +683,7 @@ def jagged_fwd_tlx_kernel(
             kv_cnt = 0
             if DYNAMIC:
                 rounds = 0
-                item = tl.atomic_add(COUNTER, 1)
-                _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
+                item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
                     q_cnt, kv_cnt = _fill_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
@@ -715,14 +693,8 @@ def jagged_fwd_tlx_kernel(
                         WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
                         NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
-                    item = tl.atomic_add(COUNTER, 1)
-                    _publish_item(item, item_bufs, item_fulls, item_empties, rounds)
-                # Self-resetting counter: every CTA has made its last fetch (the one past num_items) before
-                # it counts itself done, so the last CTA done may zero both words for the next launch.
-                done = tl.atomic_add(COUNTER + 1, 1)
-                if done == num_progs - 1:
-                    tl.store(COUNTER, 0)
-                    tl.store(COUNTER + 1, 0)
+                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                retire_counter(COUNTER, num_progs)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
@@ -746,7 +718,7 @@ def jagged_fwd_tlx_kernel(
             kv_cnt = 0
             if DYNAMIC:
                 rounds = 0
-                item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
+                item = receive_item(item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
                     q_cnt, kv_cnt = _consume_item(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
@@ -755,7 +727,7 @@ def jagged_fwd_tlx_kernel(
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
                         PEEL, PROFILE, DTYPE, MX)
                     rounds += 1
-                    item = _receive_item(item_bufs, item_fulls, item_empties, rounds)
+                    item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
@@ -894,22 +866,10 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     return args, kwargs, num_items
 
 
-_COUNTERS: dict = {}
-
-
-def _stream_key(device: torch.device) -> tuple:
-    if device.type == "cuda":
-        return (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
-    return (device.type, device.index, 0)
-
-
-def work_counter(device: torch.device) -> torch.Tensor:
-    """Two int32 words (next item, CTAs done) for the dynamic schedule, one pair per (device, stream):
-    zero before a launch and zeroed again by the launch's last CTA, so no memset is launched per call."""
-    key = _stream_key(device)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+def schedule_counter(variant: Variant, device: torch.device, tiles) -> torch.Tensor:
+    """The COUNTER argument of a launch: the stream's work counter under the dynamic schedule; the static
+    ones never read it, so the tile list stands in (no allocation on the hot path)."""
+    return work_counter(device) if variant.schedule == "dynamic" else tiles.tiles
 
 
 _UNUSED_TIMELINES: dict = {}
@@ -1000,7 +960,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
         return (out, lse, None) if profile else (out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
-    counter = work_counter(q.device)
+    counter = schedule_counter(variant, q.device, tiles)
     num_items = tiles.num_slots * num_heads
     timeline = (torch.full((num_items, 4), -1, dtype=torch.int64, device=q.device) if profile
                 else _unused_timeline(q.device))
@@ -1066,7 +1026,8 @@ def mx_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     data = [t.data.contiguous().view(torch.uint8) for t in (q, k, v)]
     scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(),
               jmx.token_block_offsets(cu_k))
-    args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles, work_counter(q.device),
+    args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles,
+                                               schedule_counter(SHIPPED, q.device, tiles),
                                                _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
                                                window=window, mx=scales)
@@ -1117,9 +1078,11 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
         lse.fill_(float("-inf"))
         return out, lse
     tiles = sparse_tiles(lists, out_cu, rows)
-    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, work_counter(q.device),
-                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
-                                               broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
-                                               lists=lists)
+    variant = variant_from_knobs()
+    args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles,
+                                               schedule_counter(variant, q.device, tiles), _unused_timeline(q.device),
+                                               causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists,
+                                               variant=variant)
     target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
     return out, lse

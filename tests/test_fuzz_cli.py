@@ -27,6 +27,7 @@ def test_case_file_round_trips_and_replays(tmp_path):
     assert runner.cmd_repro([str(path), "--device", "cpu"]) == 0
 
 
+@pytest.mark.slow  # ~45 s on 2 cores (a 20-second worker, then shrinking): the gate runs it
 def test_worker_shrinks_a_real_bug_into_a_replayable_case(tmp_path):
     """Under a broken kernel the worker writes a small failing case; it replays red, then green once fixed."""
     with applied(BY_NAME["fwd-lse-base2"]):

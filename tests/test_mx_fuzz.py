@@ -24,6 +24,7 @@ def _explain(report) -> str:
     return f"{report}\nreproduce: jfa.fuzz.mx.check_mx_case({report.case!r})"
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: the gate runs it (the suite keeps each family, test below)
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=mx_problems())

@@ -213,6 +213,37 @@ def test_device_rejects_both_rules_and_neither():
         select(q, k, cu, cu, block_size=24, topk=1, max_seqlen_k=16)
 
 
+def _pool_candidates():
+    from jfa.kernels.triton.block_select import POOL_CANDIDATES
+
+    return [pytest.param(c, id=f"rows{c.rows}-heads{c.heads}-warps{c.warps}") for c in POOL_CANDIDATES]
+
+
+@pytest.mark.parametrize("config", _pool_candidates())
+def test_device_pooled_sums_do_not_depend_on_the_pooling_launch(config, device):
+    """Every pooling launch (rows summed per step, heads per program; three heads, so a program's last
+    heads may lie past the tensor's) gives the same block sums as summing each block's rows in float64
+    (small integers: every sum is exact in float32), with spare slots left alone."""
+    from jfa.kernels.schedule import build_tile_list
+    from jfa.kernels.triton.block_select import pool_blocks
+
+    lens, bs = (130, 0, 17, 64), 64
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-8, 9, (sum(lens), 3, 24), generator=g).to(torch.bfloat16).to(device)
+    cu = torch.tensor(_cu(lens), dtype=torch.int32, device=device)
+    tiles = build_tile_list(cu, sum(lens), bs)
+    got = pool_blocks(x, cu, tiles, bs, 32, config).cpu()
+    seqs, tile_of = tiles.tiles[0].cpu(), tiles.tiles[1].cpu()
+    for slot in range(tiles.num_slots):
+        b = int(seqs[slot])
+        if b == len(lens):
+            continue
+        start = _cu(lens)[b] + int(tile_of[slot]) * bs
+        end = min(start + bs, _cu(lens)[b + 1])
+        want = x[start:end].cpu().double().sum(0)  # [H, D], as pool[:, :, slot]
+        assert torch.equal(got[:, :, slot], want.float()), (slot, b)
+
+
 # ---------------------------------------------------------------------------------------------------
 # general float inputs: equal wherever the oracle's decision is wider than fp32 rounding
 # ---------------------------------------------------------------------------------------------------

@@ -335,6 +335,37 @@ def profile(out_dir: str, keep: float = 0.5, causal: bool = False, calls: int = 
                 log(f"## {problem.name} {name}\n{text}")
 
 
+def pool_sweep(out_dir: str, keep: float = 0.5, log=print) -> dict:
+    """Microseconds of the selection's pooling (q and k) under each pooling launch (rows per step, heads per
+    program, warps) and of the whole selection as it ships, per problem; ``out_dir``/pool-sweep.json."""
+    import jfa
+    from jfa.kernels.schedule import build_tile_list
+    from jfa.kernels.triton import block_select as sel
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    os.makedirs(out_dir, exist_ok=True)
+    result = {}
+    for problem in _problems(False):
+        lengths_k = make_lengths(problem)
+        b = make_batches(problem, q_lengths(problem, lengths_k), lengths_k, 1, device)[0]
+        tiles_q = build_tile_list(b.cu_q, b.q.shape[0], BLOCK)
+        tiles_k = build_tile_list(b.cu_k, b.k.shape[0], BLOCK)
+        block_d = b.q.shape[2]
+        row = {"select (shipped)": 1e3 * time_ms(lambda: jfa.select_kv_blocks(
+            b.q, b.k, b.cu_q, b.cu_k, block_size=BLOCK, keep_ratio=keep, max_seqlen_k=b.max_k), 25, 200)}
+        for cfg in sel.POOL_CANDIDATES:
+            row[f"pool rows={cfg.rows} heads={cfg.heads} warps={cfg.warps}"] = 1e3 * time_ms(
+                lambda: (sel.pool_blocks(b.q, b.cu_q, tiles_q, BLOCK, block_d, cfg),
+                         sel.pool_blocks(b.k, b.cu_k, tiles_k, BLOCK, block_d, cfg)), 25, 200)
+        result[problem.name] = {k: round(v, 1) for k, v in row.items()}
+        best = min((v, k) for k, v in row.items() if k.startswith("pool"))
+        log(f"{problem.name}: select {row['select (shipped)']:.1f} us; pooling as shipped "
+            f"{row['pool rows=16 heads=1 warps=4']:.1f} us, best {best[0]:.1f} us ({best[1]})")
+    with open(os.path.join(out_dir, "pool-sweep.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jfa.bench.sparse", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for sparse.json and sparse.md")
@@ -344,12 +375,16 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true", help="also the causal versions of the problems")
     ap.add_argument("--only", default="", help="only the problems whose name contains this")
     ap.add_argument("--profile", action="store_true", help="instead: torch.profiler tables at keep 0.5 (profile)")
+    ap.add_argument("--pool-sweep", action="store_true", help="instead: the selection's pooling launches timed")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: the sparse benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.profile:
         profile(args.out, causal=args.causal)
+        return 0
+    if args.pool_sweep:
+        pool_sweep(args.out)
         return 0
     impls = [x for x in args.impls.split(",") if x]
     for name in impls:

@@ -68,6 +68,7 @@ contraction (``enable_fp_fusion=False``), and its writes never leave a row's ran
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -82,18 +83,36 @@ from jfa.kernels.triton.forward import _seq_bounds
 
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 16, 256
 _INT32_MAX = 2**31 - 1
-_POOL_ROWS = 16  # rows the pooling kernel sums per step
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """The pooling kernel's launch: rows summed per step, heads per program (at most; fewer when the
+    tensor has fewer), warps."""
+
+    rows: int = 16
+    heads: int = 1
+    warps: int = 4
+
+
+# 64 rows a step, 4 heads a program: q and k pooled at 3.0-3.5 TB/s (longtail 146 us, full-B8 88 us against 183
+# and 127 at 16 rows, 1 head; among the fastest of POOL_CANDIDATES on both shapes on the H200, NOTES.md session 20)
+POOL = PoolConfig(rows=64, heads=4, warps=4)
+# the launches ``python -m jfa.bench.sparse --pool-sweep`` times and the tests check
+POOL_CANDIDATES = tuple(PoolConfig(rows, heads, warps) for rows in (16, 32, 64) for heads in (1, 2, 4)
+                        for warps in (4, 8))
 _COUNT_BLOCK = 128  # Q blocks per program of the count kernel
 _CHUNK = 64  # K blocks per step of the scoring kernel (fewer when no sequence has that many)
 
 
 @triton.jit
-def _pool_kernel(X, POOL, CU, TILES, stride_t, stride_h, num_slots, num_seqs,
-                 HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _pool_kernel(X, POOL, CU, TILES, stride_t, stride_h, num_slots, num_seqs, num_heads,
+                 HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 HEADS: tl.constexpr):
     """``POOL[h, d, slot]`` = float32 sum over the rows of block ``slot`` of head ``h`` (slots innermost:
-    the scoring kernel reads one dim of consecutive blocks at a time)."""
+    the scoring kernel reads one dim of consecutive blocks at a time), ``HEADS`` heads per program."""
     slot = tl.program_id(0)
-    head = tl.program_id(1)
+    head0 = tl.program_id(1) * HEADS
     seq = tl.load(TILES + slot)
     if seq >= num_seqs:  # a spare slot of the tile list: never read
         return
@@ -103,16 +122,20 @@ def _pool_kernel(X, POOL, CU, TILES, stride_t, stride_h, num_slots, num_seqs,
     start = tile * BLOCK
     n_rows = tl.minimum(length - start, BLOCK)
     offs_r = tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
-    base = X + head.to(tl.int64) * stride_h + (row0 + start) * stride_t
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    offs_c = tl.arange(0, HEADS * BLOCK_D)  # (head, dim) columns of the program
+    head = head0 + offs_c // BLOCK_D
+    dim = offs_c % BLOCK_D
+    col_ok = (head < num_heads) & (dim < HEAD_DIM)
+    base = X + (row0 + start) * stride_t
+    cols = head.to(tl.int64) * stride_h + dim
+    acc = tl.zeros([HEADS * BLOCK_D], dtype=tl.float32)
     for r0 in range(0, n_rows, ROWS):
         rows = r0 + offs_r
-        mask = (rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
-        x = tl.load(base + rows.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=mask, other=0.0)
+        mask = (rows < n_rows)[:, None] & col_ok[None, :]
+        x = tl.load(base + rows.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
         acc += tl.sum(x.to(tl.float32), 0)
-    out = POOL + (head.to(tl.int64) * HEAD_DIM + offs_d) * num_slots + slot
-    tl.store(out, acc, mask=offs_d < HEAD_DIM)
+    out = POOL + (head.to(tl.int64) * HEAD_DIM + dim) * num_slots + slot
+    tl.store(out, acc, mask=col_ok)
 
 
 @triton.jit
@@ -379,8 +402,8 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
     else:
         q_cu, q_pool_tiles = cu_q, q_tiles
     k_tiles = build_tile_list(cu_k, total_k, bs)
-    qpool = _pool(q, q_cu, q_pool_tiles, bs, block_d)
-    kpool = _pool(k, cu_k, k_tiles, bs, block_d)
+    qpool = pool_blocks(q, q_cu, q_pool_tiles, bs, block_d)
+    kpool = pool_blocks(k, cu_k, k_tiles, bs, block_d)
     kmax = -(-max_seqlen_k // bs)
     chunk = min(max(16, triton.next_power_of_2(max(kmax, 1))), _CHUNK)
     _select_kernel[(slots, num_heads)](
@@ -417,14 +440,18 @@ def _plan(out_cu, cu_k, q_tiles, num_heads: int, slots: int, num_seqs: int, len_
     return offsets, ratio, kb_start
 
 
-def _pool(x: torch.Tensor, cu: torch.Tensor, tiles, block_size: int, block_d: int) -> torch.Tensor:
+def pool_blocks(x: torch.Tensor, cu: torch.Tensor, tiles, block_size: int, block_d: int,
+          config: PoolConfig = None) -> torch.Tensor:
     """float32 ``[heads, D, slots]``: the row sums of every block of ``x`` (spare slots unwritten)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     heads = x.shape[1]
+    config = config or POOL
+    per_program = min(config.heads, triton.next_power_of_2(max(heads, 1)))
     pool = torch.empty((heads, x.shape[2], tiles.num_slots), dtype=torch.float32, device=x.device)
     if tiles.num_slots and heads:
-        _pool_kernel[(tiles.num_slots, heads)](
-            x, pool, cu, tiles.tiles, x.stride(0), x.stride(1), tiles.num_slots, tiles.num_seqs,
-            HEAD_DIM=x.shape[2], BLOCK=block_size, ROWS=_POOL_ROWS, BLOCK_D=block_d, num_warps=4)
+        _pool_kernel[(tiles.num_slots, triton.cdiv(heads, per_program))](
+            x, pool, cu, tiles.tiles, x.stride(0), x.stride(1), tiles.num_slots, tiles.num_seqs, heads,
+            HEAD_DIM=x.shape[2], BLOCK=block_size, ROWS=config.rows, BLOCK_D=block_d, HEADS=per_program,
+            num_warps=config.warps)
     return pool

@@ -359,8 +359,9 @@ def pool_sweep(out_dir: str, keep: float = 0.5, log=print) -> dict:
                          sel.pool_blocks(b.k, b.cu_k, tiles_k, BLOCK, block_d, cfg)), 25, 200)
         result[problem.name] = {k: round(v, 1) for k, v in row.items()}
         best = min((v, k) for k, v in row.items() if k.startswith("pool"))
-        log(f"{problem.name}: select {row['select (shipped)']:.1f} us; pooling as shipped "
-            f"{row['pool rows=16 heads=1 warps=4']:.1f} us, best {best[0]:.1f} us ({best[1]})")
+        shipped = f"pool rows={sel.POOL.rows} heads={sel.POOL.heads} warps={sel.POOL.warps}"
+        log(f"{problem.name}: select {row['select (shipped)']:.1f} us; pooling as shipped ({shipped}) "
+            f"{row[shipped]:.1f} us, best {best[0]:.1f} us ({best[1]})")
     with open(os.path.join(out_dir, "pool-sweep.json"), "w") as f:
         json.dump(result, f, indent=1)
     return result

@@ -90,9 +90,9 @@ class PoolConfig:
     """The pooling kernel's launch: rows summed per step, heads per program (at most; fewer when the
     tensor has fewer), warps."""
 
-    rows: int = 16
-    heads: int = 1
-    warps: int = 4
+    rows: int
+    heads: int
+    warps: int
 
 
 # 64 rows a step, 4 heads a program: q and k pooled at 3.0-3.5 TB/s (longtail 146 us, full-B8 88 us against 183

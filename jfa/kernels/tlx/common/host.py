@@ -178,3 +178,9 @@ def work_counter(device: torch.device) -> torch.Tensor:
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return _COUNTERS[key]
+
+
+def schedule_counter(dynamic: bool, device: torch.device, tiles: torch.Tensor) -> torch.Tensor:
+    """A launch's COUNTER argument: the stream's work counter under the dynamic schedule; static schedules
+    never read it, so ``tiles`` (any int32 tensor of the launch) stands in and nothing is allocated."""
+    return work_counter(device) if dynamic else tiles

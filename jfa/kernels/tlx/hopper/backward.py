@@ -68,7 +68,7 @@ from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, item_slot_head,
                                            receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
-                                         tlx, work_counter)
+                                         schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -934,8 +934,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
-    # the static schedules never read the counter: any int32 pointer stands in
-    counter = work_counter(q.device) if dynamic else tiles.tiles
+    counter = schedule_counter(dynamic, q.device, tiles.tiles)
     args = (desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
             q_idx, counter, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
             num_items, grid, triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast,

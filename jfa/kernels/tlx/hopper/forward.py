@@ -73,7 +73,7 @@ from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
                                            retire_counter, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
-                                         tlx, work_counter)
+                                         schedule_counter, tlx, work_counter)
 from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
 
 
@@ -767,6 +767,11 @@ class Variant:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Variant.schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
 
+    @property
+    def dynamic(self) -> bool:
+        """Whether the launch takes its items from the global counter."""
+        return self.schedule == "dynamic"
+
     @classmethod
     def parse(cls, switches) -> "Variant":
         """``"schedule=dynamic,pingpong=0"`` (or its mapping) -> Variant; unknown keys, bad values raise."""
@@ -796,7 +801,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SCALE_NONNEG=scale_nonneg, SPARSE=sparse, MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                      NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                     CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.schedule == "dynamic",
+                     CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile)
     if not window:
         constants.update(band_lo=None, band_hi=None)
@@ -864,12 +869,6 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
     args += (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))
     kwargs = {**constants, **_launch_options()}
     return args, kwargs, num_items
-
-
-def schedule_counter(variant: Variant, device: torch.device, tiles) -> torch.Tensor:
-    """The COUNTER argument of a launch: the stream's work counter under the dynamic schedule; the static
-    ones never read it, so the tile list stands in (no allocation on the hot path)."""
-    return work_counter(device) if variant.schedule == "dynamic" else tiles.tiles
 
 
 _UNUSED_TIMELINES: dict = {}
@@ -960,7 +959,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
         return (out, lse, None) if profile else (out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
-    counter = schedule_counter(variant, q.device, tiles)
+    counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)
     num_items = tiles.num_slots * num_heads
     timeline = (torch.full((num_items, 4), -1, dtype=torch.int64, device=q.device) if profile
                 else _unused_timeline(q.device))
@@ -1027,7 +1026,7 @@ def mx_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(),
               jmx.token_block_offsets(cu_k))
     args, kwargs, num_items = kernel_arguments(*data, out, lse, out_cu, cu_k, tiles,
-                                               schedule_counter(SHIPPED, q.device, tiles),
+                                               schedule_counter(SHIPPED.dynamic, q.device, tiles.tiles),
                                                _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
                                                window=window, mx=scales)
@@ -1080,8 +1079,8 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
     tiles = sparse_tiles(lists, out_cu, rows)
     variant = variant_from_knobs()
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles,
-                                               schedule_counter(variant, q.device, tiles), _unused_timeline(q.device),
-                                               causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                               schedule_counter(variant.dynamic, q.device, tiles.tiles),
+                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                                                num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists,
                                                variant=variant)
     target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)

@@ -231,7 +231,9 @@ def test_tlx_variant_switches_parse_and_reject_typos():
 
     assert Variant.parse("") == SHIPPED
     assert Variant.parse("schedule=dynamic, pingpong=0") == Variant(schedule="dynamic", pingpong=False)
+    assert Variant.parse("q_regs=0") == Variant(q_regs=False) and SHIPPED.q_regs is None  # None: the config's
     for bad, words in (("schedul=dynamic", "unknown switch"), ("peel=maybe", "peel: must be 0, 1, true or false"),
+                       ("q_regs=maybe", "q_regs: must be 0, 1, true or false"),
                        ("schedule=lifo", "schedule"), ("pingpong", "key=value")):
         with pytest.raises(ValueError, match=words):
             Variant.parse(bad)

@@ -195,6 +195,17 @@ def test_unpeeled_variant_meets_the_oracle(causal):
     assert report.kernel == "tlx-hopper" and report.ok, str(report)
 
 
+@pytest.mark.parametrize("head_dim, switches", [(64, "q_regs=0"), (128, "q_regs=1")],
+                         ids=["D64-Q-from-shared-memory", "D128-Q-from-registers"])
+def test_the_other_q_operand_meets_the_oracle(head_dim, switches):
+    """The bulk loop's Q operand other than the config's (an ablation build) meets the rule through the API."""
+    case = Case((1000, 129, 128, 127, 0, 64), (1000, 129, 128, 127, 0, 64), heads=2, head_dim=head_dim, dtype="bf16",
+                causal=True, name="tlx-q-operand")
+    with knobs.scope(tlx_variant=switches):
+        report = run_case(case, backend="tlx", device="cuda", backward=False)
+    assert report.kernel == "tlx-hopper" and report.ok, str(report)
+
+
 def test_dynamic_counter_is_zero_after_each_launch():
     q, k, v, cu = packed([300, 0, 900, 5] * 20)
     run(q, k, v, cu, variant=tlx_forward.Variant(schedule="dynamic"))

@@ -151,6 +151,35 @@ def test_schedules_meet_the_oracle_and_leave_the_counter_zero(name, monkeypatch)
             assert all(torch.equal(counter, torch.zeros(2, dtype=torch.int32)) for _, counter in launches), launches
 
 
+# (case, JFA_TLX_VARIANT): the bulk loop's Q operand, the config's and the other, at both head dims
+Q_OPERANDS = {"D64-shipped": ("tlx-long-items-causal-D64", "", True),
+              "D64-shared-memory": ("tlx-long-items-causal-D64", "q_regs=0", False),
+              "D128-shipped": ("tlx-long-items-causal-D128", "", False),
+              "D128-registers": ("tlx-long-items-causal-D128", "q_regs=1", True)}
+
+
+@pytest.mark.parametrize("name", Q_OPERANDS)
+def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memory(name, monkeypatch):
+    """Q read into registers for the bulk loop's QK^T (D 64 ships it) or from shared memory (D 128) meets
+    the oracle under a seeded schedule, and the forward launch compiled the operand its variant names (the
+    Q buffer is then still held for the masked tail: the simulator reports a read after its release)."""
+    case_name, switches, in_registers = Q_OPERANDS[name]
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    built = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
+            built.append(kwargs["Q_REGS"])
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    with knobs.scope(tlx_variant=switches):
+        report, _ = _run_on_simulator(case, sim.Schedule.seeded(2), "fused-dq")
+    assert report.ok, str(report)
+    assert built and set(built) == {in_registers}, built
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)

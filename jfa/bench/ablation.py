@@ -79,7 +79,9 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
     V = tlx_forward.Variant
     variants = _selected({"shipped": V(), "dynamic scheduler": V(schedule="dynamic"),
                           "no LPT sort": V(longest_first=False), "not persistent": V(persistent=False),
-                          "no pingpong": V(pingpong=False), "no loop peeling": V(peel=False)}, only, "shipped")
+                          "no pingpong": V(pingpong=False), "no loop peeling": V(peel=False),
+                          "Q from registers": V(q_regs=True), "Q from shared memory": V(q_regs=False)},
+                         only, "shipped")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):
         args = (b.q, b.k, b.v, b.cu_q, b.cu_k)

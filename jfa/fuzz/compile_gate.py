@@ -123,8 +123,17 @@ def tlx_targets() -> list:
                           backend="tlx", variant="schedule=dynamic", profile=True))
     targets += _window_and_group_targets("forward", "")
     targets += _sparse_targets("forward", "")
+    targets += _q_regs_targets()
     targets += mx_targets()
     return targets + tlx_backward_targets()
+
+
+def _q_regs_targets() -> list:
+    """The ablation builds of the bulk loop's Q operand: the other choice than the config's at each head dim
+    (``Variant.q_regs``; D 64 ships Q in registers, D 128 in shared memory), causal with broadcast Q (the
+    most live state)."""
+    return [Target(f"tlx-forward-bf16-D{d}-causal-bcastq[q_regs={int(d == 128)}]", "forward", "bf16", d, True, True,
+                   backend="tlx", variant=f"q_regs={int(d == 128)}") for d in (64, 128)]
 
 
 def mx_targets() -> list:

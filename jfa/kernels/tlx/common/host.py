@@ -133,14 +133,16 @@ def rebased(template, base: torch.Tensor):
 
 
 def make_variant(cls, switches: Mapping[str, str], source: str):
-    """``cls(**switches)`` for a dataclass of ablation switches: bool fields parse 0/1/true/false, the
-    others take the text; an unknown key is a ValueError naming ``source`` (the knob's variable)."""
+    """``cls(**switches)`` for a dataclass of ablation switches: bool fields (and optional ones, whose None
+    means "the config's") parse 0/1/true/false, the others take the text; an unknown key is a ValueError
+    naming ``source`` (the knob's variable)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key, text in switches.items():
         if key not in fields:
             raise ValueError(f"{source}: unknown switch {key!r} (known: {list(fields)})")
-        values[key] = parse_bool(text, f"{source}: {key}") if fields[key].type in (bool, "bool") else text
+        boolean = fields[key].type in (bool, "bool", Optional[bool], "Optional[bool]")
+        values[key] = parse_bool(text, f"{source}: {key}") if boolean else text
     return cls(**values)
 
 

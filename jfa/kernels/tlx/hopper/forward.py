@@ -87,6 +87,7 @@ class HopperForwardConfig:
     num_buffers_q: int  # Q buffers per consumer: > 1 lets the producer prefetch the next item's Q
     num_buffers_kv: int  # K and V stages shared by both consumers
     consumer_regs: int  # setmaxnreg of each consumer warpgroup (the producer gets what is left)
+    q_in_registers: bool = False  # the bulk loop's QK^T takes Q from registers (RS wgmma), not shared memory
 
 
 NUM_CONSUMERS = 2  # consumer warpgroups in pingpong; the pingpong handshake below assumes exactly two
@@ -101,7 +102,10 @@ _CONFIGS: dict[int, HopperForwardConfig] = {
     # buffers (32 KB) + 2x8 KB epilogue scratch = 144 KB, the third stage giving the producer a block of
     # slack on short sequences. block_n 128: one K/V block feeds two 64-row consumers, half the barrier
     # traffic per FLOP of 64. consumer_regs 232, the producer keeps 40 (128 * 40 + 256 * 232 <= 65536).
-    64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=232),
+    # Q in registers for the bulk loop's QK^T (+32 regs/thread, within the budget at D 64): +4% on the D 64
+    # gem shape (NOTES.md, session 21); at D 128 the same costs 1-5% (and spills where the whole item keeps it).
+    64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=232,
+                            q_in_registers=True),
     # D 128: 64 rows per consumer, 128-key blocks. S and O (64x128 fp32) take 64 regs/thread each and P
     # (16-bit) 32 more while PV runs; 128 rows per consumer would double S and O and cannot fit. K/V
     # stages are 32 KB each: 2 stages (128 KB) + 2x2 Q buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB
@@ -522,11 +526,15 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   SPARSE: tl.constexpr,
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
-                  PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr):
+                  PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr,
+                  Q_REGS: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
-    tensor cores to itself). Returns the advanced (q_cnt, kv_cnt)."""
+    tensor cores to itself). Returns the advanced (q_cnt, kv_cnt).
+
+    Q_REGS: the bulk loop's QK^T takes Q from registers (loaded once per item; an RS wgmma), the peeled
+    block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
     if PROFILE:
         started = _globaltimer()
     head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
@@ -580,8 +588,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
         # bulk: no mask anywhere
+        q_bulk = q_tile
+        if Q_REGS:  # the buffer stays held: the masked tail reads it again
+            q_bulk = tlx.local_load(q_tile)
         for j in tl.range(1, n_bulk):
-            acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
+            acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_bulk, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
@@ -646,7 +657,7 @@ def jagged_fwd_tlx_kernel(
     BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr,
+    PROFILE: tl.constexpr, Q_REGS: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
@@ -725,7 +736,7 @@ def jagged_fwd_tlx_kernel(
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
                         stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PEEL, PROFILE, DTYPE, MX)
+                        PEEL, PROFILE, DTYPE, MX, Q_REGS)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -737,7 +748,7 @@ def jagged_fwd_tlx_kernel(
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE,
                             stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
                             band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX)
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -762,6 +773,9 @@ class Variant:
     longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
     pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
     peel: bool = True  # False: every key block goes through the masked softmax
+    # the bulk loop's Q operand: None = the config's (``HopperForwardConfig.q_in_registers``), True registers,
+    # False shared memory. bf16/fp16 builds only: the MX builds keep Q in shared memory
+    q_regs: Optional[bool] = None
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -781,7 +795,8 @@ class Variant:
 
     def name(self) -> str:
         off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
-        return self.schedule + "".join(f" -{f}" for f in off)
+        q = "" if self.q_regs is None else (" +q_regs" if self.q_regs else " -q_regs")
+        return self.schedule + "".join(f" -{f}" for f in off) + q
 
 
 SHIPPED = Variant()
@@ -802,7 +817,8 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      SCALE_NONNEG=scale_nonneg, SPARSE=sparse, MX=mx, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                      NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
-                     PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile)
+                     PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
+                     Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs))
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants

@@ -15,8 +15,7 @@ import torch
 
 from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check_block_size, select_kv_blocks,
                               sparse_backend)
-from jfa import knobs
-from jfa.plans import call_key, plans
+from jfa.plans import call_key, gradient_key, plans
 from jfa.dispatch import (KERNEL_NAMES, MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
                           mx_backend, mx_tlx_kernel, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
@@ -141,9 +140,7 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     torch.compile this runs when the backward op runs, never while AOTAutograd traces the autograd
     formula with fake tensors (no data pointer there for the TMA layout rules to read). With a ``plan``
     the choice is made once per layout of dout (what it depends on: q, k, v are the plan's)."""
-    # (the settings too: a backward may run under other settings than its forward's)
-    choice_key = plan is not None and ("backward", dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16,
-                                       knobs.fingerprint())
+    choice_key = plan is not None and gradient_key("backward", dout)
     choice = plan.memo.get(choice_key) if plan is not None else None
     if choice is not None:
         chosen, copied = choice

@@ -96,6 +96,14 @@ def call_key(q, k, v, cu_q, cu_k, options: tuple) -> Optional[tuple]:
     return tuple(parts)
 
 
+def gradient_key(kind: str, dout: torch.Tensor, dlse: Optional[torch.Tensor] = None) -> tuple:
+    """The ``CallPlan.memo`` key of a backward's choices that depend on the incoming gradients (``kind``: whose
+    choices): their shape, strides, dtype and 16-byte alignment (what the layout rules and TMA read), and the
+    settings (a backward may run under other settings than its forward's)."""
+    return (kind, dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16,
+            None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype), knobs.fingerprint())
+
+
 class PlanCache:
     """Plans by call key, the oldest dropped past ``capacity`` (a model has a few call structures per
     batch: forward and backward of each distinct layer shape)."""

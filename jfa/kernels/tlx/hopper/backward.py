@@ -70,6 +70,7 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
+from jfa.plans import gradient_key
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
 DQ_NONE = tl.constexpr(0)
@@ -1025,8 +1026,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
 
     grads_key = None
     if plan is not None:
-        grads_key = ("tlx_backward", dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16,
-                     None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype), knobs.fingerprint())
+        grads_key = gradient_key("tlx_backward", dout, dlse)
         planned = plan.memo.get(grads_key)
         if planned is not None:
             grads = planned(q, k, v, out, lse, dout, dlse)

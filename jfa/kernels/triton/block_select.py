@@ -441,7 +441,7 @@ def _plan(out_cu, cu_k, q_tiles, num_heads: int, slots: int, num_seqs: int, len_
 
 
 def pool_blocks(x: torch.Tensor, cu: torch.Tensor, tiles, block_size: int, block_d: int,
-          config: PoolConfig = None) -> torch.Tensor:
+                config: PoolConfig = None) -> torch.Tensor:
     """float32 ``[heads, D, slots]``: the row sums of every block of ``x`` (spare slots unwritten)."""
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -1096,8 +1096,8 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
     variant = variant_from_knobs()
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles,
                                                schedule_counter(variant.dynamic, q.device, tiles.tiles),
-                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, lists=lists,
-                                               variant=variant)
+                                               _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
+                                               broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
+                                               lists=lists, variant=variant)
     target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
     return out, lse

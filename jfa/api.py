@@ -275,6 +275,9 @@ def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q,
             window_right, deterministic)
     if traced(q, k, v):
         return _FORWARD_OPS[backend](*args)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # nothing to differentiate (inference, no_grad): autograd's Function.apply would only add host time
+        return _run_forward(backend, *args[:-1], plan)
     return _EagerAttention.apply(q, k, v, (backend, plan, *args[3:]))
 
 

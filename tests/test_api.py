@@ -198,6 +198,39 @@ def test_eager_calls_skip_the_custom_op_and_traced_calls_use_it(monkeypatch, dev
         assert torch.equal(torch.compile(call, backend="aot_eager", fullgraph=True)(inp.q, inp.k, inp.v), eager)
 
 
+def test_a_call_with_nothing_to_differentiate_skips_autograd_and_returns_the_same(monkeypatch, device):
+    """Inference (``torch.no_grad``, or inputs that need no gradient) runs the forward without autograd's
+    Function, whose apply is host time per call; out and lse equal a differentiable call's, and a
+    differentiable call of the same structure afterwards (the same call plan) still gets its gradients."""
+    from jfa import api
+    from jfa.plans import plans
+
+    inp = _inputs(device, "fp32", causal=True)
+    plans.clear()
+
+    def call(q):
+        return jfa.jagged_attention(q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=True, backend="triton",
+                                    deterministic=True, return_lse=True)
+
+    q = inp.q.detach().requires_grad_()
+    out, lse = call(q)
+    out.backward(inp.dout)
+    expected_grad = q.grad.clone()
+    monkeypatch.setattr(api._EagerAttention, "apply", lambda *a: pytest.fail("autograd ran for an inference call"))
+    with torch.no_grad():
+        inference = [call(q)]
+    inference.append(call(inp.q.detach()))
+    for out_i, lse_i in inference:
+        assert out_i.grad_fn is None and not out_i.requires_grad
+        assert torch.equal(out_i, out) and torch.equal(lse_i, lse)
+    monkeypatch.undo()
+    q.grad = None
+    again, _ = call(q)
+    assert again.grad_fn is not None, "a differentiable call after inference calls lost its autograd node"
+    again.backward(inp.dout)
+    assert torch.equal(q.grad, expected_grad)
+
+
 def test_torch_compile_keeps_validating_the_offsets(monkeypatch, device):
     """Untrusted offsets are read back (a graph break, not an error), so a compiled call still refuses
     bad offsets and still computes what the eager call does."""

@@ -1,7 +1,8 @@
 """The block-sparse benchmark (DESIGN.md section 10): jfa's block-sparse kernels beside jfa's dense TLX
 kernels and FlexAttention's block mask over the same blocks, in one process on one GPU.
 
-``python -m jfa.bench.sparse --out DIR [--keep 0.25,0.5,0.75] [--repeats 3] [--causal]``
+``python -m jfa.bench.sparse --out DIR [--keep 0.25,0.5,0.75] [--repeats 3] [--causal] [--only NAME]
+[--impls jfa-dense,jfa-sparse-lists,fa4-blocksparse]``
 
 Problems: the gem suite's longtail-B256-L4096-H4-D128 and full-B8-L4096-H16-D128 (bf16), non-causal
 (``--causal``: also their causal versions). Per keep ratio the lists are ``jfa.select_kv_blocks`` at block
@@ -13,14 +14,20 @@ it is timed, on a subsample of sequences and two heads (the sparse ones restrict
 * ``jfa-sparse-lists``: the same with the lists made beforehand (the selection's cost is the difference);
 * ``flex-blockmask``: ``torch.compile(flex_attention)`` over the packed batch as one sequence, with
   ``create_block_mask`` of "same sequence, listed block (and causal)": FlexAttention visits the 128-blocks of
-  the packed batch that meet a listed block, masking within them; the mask's build is ``setup_ms``.
+  the packed batch that meet a listed block, masking within them; the mask's build is ``setup_ms``;
+* ``fa4-blocksparse``: FlashAttention-4's varlen forward (``flash_attn.cute``, CuTe DSL) with its varlen
+  block-sparse tensors made from the same lists (``fa4_block_sparse``; the conversion is ``setup_ms``).
+  Forward only: FA4's varlen function takes no backward block lists. n/a (with FA4's message) when FA4 is not
+  importable or refuses the configuration.
 
 Timings are ``triton.testing.do_bench`` medians (L2 flushed) of fwd and fwd+bwd, bwd their difference, the
-median over ``--repeats``. Writes ``sparse.json`` and ``sparse.md`` to ``--out``.
+median over ``--repeats`` (a forward-only row: fwd alone). Writes ``sparse.json`` and ``sparse.md`` to
+``--out``. Row status: ok, wrong (fails the rule), error (raised), n/a (does not apply; not a failure).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -37,7 +44,12 @@ PROBLEMS = ("longtail-B256-L4096-H4-D128", "full-B8-L4096-H16-D128")
 KEEPS = (0.25, 0.5, 0.75)
 BLOCK = 128
 CHECK_HEADS = 2
-IMPLS = ("jfa-dense", "jfa-sparse", "jfa-sparse-lists", "flex-blockmask")
+IMPLS = ("jfa-dense", "jfa-sparse", "jfa-sparse-lists", "flex-blockmask", "fa4-blocksparse")
+# why the FA4 row has no backward: flash_attn_varlen_func takes no block_sparse_tensors_bwd (flash_attn_func
+# does), and FlashAttnVarlenFunc.backward calls _flash_attn_bwd without block sparsity, so its gradients would
+# be those of dense attention
+FA4_NO_BWD = ("bwd n/a: FA4's flash_attn_varlen_func takes no block_sparse_tensors_bwd, its backward ignores the "
+              "blocks")
 
 
 def _problems(causal: bool, only: str = "") -> list:
@@ -149,10 +161,130 @@ class _Run:
     """What one implementation times: ``forward(*inputs)`` and the gradient ``grad`` of its output (in its
     layout), ``packed(out)`` its output as [rows, H, D]; ``setup_ms`` untimed set-up."""
 
-    def __init__(self, forward, inputs, grad, packed=None, setup_ms=None, note=""):
+    def __init__(self, forward, inputs, grad, packed=None, setup_ms=None, note="", backward=True):
         self.forward, self.inputs, self.grad = forward, inputs, grad
         self.packed = packed or (lambda out: out)
         self.setup_ms, self.note = setup_ms, note
+        self.backward = backward  # False: forward only (fwd_ms alone is timed)
+
+
+def fa4_block_sparse(csr, lengths_q, lengths_k, num_heads: int, block_size: int = BLOCK, causal: bool = False,
+                     device=None) -> dict:
+    """jfa's exact CSR lists (``csr = (offsets, indices)``, row ``h * NQB + g``, key block numbers within the
+    sequence, strictly ascending) as FlashAttention-4's varlen block-sparse tensors: the fields of
+    ``flash_attn.cute.block_sparsity.BlockSparseTensorsTorch`` as a dict (torch only, no FA4 import).
+
+    FA4's varlen layout (``block_sparse_utils._get_curr_blocksparse_tensors_varlen``, ``SeqlenInfoQK.create``):
+    counts ``[H, total_m_blocks]`` at column ``cu_total_m_blocks[b] + m`` (m: the sequence's m-block, 128 rows
+    from its start), indices ``[H, total_n_blocks]`` with the list of (b, m) at columns
+    ``cu_block_idx_offsets[b] + m * ceil(Lk_b / 128) + i``, ``i < count``, key block numbers within the sequence.
+    So ``cu_total_m_blocks`` is jfa's query-block prefix sum (column = jfa's ``g``) and
+    ``cu_block_idx_offsets`` the prefix sum of ``ceil(Lq_b / bs) * ceil(Lk_b / bs)``.
+
+    Each listed block goes to the "full" list when every (row, key) pair in it is visible to the sequence's
+    rows (wholly inside the sequence's keys and, under ``causal``, wholly at or before the first row's
+    bottom-right diagonal), else to the "mask" list (a sequence's short last key block, the causal diagonal's
+    blocks). Both lists keep jfa's ascending order: FA4 walks a list from its last entry and masks the
+    sequence end (``mask_seqlen``) on the first block it takes from each list, which is then the sequence's
+    last key block whenever that block is listed. Without a mask_mod FA4 computes both lists alike (the causal
+    mask on every block, the sequence end on each list's first); the split only says which blocks need masks.
+    Unused index slots are 0 (FA4 reads entries ``< count`` only); both widths are at least 1.
+    """
+    bs = int(block_size)
+    lq = torch.as_tensor(lengths_q, dtype=torch.int64).cpu()
+    lk = torch.as_tensor(lengths_k, dtype=torch.int64).cpu()
+    if lq.shape != lk.shape or lq.dim() != 1:
+        raise ValueError(f"lengths_q and lengths_k: one length per sequence, got {tuple(lq.shape)} and "
+                         f"{tuple(lk.shape)}")
+    heads = int(num_heads)
+    bq, bk = (lq + bs - 1) // bs, (lk + bs - 1) // bs
+    cu_m = torch.zeros(lq.numel() + 1, dtype=torch.int64)
+    cu_m[1:] = torch.cumsum(bq, 0)
+    cu_idx = torch.zeros(lq.numel() + 1, dtype=torch.int64)
+    cu_idx[1:] = torch.cumsum(bq * bk, 0)
+    nqb, ntot = int(cu_m[-1]), int(cu_idx[-1])
+    offsets, indices = csr
+    o = torch.as_tensor(offsets).to(device="cpu", dtype=torch.int64)
+    u = torch.as_tensor(indices).to(device="cpu", dtype=torch.int64)
+    if o.numel() != heads * nqb + 1 or int(o[0]) != 0 or int(o[-1]) != u.numel():
+        raise ValueError(f"csr: expected {heads} * {nqb} + 1 offsets from 0 to the {u.numel()} indices, got "
+                         f"{o.numel()} offsets")
+    counts = o[1:] - o[:-1]
+    if counts.numel() and int(counts.min()) < 0:
+        raise ValueError("csr: offsets must be non-decreasing")
+    row = torch.repeat_interleave(torch.arange(heads * nqb), counts)
+    h, g = row // max(nqb, 1), row % max(nqb, 1)
+    seq = torch.repeat_interleave(torch.arange(lq.numel()), bq)[g]
+    t = g - cu_m[seq]
+    if bool(((u < 0) | (u >= bk[seq])).any()):
+        raise ValueError("csr: a key block index outside its sequence")
+    if bool(((row[1:] == row[:-1]) & (u[1:] <= u[:-1])).any()):
+        raise ValueError("csr: each row's key blocks must be strictly ascending")
+    full = (u + 1) * bs <= lk[seq]
+    if causal:
+        full &= (u + 1) * bs - 1 <= t * bs + lk[seq] - lq[seq]
+    mask_cnt = torch.zeros((heads, max(nqb, 1)), dtype=torch.int32)
+    full_cnt = torch.zeros((heads, max(nqb, 1)), dtype=torch.int32)
+    mask_idx = torch.zeros((heads, max(ntot, 1)), dtype=torch.int32)
+    full_idx = torch.zeros((heads, max(ntot, 1)), dtype=torch.int32)
+    for cls, cnt, idx in ((full, full_cnt, full_idx), (~full, mask_cnt, mask_idx)):
+        c = cls.to(torch.int64)
+        before = torch.cumsum(c, 0) - c  # entries of this class before each entry
+        pos = before - before[o[row]]  # rank within the row's list of this class (o[row]: the row's first entry)
+        col = cu_idx[seq] + t * bk[seq] + pos
+        idx[h[cls], col[cls]] = u[cls].to(torch.int32)
+        cnt.index_put_((h[cls], g[cls]), torch.ones(int(cls.sum()), dtype=torch.int32), accumulate=True)
+    fields = dict(mask_block_cnt=mask_cnt, mask_block_idx=mask_idx, full_block_cnt=full_cnt, full_block_idx=full_idx,
+                  cu_total_m_blocks=cu_m.to(torch.int32), cu_block_idx_offsets=cu_idx.to(torch.int32))
+    fields = {k: v.to(device).contiguous() if device is not None else v.contiguous() for k, v in fields.items()}
+    fields["block_size"] = (bs, bs)
+    return fields
+
+
+def _fa4_blocksparse(batch, csr, grad) -> _Run:
+    """FA4's varlen forward with the lists as its block-sparse tensors; NotApplicable (FA4's message) when FA4
+    is missing, lacks block sparsity or refuses the configuration on its first call."""
+    import inspect
+
+    from jfa.bench.impls import NotApplicable, find_fa4_varlen
+
+    fn, where = find_fa4_varlen()
+    if fn is None:
+        raise NotApplicable(where)
+    try:
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
+        raise NotApplicable(f"flash_attn.cute.block_sparsity not importable ({type(exc).__name__}: {exc})") from exc
+    try:
+        params = inspect.signature(fn).parameters
+        if "block_sparse_tensors" not in params and not any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            raise NotApplicable(f"{where} takes no block_sparse_tensors")
+    except (TypeError, ValueError):
+        pass
+    if batch.cu_q is None or batch.k.shape[1] != batch.q.shape[1]:
+        raise NotApplicable("fa4-blocksparse is benchmarked on packed Q with equal head counts")
+    if torch.cuda.is_available() and batch.q.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    tensors = BlockSparseTensorsTorch(**fa4_block_sparse(csr, batch.lengths_q, batch.lengths_k, batch.q.shape[1],
+                                                         BLOCK, batch.causal, batch.q.device))
+    if torch.cuda.is_available() and batch.q.is_cuda:
+        torch.cuda.synchronize()
+    setup_ms = (time.perf_counter() - start) * 1e3
+
+    def forward(q, k, v):
+        out = fn(q, k, v, cu_seqlens_q=batch.cu_q, cu_seqlens_k=batch.cu_k, max_seqlen_q=batch.max_q,
+                 max_seqlen_k=batch.max_k, causal=batch.causal, block_sparse_tensors=tensors)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    try:  # the first call compiles and validates: FA4's refusals are its asserts and ValueErrors
+        with torch.no_grad():
+            forward(batch.q, batch.k, batch.v)
+    except (AssertionError, ValueError, NotImplementedError, TypeError) as exc:
+        raise NotApplicable(f"FA4 refuses: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    return _Run(forward, (batch.q, batch.k, batch.v), grad, setup_ms=setup_ms, backward=False,
+                note=f"the blocks of jfa's lists, {where}; conversion excluded; {FA4_NO_BWD}")
 
 
 def _prepare(name: str, batch, keep: float, lists, csr, grad) -> _Run:
@@ -183,6 +315,8 @@ def _prepare(name: str, batch, keep: float, lists, csr, grad) -> _Run:
         return _Run(lambda q, k, v: flex(q, k, v, block_mask=mask), tuple(bhtd(t) for t in inputs), bhtd(grad),
                     packed=lambda out: out[0].transpose(0, 1), setup_ms=build_ms,
                     note="the blocks of jfa's lists; mask build excluded")
+    if name == "fa4-blocksparse":
+        return _fa4_blocksparse(batch, csr, grad)
     raise ValueError(f"unknown impl {name!r}; known: {', '.join(IMPLS)}")
 
 
@@ -203,9 +337,35 @@ def _time(run: _Run, repeats: int, warmup: int, rep: int) -> dict:
     runs = {"fwd_ms": [], "fwd_bwd_ms": []}
     for _ in range(repeats):
         runs["fwd_ms"].append(time_ms(fwd, warmup, rep))
-        runs["fwd_bwd_ms"].append(time_ms(fwd_bwd, warmup, rep))
+        if run.backward:
+            runs["fwd_bwd_ms"].append(time_ms(fwd_bwd, warmup, rep))
+    if not run.backward:
+        return dict(fwd_ms=statistics.median(runs["fwd_ms"]), runs=runs)
     fwd_ms, fwd_bwd_ms = statistics.median(runs["fwd_ms"]), statistics.median(runs["fwd_bwd_ms"])
     return dict(fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms, bwd_ms=max(fwd_bwd_ms - fwd_ms, 0.0), runs=runs)
+
+
+def _judged_and_timed(prepare, judge, repeats: int, warmup: int, rep: int) -> dict:
+    """One row's outcome: ``prepare()``'s run judged by ``judge`` on its forward output, then timed if it
+    passes; status ok, wrong, n/a (``NotApplicable``, with its message) or error (any other exception: one
+    implementation failing must not stop the run)."""
+    from jfa.bench.impls import NotApplicable
+
+    row = {}
+    try:
+        prepared = prepare()
+        with torch.no_grad():
+            verdict = judge(prepared.packed(prepared.forward(*prepared.inputs)))
+        row.update(setup_ms=prepared.setup_ms, note=prepared.note, err=verdict.error, allowed=verdict.allowed)
+        if not verdict.ok:
+            row.update(status="wrong", note=f"fails the oracle rule: {verdict}")
+        else:
+            row.update(status="ok", **_time(prepared, repeats, warmup, rep))
+    except NotApplicable as exc:
+        row.update(status="n/a", note=str(exc)[:400])
+    except Exception as exc:  # noqa: BLE001
+        row.update(status="error", note=f"{type(exc).__name__}: {str(exc)[:300]}")
+    return row
 
 
 def run(out_dir: str, keeps=KEEPS, impls=IMPLS, repeats: int = 3, causal: bool = False, warmup: int = 25,
@@ -234,19 +394,9 @@ def run(out_dir: str, keeps=KEEPS, impls=IMPLS, repeats: int = 3, causal: bool =
                     continue  # one dense row per problem
                 row = dict(problem=problem.name, keep=None if name == "jfa-dense" else keep, impl=name,
                            listed_block_share=None if name == "jfa-dense" else listed_share, pairs=pairs)
-                try:
-                    prepared = _prepare(name, batch, keep, lists, csr, grad)
-                    with torch.no_grad():
-                        verdict = judges["dense" if name == "jfa-dense" else "sparse"](
-                            prepared.packed(prepared.forward(*prepared.inputs)))
-                    row.update(setup_ms=prepared.setup_ms, note=prepared.note, err=verdict.error,
-                               allowed=verdict.allowed)
-                    if not verdict.ok:
-                        row.update(status="wrong", note=f"fails the oracle rule: {verdict}")
-                    else:
-                        row.update(status="ok", **_time(prepared, repeats, warmup, rep))
-                except Exception as exc:  # noqa: BLE001 - one implementation failing must not stop the run
-                    row.update(status="error", note=f"{type(exc).__name__}: {str(exc)[:300]}")
+                row.update(_judged_and_timed(functools.partial(_prepare, name, batch, keep, lists, csr, grad),
+                                             judges["dense" if name == "jfa-dense" else "sparse"], repeats, warmup,
+                                             rep))
                 rows.append(row)
                 log(json.dumps({k: v for k, v in row.items() if k != "runs"}))
                 torch.cuda.empty_cache()

@@ -278,11 +278,14 @@ def _fa4_blocksparse(batch, csr, grad) -> _Run:
                  max_seqlen_k=batch.max_k, causal=batch.causal, block_sparse_tensors=tensors)
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    try:  # the first call compiles and validates: FA4's refusals are its asserts and ValueErrors
+    try:  # the first call validates and compiles: FA4's refusals are its asserts, ValueErrors and not-implementeds
         with torch.no_grad():
             forward(batch.q, batch.k, batch.v)
-    except (AssertionError, ValueError, NotImplementedError, TypeError) as exc:
-        raise NotApplicable(f"FA4 refuses: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    except Exception as exc:  # noqa: BLE001 - anything else (a DSL compile error, a CUDA fault) is an error row
+        refusal = (AssertionError, ValueError, NotImplementedError, TypeError)
+        if isinstance(exc, refusal) or type(exc).__name__ == "DSLNotImplemented":
+            raise NotApplicable(f"FA4 refuses: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise
     return _Run(forward, (batch.q, batch.k, batch.v), grad, setup_ms=setup_ms, backward=False,
                 note=f"the blocks of jfa's lists, {where}; conversion excluded; {FA4_NO_BWD}")
 

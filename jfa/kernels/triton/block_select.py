@@ -77,6 +77,7 @@ import triton.language as tl
 from jfa.kernels import alloc
 from jfa.kernels.block_lists import BlockLists, query_blocks
 from jfa.kernels.cache import IdentityCache
+from jfa.kernels.launch import launch
 from jfa.kernels.schedule import build_tile_list, num_tile_slots, output_offsets, virtual_cu_seqlens
 from jfa.kernels.triton.configs import padded_head_dim
 from jfa.kernels.triton.forward import _seq_bounds
@@ -406,8 +407,8 @@ def select_kv_blocks(q: torch.Tensor, k: torch.Tensor, cu_q, cu_k: torch.Tensor,
     kpool = pool_blocks(k, cu_k, k_tiles, bs, block_d)
     kmax = -(-max_seqlen_k // bs)
     chunk = min(max(16, triton.next_power_of_2(max(kmax, 1))), _CHUNK)
-    _select_kernel[(slots, num_heads)](
-        qpool, kpool, out_cu, cu_k, kb_start, q_tiles.tiles, offsets, indices, ratio,
+    launch(
+        _select_kernel, (slots, num_heads), qpool, kpool, out_cu, cu_k, kb_start, q_tiles.tiles, offsets, indices, ratio,
         slots, q_pool_tiles.num_slots, k_tiles.num_slots, num_seqs, num_heads // k.shape[1], len_q_bcast, topk_arg,
         capacity, HEAD_DIM=head_dim, CHUNK=chunk, BLOCK_D=block_d, **common, num_warps=4, enable_fp_fusion=False)
     return lists
@@ -426,8 +427,8 @@ def _plan(out_cu, cu_k, q_tiles, num_heads: int, slots: int, num_seqs: int, len_
     ratio = torch.full((1,), float(keep_ratio) if keep_ratio is not None else 0.0, dtype=torch.float64,
                        device=device)
     counts = torch.empty(slots, dtype=torch.int32, device=device)
-    _count_kernel[(triton.cdiv(slots, _COUNT_BLOCK),)](
-        out_cu, cu_k, q_tiles.tiles, counts, ratio, slots, num_seqs, len_q_bcast, topk_arg,
+    launch(
+        _count_kernel, (triton.cdiv(slots, _COUNT_BLOCK),), out_cu, cu_k, q_tiles.tiles, counts, ratio, slots, num_seqs, len_q_bcast, topk_arg,
         BLOCK_G=_COUNT_BLOCK, **common)
     ends = torch.cumsum(counts, 0, dtype=torch.int32)  # per head; heads follow one another
     head_base = torch.arange(num_heads, dtype=torch.int32, device=device)[:, None] * ends[-1:]
@@ -450,8 +451,8 @@ def pool_blocks(x: torch.Tensor, cu: torch.Tensor, tiles, block_size: int, block
     per_program = min(config.heads, triton.next_power_of_2(max(heads, 1)))
     pool = torch.empty((heads, x.shape[2], tiles.num_slots), dtype=torch.float32, device=x.device)
     if tiles.num_slots and heads:
-        _pool_kernel[(tiles.num_slots, triton.cdiv(heads, per_program))](
-            x, pool, cu, tiles.tiles, x.stride(0), x.stride(1), tiles.num_slots, tiles.num_seqs, heads,
+        launch(
+            _pool_kernel, (tiles.num_slots, triton.cdiv(heads, per_program)), x, pool, cu, tiles.tiles, x.stride(0), x.stride(1), tiles.num_slots, tiles.num_seqs, heads,
             HEAD_DIM=x.shape[2], BLOCK=block_size, ROWS=config.rows, BLOCK_D=block_d, HEADS=per_program,
             num_warps=config.warps)
     return pool

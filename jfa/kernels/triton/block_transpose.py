@@ -38,6 +38,7 @@ import triton.language as tl
 
 from jfa.kernels import alloc
 from jfa.kernels.block_lists import BlockLists, Transposed, key_blocks
+from jfa.kernels.launch import launch
 from jfa.kernels.schedule import TileList
 
 _BLOCK_C = 32  # key block slots per program
@@ -143,8 +144,8 @@ def transpose_lists(lists: BlockLists, q_blocks: TileList, cu_k: torch.Tensor, t
     if src_offsets.dtype != torch.int32 or src_indices.dtype != torch.int32:
         raise TypeError("transpose_lists: block lists must be int32")
     offsets = new(heads * nks + 1)
-    _transpose_kernel[(triton.cdiv(nks, _BLOCK_C), heads)](
-        src_offsets, src_indices, q_blocks.tiles, k_blocks.tiles, offsets, indices,
+    launch(
+        _transpose_kernel, (triton.cdiv(nks, _BLOCK_C), heads), src_offsets, src_indices, q_blocks.tiles, k_blocks.tiles, offsets, indices,
         heads * nqs, heads * nks, nqs, nks, k_blocks.num_seqs, capacity,
         BLOCK_C=_BLOCK_C, BLOCK_T=_BLOCK_T, num_warps=4)
     return Transposed(offsets, indices, nks)

@@ -130,3 +130,30 @@ def test_the_column_layout_is_rebuilt_when_the_offsets_change():
     cu[2] = 10  # in place: the version counter moves
     assert stats_pass.aligned_columns(cu, 3, 40)[0].tolist() == [0, 32, 64, 96]
 
+
+
+def _half_the_blocks(q, k, cu_q, cu_k, block_size: int = 128):
+    """BlockLists of the reference selection at keep 0.5 (a caller's lists made beforehand)."""
+    from jfa.kernels.block_lists import from_csr
+    from jfa.kernels.schedule import num_tile_slots
+    from jfa.reference import select_kv_blocks_reference
+
+    offsets, indices = select_kv_blocks_reference(q, k, cu_q, cu_k, block_size=block_size, keep_ratio=0.5)
+    heads, num_seqs = q.shape[1], cu_k.numel() - 1
+    return from_csr(offsets, indices, block_size=block_size, num_heads=heads,
+                    num_q_blocks=(offsets.numel() - 1) // heads,
+                    num_q_slots=num_tile_slots(q.shape[0], num_seqs, block_size))
+
+
+def test_a_repeated_sparse_forward_with_the_same_lists_only_allocates_its_outputs(launches):
+    """The work list (query blocks ordered by their listed blocks) follows from the lists' offsets: built by the
+    first call with those lists, not again."""
+    q, k, v, cu_q, cu_k, kwargs = _problem(False, 128)
+    lists = _half_the_blocks(q, k, cu_q, cu_k)
+    kwargs = {name: kwargs[name] for name in ("causal", "softmax_scale", "broadcast_q", "num_seqs")}
+    call = lambda: tlx_forward.block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, **kwargs)  # noqa: E731
+    first, _ = _ops_of(call)
+    again, _ = _ops_of(call)
+    assert "aten.sort.stable" in first, "the first call orders the work list"
+    assert again == ["aten.empty.memory_format"] * 2, "out and lse, nothing derived from the lists"
+    assert [name for name, _ in launches] == ["jagged_fwd_tlx_kernel"] * 2

@@ -68,6 +68,7 @@ import triton.language as tl
 from jfa import knobs
 from jfa.kernels import alloc
 from jfa.kernels.bands import band_offsets, window_band
+from jfa.kernels.cache import IdentityCache
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
@@ -1053,7 +1054,14 @@ def mx_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
 def sparse_tiles(lists, out_cu, rows: int):
     """The work list of a block-sparse launch: the query blocks' (sequence, tile, block) as three int32
     rows in ``jfa.kernels.block_lists.slot_order`` (sequences by listed blocks); a TileList whose
-    ``tiles`` has the extra row."""
+    ``tiles`` has the extra row. It follows from the lists' offsets (the listed counts) and the output
+    offsets alone, so calls that share them (a selection's lists share their offsets across calls of one
+    batch) build it once."""
+    return _sparse_work.get_or_build((lists.offsets, out_cu), (rows, lists.block_size, lists.num_heads),
+                                     lambda: _sparse_tiles(lists, out_cu, rows))
+
+
+def _sparse_tiles(lists, out_cu, rows: int):
     from jfa.kernels.block_lists import query_blocks, slot_order
     from jfa.kernels.schedule import TileList
 
@@ -1061,6 +1069,9 @@ def sparse_tiles(lists, out_cu, rows: int):
     order = slot_order(lists, blocks).long()
     tiles = torch.cat([blocks.tiles[:, order], order.to(torch.int32)[None]]).contiguous()
     return TileList(tiles, blocks.num_slots, blocks.num_seqs, blocks.block)
+
+
+_sparse_work = IdentityCache()
 
 
 

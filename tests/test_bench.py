@@ -1079,3 +1079,14 @@ def test_the_sparse_benchmark_judges_each_output_by_its_own_lists():
                                               bwd_ms=4.0),
                                          dict(problem="t", keep=0.5, impl="jfa-sparse", status="ok", fwd_ms=1.0,
                                               bwd_ms=2.5, listed_block_share=0.55)])
+
+
+def test_the_sparse_table_shows_each_rows_forward_host_time():
+    """Where a call's host time exceeds its kernels' time the GPU waits and fwd ms measures the host: the table
+    shows both."""
+    from jfa.bench import sparse
+
+    md = sparse.table([dict(problem="t", keep=0.5, impl="jfa-sparse", status="ok", fwd_ms=1.0, bwd_ms=2.0,
+                            fwd_host_us=812.4),
+                       dict(problem="t", keep=0.5, impl="flex-blockmask", status="ok", fwd_ms=1.0, bwd_ms=2.0)])
+    assert "| 812 | ok" in md and "| - | ok" in md

@@ -366,6 +366,7 @@ def test_the_bench_rows_status_ok_forward_only_or_na(monkeypatch):
     _fake_fa4(monkeypatch, _sim_varlen)
     row = sparse._judged_and_timed(prepare, judge, 2, 0, 1)
     assert row["status"] == "ok" and row["fwd_ms"] == 1.0 and "bwd_ms" not in row and "bwd n/a" in row["note"]
+    assert row["fwd_host_us"] is None  # CPU tensors: host time is measured on a GPU only
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
     row = sparse._judged_and_timed(prepare, judge, 2, 0, 1)
     assert row["status"] == "n/a" and "flash_attn.cute not importable" in row["note"]

@@ -14,6 +14,7 @@ from typing import Optional, Union
 import torch
 
 from jfa import knobs
+from jfa.plans import call_key, plans
 from jfa.dispatch import (Problem, check_offsets_values, last_dim_contiguous, launcher,
                           log_fallback_once, record, resolve_backend, tlx_or_fallback, traced, untraced, validate)
 
@@ -258,13 +259,16 @@ def _validate_sparse(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *, causal,
 
 
 def _run_sparse_forward(backend, q, k, v, cu_q, cu_k, offsets, indices, block_size, num_q_slots, causal,
-                        softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic):
+                        softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic, plan=None):
+    """(out, lse) of ``backend``'s block-sparse forward. ``plan``: the call's plan (``jfa.plans``), for the
+    launchers that keep a prepared launch in it (the TLX one)."""
     from jfa.kernels.block_lists import BlockLists
 
     lists = BlockLists(offsets, indices, block_size, q.shape[1], num_q_slots, causal)
+    planned = {"plan": plan} if plan is not None and backend == "tlx" else {}
     result = launcher(*_SPARSE_LAUNCHERS[backend][0])(q, k, v, cu_q, cu_k, lists, causal=causal,
                                                        softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                                       num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+                                                       num_seqs=num_seqs, len_q_bcast=len_q_bcast, **planned)
     record("forward", backend, q.device, SPARSE_KERNEL_NAMES[backend][0])
     return result
 
@@ -353,8 +357,8 @@ class _EagerSparseAttention(torch.autograd.Function):
     """The sparse custom ops' eager twin (as ``_EagerAttention`` is the dense ones')."""
 
     @staticmethod
-    def forward(ctx, backend, q, k, v, cu_q, cu_k, offsets, indices, *args):
-        out, lse = _run_sparse_forward(backend, q, k, v, cu_q, cu_k, offsets, indices, *args)
+    def forward(ctx, backend, plan, q, k, v, cu_q, cu_k, offsets, indices, *args):
+        out, lse = _run_sparse_forward(backend, q, k, v, cu_q, cu_k, offsets, indices, *args, plan=plan)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, offsets, indices)
         ctx.args, ctx.backend = args, backend
         ctx.set_materialize_grads(False)
@@ -366,7 +370,20 @@ class _EagerSparseAttention(torch.autograd.Function):
         dout = last_dim_contiguous(torch.zeros_like(out) if dout is None else dout)
         grads = _run_sparse_backward(ctx.backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, offsets, indices,
                                      *ctx.args)
-        return (None, *grads) + (None,) * 12
+        return (None, None, *grads) + (None,) * 12
+
+
+def _sparse_attention(backend, q, k, v, cu_q, cu_k, lists, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
+                      deterministic, plan=None):
+    """(out, lse) of ``backend``'s block-sparse kernels over ``lists``, differentiable in q, k, v: the custom ops
+    when a tracer sees the call, the forward alone when nothing needs a gradient, else the eager Function."""
+    args = (q, k, v, cu_q, cu_k, lists.offsets, lists.indices, lists.block_size, lists.num_q_slots, causal,
+            softmax_scale, broadcast_q, num_seqs, len_q_bcast, deterministic)
+    if traced(q, k, v):
+        return _SPARSE_OPS[backend](*args)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _run_sparse_forward(backend, *args, plan=plan)
+    return _EagerSparseAttention.apply(backend, plan, *args)
 
 
 def select_kv_blocks(
@@ -455,6 +472,21 @@ def block_sparse_attention(
         TypeError, ValueError: as ``jagged_attention``, and for a selection rule or lists that break their
             rules (each message names the argument and the rule); nothing is computed then.
     """
+    # a call with a selection rule whose structure passed every check before (jfa.plans): the selection and
+    # the kernels run on this call's values, nothing is checked again (lists given by the caller are checked
+    # every call: their values are the caller's)
+    key = call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, (
+        "block_sparse", max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q, deterministic, backend,
+        return_lse, block_size, keep_ratio, topk)) if kv_blocks is None else None
+    offsets = (cu_seqlens_q, cu_seqlens_k)
+    plan = plans.get(key, offsets)
+    if plan is not None:
+        kernels, scale, num_seqs, len_q_bcast, longest_k = plan.problem
+        lists = _run_select(q, k, cu_seqlens_q, cu_seqlens_k, block_size, topk, keep_ratio, causal, broadcast_q,
+                            len_q_bcast, longest_k)
+        out, lse = _sparse_attention(kernels, q, k, v, cu_seqlens_q, cu_seqlens_k, lists, causal, scale, broadcast_q,
+                                     num_seqs, len_q_bcast, deterministic, plan)
+        return (out, lse) if return_lse else out
     problem, longest_k = _validate_sparse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
                                           return_lse=return_lse, backend=backend, block_size=block_size,
@@ -475,12 +507,12 @@ def block_sparse_attention(
         lse = lse.to(torch.float32)
         record("forward", "torch", q.device)
     else:
-        args = (problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, lists.offsets, lists.indices, block_size,
-                lists.num_q_slots, causal, problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast,
-                deterministic)
-        if traced(problem.q, problem.k, problem.v):
-            out, lse = _SPARSE_OPS[problem.backend](*args)
-        else:
-            out, lse = _EagerSparseAttention.apply(problem.backend, *args)
+        # (not for a copied input: the key names the original)
+        if kv_blocks is None and problem.q is q and problem.k is k and problem.v is v:
+            plan = plans.make(key, offsets, (problem.backend, problem.softmax_scale, problem.num_seqs,
+                                             problem.len_q_bcast, longest_k))
+        out, lse = _sparse_attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k,
+                                     lists, causal, problem.softmax_scale, broadcast_q, problem.num_seqs,
+                                     problem.len_q_bcast, deterministic, plan)
     return (out, lse) if return_lse else out
 

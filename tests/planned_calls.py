@@ -2,8 +2,11 @@
 one batch's offsets tensors, the second time with fresh values, as a training loop's next step would."""
 import dataclasses
 
+import torch
+
+import jfa
 from jfa.fuzz import rule
-from jfa.fuzz.cases import make_inputs
+from jfa.fuzz.cases import make_inputs, offsets
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 from jfa.kernels.tlx.hopper import forward as tlx_forward
 
@@ -40,3 +43,51 @@ def run_twice(case, device: str, monkeypatch):
                                  cu_q=first.cu_q, cu_k=first.cu_k)
     monkeypatch.setattr(rule, "make_inputs", lambda *_a, **_k: second)
     return first_report, rule.run_case(case, backend="tlx", device=device)
+
+
+# the selection rules of a block-sparse call that takes a plan
+SPARSE_RULES = [dict(keep_ratio=0.5), dict(topk=2)]
+SPARSE_RULE_IDS = ["keep-ratio", "topk"]
+
+
+def sparse_planned_and_unplanned(selection: dict, device: str, monkeypatch):
+    """(planned, unplanned, checks): a block-sparse call with a selection rule on one batch's offsets tensors,
+    made with one set of values and then with another (planned), and the latter again with no plan
+    (unplanned); each as (out, lse, dq, dk, dv). ``checks``: how many times each of the three calls checked
+    its arguments. The two sets of values select different blocks (asserted), so a plan that kept the first
+    call's lists would show."""
+    from jfa import block_sparse
+    from jfa.plans import plans
+
+    lengths = (130, 0, 300, 1)
+    cu = offsets(list(lengths), torch.int32).to(device)
+
+    def values(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(sum(lengths), 2, 64, generator=g).to(device=device, dtype=torch.bfloat16)
+                for _ in range(3)]
+
+    lists = [jfa.select_kv_blocks(*values(seed)[:2], cu, cu, max_seqlen_k=max(lengths), **selection)
+             for seed in (1, 2)]
+    used = [lst.indices[:int(lst.offsets[-1])].cpu() for lst in lists]
+    assert not torch.equal(*used), "the two calls' values must select different blocks"
+
+    counted = []
+    validate_sparse = block_sparse._validate_sparse
+    monkeypatch.setattr(block_sparse, "_validate_sparse",
+                        lambda *a, **kw: counted.append(1) or validate_sparse(*a, **kw))
+
+    def call(seed):
+        q, k, v = (t.requires_grad_() for t in values(seed))
+        before = len(counted)
+        out, lse = jfa.block_sparse_attention(q, k, v, cu, cu, backend="tlx", deterministic=True, return_lse=True,
+                                              **selection)
+        out.backward(torch.ones_like(out))
+        return (out, lse, q.grad, k.grad, v.grad), len(counted) - before
+
+    plans.clear()
+    _, first = call(1)
+    planned, second = call(2)
+    plans.clear()
+    unplanned, third = call(2)
+    return planned, unplanned, [first, second, third]

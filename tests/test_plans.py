@@ -11,7 +11,8 @@ from jfa.fuzz.cases import offsets
 from jfa.plans import CallPlan, PlanCache, call_key, plans
 
 sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU interpreter", exc_type=ImportError)
-from planned_calls import planned_cases, run_twice, spy_on_planned_launchers  # noqa: E402
+from planned_calls import (SPARSE_RULE_IDS, SPARSE_RULES, planned_cases, run_twice,  # noqa: E402
+                           sparse_planned_and_unplanned, spy_on_planned_launchers)
 
 CASES = planned_cases(tlx_cases("sim"))
 
@@ -174,3 +175,16 @@ def test_a_backward_under_other_settings_than_its_forward_takes_them(planned_run
         with knobs.scope(tlx_fused_dq=False):
             out.sum().backward()
     assert planned_runs["backward"] == 1 and portable_passes == [1]
+
+
+
+@pytest.mark.parametrize("rule", SPARSE_RULES, ids=SPARSE_RULE_IDS)
+def test_a_planned_block_sparse_call_returns_what_an_unplanned_call_returns(rule, planned_runs, monkeypatch):
+    """A block-sparse call with a selection rule, its structure seen before (the same offsets tensors, new
+    values): no check runs again and the forward takes the prepared launch; the selection runs on this call's
+    q and k, so out, lse and the gradients are the unplanned call's on the same values, bit for bit."""
+    with sim.simulated(arch=(9, 0), sm_count=3):
+        planned, unplanned, checks = sparse_planned_and_unplanned(rule, "cpu", monkeypatch)
+    assert checks == [1, 0, 1] and planned_runs["forward"] == 1, "the second call was not planned"
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), planned, unplanned):
+        assert torch.equal(a, b), f"{name}: the planned call differs from the unplanned one"

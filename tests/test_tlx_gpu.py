@@ -16,7 +16,8 @@ from jfa.fuzz.cases import Case, offsets
 from jfa.fuzz.rule import run_case
 from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.common.host import work_counter
-from planned_calls import planned_cases, run_twice, spy_on_planned_launchers
+from planned_calls import (SPARSE_RULE_IDS, SPARSE_RULES, planned_cases, run_twice, sparse_planned_and_unplanned,
+                           spy_on_planned_launchers)
 
 pytestmark = pytest.mark.gpu
 
@@ -91,6 +92,17 @@ def test_a_planned_call_meets_the_oracle(case, monkeypatch):
     assert (second.kernel, second.backward_kernel) == ("tlx-hopper", "tlx-hopper"), second.ran
     assert ran == {"forward": 1, "backward": 1}, "the second call did not take the prepared launches"
     assert second.ok, str(second)
+
+
+@pytest.mark.parametrize("rule", SPARSE_RULES, ids=SPARSE_RULE_IDS)
+def test_a_planned_block_sparse_call_returns_what_an_unplanned_call_returns(rule, monkeypatch):
+    """The simulator test of the same name on the GPU: the prepared launch replaces the lists' indices, so a
+    call whose values select other blocks returns the unplanned call's out, lse and gradients, bit for bit."""
+    ran = spy_on_planned_launchers(monkeypatch)
+    planned, unplanned, checks = sparse_planned_and_unplanned(rule, "cuda", monkeypatch)
+    assert checks == [1, 0, 1] and ran["forward"] == 1, "the second call was not planned"
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), planned, unplanned):
+        assert torch.equal(a, b), f"{name}: the planned call differs from the unplanned one"
 
 
 ABLATION_CASES = [c for c in CASES if c.name.startswith(("tlx-many-items", "tlx-long-items", "tlx-tails"))

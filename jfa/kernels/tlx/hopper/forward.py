@@ -929,15 +929,21 @@ class _PlannedForward:
         self.launch, self.grid, self.descriptors, self.dynamic = launch, grid, descriptors, dynamic
         self.out_shape, self.lse_shape = out.shape, lse.shape
 
-    def __call__(self, q, k, v):
-        """(out, lse), or None when the prepared launch cannot run (the caller launches the usual way)."""
+    @classmethod
+    def replaced(cls, dynamic: bool, extra: tuple = ()) -> tuple:
+        """The parameters a planned call replaces, in the order ``__call__`` passes them (``extra`` last)."""
+        return (cls.REPLACED_DYNAMIC if dynamic else cls.REPLACED) + extra
+
+    def __call__(self, q, k, v, *extra):
+        """(out, lse), or None when the prepared launch cannot run (the caller launches the usual way).
+        ``extra``: the values of the ``extra`` parameters it was prepared with (``replaced``)."""
         out = alloc.empty(self.out_shape, q.dtype, q.device)
         lse = alloc.empty(self.lse_shape, torch.float32, q.device)
         desc_q, desc_k, desc_v = self.descriptors
         replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), out, lse)
         if self.dynamic:
             replacements += (work_counter(q.device),)
-        if not self.launch.run((self.grid,), replacements):
+        if not self.launch.run((self.grid,), replacements + extra):
             return None
         return out, lse
 
@@ -989,8 +995,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
     if plan is not None and not profile:
         dynamic = kwargs["DYNAMIC"]
-        replaced = _PlannedForward.REPLACED_DYNAMIC if dynamic else _PlannedForward.REPLACED
-        prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs, replaced)
+        prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs, _PlannedForward.replaced(dynamic))
         if prepared is not None:
             plan.memo["tlx_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic)
     if not profile:
@@ -1087,10 +1092,18 @@ def sparse_supports(q, k, v, block_size: int) -> tuple[bool, str]:
 
 
 def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softmax_scale: float, broadcast_q: bool,
-                             num_seqs: int, len_q_bcast: int = 0):
+                             num_seqs: int, len_q_bcast: int = 0, plan=None):
     """Block-sparse forward on the TLX kernel (``SPARSE`` build); the contract of
     ``jfa.kernels.triton.block_sparse.block_sparse_forward``. Raises ValueError where ``sparse_supports``
-    says no."""
+    says no. ``plan``: the call's plan (``jfa.plans``; calls with a selection rule): the first call keeps its
+    prepared launch there, later ones replace the inputs' descriptors, the outputs and the lists' indices.
+    The lists' offsets and the work list stay the prepared ones: a selection's offsets follow from the plan's
+    key (the offsets tensors and the rule), so every call of the plan has the same."""
+    planned = plan.memo.get("tlx_sparse_forward") if plan is not None else None
+    if planned is not None:
+        result = planned(q, k, v, lists.indices)
+        if result is not None:
+            return result
     ok, reason = sparse_supports(q, k, v, lists.block_size)
     if not ok:
         raise ValueError(f"block_sparse_forward_tlx: {reason}")
@@ -1110,5 +1123,12 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
                                                _unused_timeline(q.device), causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
                                                lists=lists, variant=variant)
-    target.launch(jagged_fwd_tlx_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+    grid = min(sm_count(q.device), num_items)
+    target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
+    if plan is not None:
+        dynamic = kwargs["DYNAMIC"]
+        prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs,
+                                  _PlannedForward.replaced(dynamic, ("KV_IDX",)))
+        if prepared is not None:
+            plan.memo["tlx_sparse_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic)
     return out, lse

@@ -637,14 +637,18 @@ def mx_forward(q: jmx.MXTensor, k: jmx.MXTensor, v: jmx.MXTensor, cu_q, cu_k, *,
 
 def mx_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
                 num_seqs: int, len_q_bcast: int = 0, window=(-1, -1), rule: str = "floor", dlse=None,
-                config: Optional[Configs] = None, dot: Optional[str] = None):
+                config: Optional[Configs] = None, dot: Optional[str] = None, dkdv=None):
     """(dq, dk, dv) in the inputs' dtypes; dq is ``[Lq, H, D]`` summed over the batch for a broadcast Q.
 
     q, k, v, dout: the original high-precision tensors; out, lse: the MX forward's. Each operand is
     quantized here (``jfa.mx.encode``, ``rule``) along the axes of docs/mxfp8.md's backward table: Q along
     dim and queries (a broadcast Q's offsets are [0, Lq]), K along dim and keys, V along dim, dout along dim
     and queries (the output rows' offsets). ``dlse`` (optional, ``[rows, H]``) enters as ``delta - dlse``.
-    No atomics: bitwise reproducible. ``config``/``dot``: as :func:`mx_forward` (``dkdv`` and ``dq`` used)."""
+    No atomics: bitwise reproducible. ``config``/``dot``: as :func:`mx_forward` (``dkdv`` and ``dq`` used).
+    ``dkdv``: another dK/dV launcher in place of this module's kernel (the TLX build,
+    ``jfa.kernels.tlx.hopper.backward.mx_dkdv_tlx``), called as ``dkdv(q_dim, q_tok, k_dim, v_dim, do_dim,
+    do_tok, lse, delta, dk, dv, out_cu, cu_k, causal=, softmax_scale=, broadcast_q=, num_seqs=, len_q_bcast=,
+    rule=)`` with the quantized operands; it writes dk and dv (no window: the caller checked)."""
     _check_rule(rule)
     head_dim, num_heads = q.shape[-1], q.shape[1]
     num_kv_heads = k.shape[1]
@@ -678,8 +682,15 @@ def mx_backward(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_sc
     delta = row_delta(out, dout, dlse)
     lse = lse.contiguous()
 
-    kv_tiles = build_tile_list(cu_k, k.shape[0], cfgs.dkdv.block_n, work_offsets=None if broadcast_q else cu_q)
-    if kv_tiles.num_slots > 0:
+    if dkdv is not None:
+        if band:
+            raise ValueError("mx_backward: a dkdv launcher takes no sliding window")
+        dkdv(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, out_cu, cu_k, causal=causal,
+             softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
+             rule=rule)
+    kv_tiles = None if dkdv is not None else build_tile_list(cu_k, k.shape[0], cfgs.dkdv.block_n,
+                                                             work_offsets=None if broadcast_q else cu_q)
+    if kv_tiles is not None and kv_tiles.num_slots > 0:
         mx_dkdv_kernel[(kv_tiles.num_slots * num_kv_heads,)](
             _bytes(q_dim.data), q_dim.scales, _bytes(q_tok.data), q_tok.scales, q_tok.block_offsets,
             _bytes(k_dim.data), k_dim.scales, _bytes(v_dim.data), v_dim.scales,

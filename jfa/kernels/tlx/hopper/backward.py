@@ -69,7 +69,9 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
+from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile, _store_dim_tile, _store_token_tile
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
+from jfa.kernels.triton.mx_attention import _mx_round
 from jfa.plans import gradient_key
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -128,9 +130,29 @@ _CONFIGS: dict = {
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 
+# MXFP8 builds (``MX``, :func:`mx_backward_tlx`): dK and dV only (dQ is the portable MX dQ pass: its dS is
+# quantized along keys and multiplies K^(keys), a second quantization of K, and the pass keeps dq bitwise
+# reproducible). Each ring slot holds Q and dO twice, dequantized from their D-axis bytes (the operands of
+# S^T and dP^T) and from their query-axis bytes (of dK += dS^(queries)^T Q^(queries), dV += P^(queries)^T
+# dO^(queries)); steps of a multiple of 32 query rows, so each step's P^T and dS^T columns hold whole
+# quantization blocks. The producer loads the bytes and dequantizes them in registers, 32-row chunks at D 128,
+# so it takes more registers than the TMA producer: 256 * 208 + 128 * 96 <= 65536 at D 128.
+# Shared memory: D 64: K, V 4 x 8 KB + 3 stages x 4 x 8 KB; D 128: K, V 4 x 16 KB + 3 stages x 4 x 8 KB.
+_MX_CONFIGS: dict = {
+    64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=200),
+    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=208),
+}
+MX_RULES = ("floor", "rceil")
+# the MX build's operands besides the four byte tensors in the descriptors' places: constexpr None in the
+# bf16/fp16 builds (no parameters there)
+MX_ARGS = ("QS", "QT", "QTS", "QB_OFF", "KS", "VS", "DOS", "DOT_", "DOTS", "OB_OFF")
 
-def config_for(head_dim: int, fused_dq: bool = True) -> HopperDkDvConfig:
-    """The dK/dV build that ships at ``head_dim``, with the fused dQ or without it."""
+
+def config_for(head_dim: int, fused_dq: bool = True, mx: str = "") -> HopperDkDvConfig:
+    """The dK/dV build that ships at ``head_dim``, with the fused dQ or without it, or the MXFP8 one (``mx``
+    the P and dS rule; no fused dQ)."""
+    if mx:
+        return _MX_CONFIGS[head_dim]
     return _CONFIGS[(head_dim, fused_dq)]
 
 
@@ -414,6 +436,97 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
+def _rows_of(tile, r0, ROWS: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows ``r0 .. r0 + CHUNK`` of a ``[ROWS, HEAD_DIM]`` shared-memory tile (the tile itself if CHUNK = ROWS)."""
+    if ROWS == CHUNK:
+        part = tile
+    else:
+        part = tlx.local_slice(tile, [r0, 0], [CHUNK, HEAD_DIM])
+    return part
+
+
+@triton.jit
+def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+              HEAD_DIM: tl.constexpr):
+    """MX producer: ``tile`` (bf16 ``[ROWS, HEAD_DIM]``) = packed rows ``row0 ..`` of head ``head`` (of ``heads``) of
+    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (the forward's
+    ``_load_dim_tile``/``_store_dim_tile``; registers); rows from ``rows_valid`` on (past the sequence) are 0."""
+    NB: tl.constexpr = HEAD_DIM // 32
+    for c in tl.static_range(ROWS // CHUNK):
+        codes, scales = _load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
+                                       head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
+        _store_dim_tile(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM), codes, scales, CHUNK, HEAD_DIM)
+
+
+@triton.jit
+def _fill_tokens(tile, DATA, SCALES, row0, start, length, scale_row0, head, heads, ROWS: tl.constexpr,
+                 CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """MX producer: ``tile`` = local rows ``start ..`` (a multiple of 32) of a sequence of ``length`` rows from
+    packed row ``row0``, of a token-axis MX operand (the sequence's first scale row ``scale_row0``), dequantized
+    and fenced, CHUNK rows at a time (the forward's ``_load_token_tile``/``_store_token_tile``); rows past the
+    sequence are 0."""
+    for c in tl.static_range(ROWS // CHUNK):
+        codes, scales = _load_token_tile(DATA, SCALES, row0, start + c * CHUNK, length, scale_row0, head * HEAD_DIM,
+                                         heads * HEAD_DIM, CHUNK, HEAD_DIM)
+        _store_token_tile(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM), codes, scales, CHUNK, HEAD_DIM)
+
+
+@triton.jit
+def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
+                          DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
+                          delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
+                          num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL: tl.constexpr,
+                          GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          NUM_BUFFERS_QDO: tl.constexpr):
+    """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
+    loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
+    and dequantized into its bf16 buffer: K and V along D (S^T, dP^T); per step Q and dO along D and along
+    the sequence's 32-row query blocks (Q^(queries) of a broadcast Q: the shared q's own blocks; dO^(queries):
+    the output rows' blocks), and the row statistics by TMA on the slot's full barrier, whose expect-bytes
+    arrival follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
+    OB_OFF: each sequence's first scale row). Returns the advanced qdo_cnt."""
+    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M)
+    SUB: tl.constexpr = TILE_N // BLOCK_M
+    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time: 4 KB of bytes (32 per thread)
+    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
+    slot, _h = item_slot_head(item, num_slots, num_heads, False)
+    seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
+    if BROADCAST_Q:
+        qb0 = tl.load(QB_OFF)
+    else:
+        qb0 = tl.load(QB_OFF + seq)
+    ob0 = tl.load(OB_OFF + seq)
+    kv_head = head // GROUP
+    num_kv_heads = num_heads // GROUP
+    n_masked = n_lead + num_q_tiles - bulk_end
+    for c in tl.static_range(_CONSUMERS):
+        tlx.barrier_wait(kv_empties[c], (kv_cnt & 1) ^ 1)
+        rows = n_start + c * BLOCK_N
+        _fill_dim(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
+        _fill_dim(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
+        tlx.barrier_arrive(kv_fulls[c], 1)
+    for j in tl.range(0, num_q_tiles - first):
+        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, TILES, False, SUB) * BLOCK_M
+        buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+        tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
+        _fill_dim(q_tiles[buf], Q8, QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK, HEAD_DIM)
+        _fill_tokens(qt_tiles[buf], QT, QTS, q_row0, m_start, len_q, qb0, head, num_heads, BLOCK_M, CHUNK, HEAD_DIM)
+        _fill_dim(do_tiles[buf], DO8, DOS, out_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK,
+                  HEAD_DIM)
+        _fill_tokens(dot_tiles[buf], DOT_, DOTS, out_row0, m_start, len_q, ob0, head, num_heads, BLOCK_M, CHUNK,
+                     HEAD_DIM)
+        tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * BLOCK_M * 4)  # (the arrival: after every fenced store)
+        stats_col = stats_col0 + m_start
+        tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
+        tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
+        qdo_cnt += 1
+    return qdo_cnt
+
+
+@triton.jit
 def _hand_over_ds(ds_tile, ds_t, ds_full):
     """Store this consumer's dS^T (16-bit) for another warpgroup's dQ MMA and signal it on ``ds_full``."""
     tlx.local_store(ds_tile, ds_t)
@@ -461,12 +574,17 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
                causal_shift, lo, hi, qk_scale, sm_scale, k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties,
                dq_stage, desc_dq, dq_col, staged_row, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               DTYPE: tl.constexpr):
+               DTYPE: tl.constexpr, qt_tile=None, dot_tile=None, MX: tl.constexpr = ""):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with the producer's dQ also dS^T stored for the producer (slot
     ``ds_buf``, signalled on its full barrier), with the halves one head-dim half of dQ over both
     consumers' keys (``_dq_halves``; the previous step's half, ``staged_row``, is sent once S^T and dP^T
-    are issued). Returns (dk, dv) with every MMA retired."""
+    are issued). Returns (dk, dv) with every MMA retired.
+
+    MX (the P and dS rule of an MXFP8 build; no fused dQ): K, V, Q, dO are the D-axis dequantized tiles,
+    ``qt_tile``/``dot_tile`` Q and dO dequantized along queries; P^T and dS^T are MX-quantized along their
+    columns (the step's queries, whole 32-row blocks of the sequence) before dV += P^T dO and dK += dS^T Q
+    (docs/mxfp8.md section 2, the portable ``mx_dkdv_kernel``'s step)."""
     s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))     # [BLOCK_N, BLOCK_M]
     dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))   # [BLOCK_N, BLOCK_M]
     if DQ == DQ_HALVES:
@@ -490,7 +608,10 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         p_t = tl.where(visible, p_t, 0.0)
     delta = tlx.local_load(delta_tile)                       # [1, BLOCK_M]
     dp_t = tlx.async_dot_wait(0, dp_t)
-    dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
+    if MX != "":
+        dv = tlx.async_dot(_mx_round(p_t, MX == "rceil", BLOCK_N, BLOCK_M).to(DTYPE), dot_tile, dv)
+    else:
+        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
     ds_t = p_t * (dp_t - delta)
     if DQ != DQ_NONE and MASKED:
         # dQ sums over this tile's keys and lands in other rows' dQ: query rows past the sequence must
@@ -507,6 +628,10 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         _hand_over_ds(ds_tiles[ds_buf * _CONSUMERS + cid], ds_t.to(DTYPE), ds_fulls[ds_buf])
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
+    elif MX != "":
+        dk = tlx.async_dot(_mx_round(ds_t, MX == "rceil", BLOCK_N, BLOCK_M).to(DTYPE), qt_tile, dk)
+        dv = tlx.async_dot_wait(1, dv)
+        dk = tlx.async_dot_wait(0, dk)
     else:
         dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
         dv = tlx.async_dot_wait(1, dv)
@@ -520,7 +645,8 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                    NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
+                    NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
+                    MX: tl.constexpr = ""):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. With a fused
     dQ the step's dS^T slot of ``ds_tiles`` follows the step count (the producer's count equals the
     consumers'). ``staged_row``: with the halves, the query row of the dQ half staged and not yet sent
@@ -532,10 +658,17 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
         # dS^T (waited here, where no tile is live: registers)
         tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
     tlx.barrier_wait(qdo_fulls[buf], phase)
+    if MX != "":  # the slot's tiles along queries (dK's and dV's B operands)
+        qt_tile = qt_tiles[buf]
+        dot_tile = dot_tiles[buf]
+    else:
+        qt_tile = None
+        dot_tile = None
     dk, dv = _dkdv_step(dk, dv, k_tiles[cid], v_tiles[cid], q_tiles[buf], do_tiles[buf], lse_tiles[buf],
                         delta_tiles[buf], m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale,
                         k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties, dq_stage, desc_dq, dq_col,
-                        staged_row, cid, MASKED, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE)
+                        staged_row, cid, MASKED, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE, qt_tile,
+                        dot_tile, MX)
     if DQ == DQ_HALVES:
         staged_row = dq_row0 + m_start
     tlx.barrier_arrive(qdo_empties[buf], 1)
@@ -570,7 +703,8 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
+                       NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
+                       MX: tl.constexpr = ""):
     """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
     of dK (scaled) and dV (in DK's and DV's element type: with grouped key/value heads, fp32 partials per
     query head)."""
@@ -620,26 +754,26 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                     dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ,
-                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
             else:
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
                     dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
-                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
         else:
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
                 dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
                 ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n, len_q, len_k,
                 causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
-                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if not SPARSE:  # (the sparse build's steps all ran above: no third inlined step)
         for i in tl.range(bulk_start, bulk_end):
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
                 dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
                 ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
                 causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
-                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if DQ == DQ_HALVES:
         _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the item's last staged half
         # every MMA of this consumer reading the item's K and V (both halves of K) has retired
@@ -671,12 +805,18 @@ def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    band_lo, band_hi, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+    SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
 ):
+    """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
+    (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
+    (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
+    DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``_produce_dkdv_item_mx``); the MX arguments are None in the
+    other builds."""
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
-    DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     # The K/V tiles' use count is the round counter (below): under a static schedule every round but the
@@ -691,6 +831,12 @@ def jagged_dkdv_tlx_kernel(
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
     delta_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
+    if MX != "":  # Q and dO dequantized along queries: dK's and dV's B operands
+        qt_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
+        dot_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
+    else:
+        qt_tiles = None
+        dot_tiles = None
     # The producer's dQ: it computes a step's dQ DQ_LAG steps after issuing its loads, so that its wait for
     # the consumers' dS^T delays the next load by no more than the ring allows: one less than the ring's
     # depth (a load waits for the slot's consumers DQ_LAG + 1 steps back anyway). Also the number of dS^T
@@ -749,13 +895,21 @@ def jagged_dkdv_tlx_kernel(
                     if item < num_items:
                         # the K/V tiles' use count is `rounds`: every round but the last has an item
                         # for every CTA (so no register carries it: the D 128 producer has 72)
-                        qdo_cnt = _produce_dkdv_item(
-                            item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
-                            v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                            qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
-                            num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                            col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
-                            NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
+                        if MX != "":
+                            qdo_cnt = _produce_dkdv_item_mx(
+                                item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, QS, QT, QTS,
+                                QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles,
+                                dot_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES,
+                                CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                                CAUSAL, GROUP, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO)
+                        else:
+                            qdo_cnt = _produce_dkdv_item(
+                                item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                                v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
+                                qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                                num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                                col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                                NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -771,7 +925,8 @@ def jagged_dkdv_tlx_kernel(
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                        cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                        cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+                            qt_tiles, dot_tiles, MX)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -783,7 +938,8 @@ def jagged_dkdv_tlx_kernel(
                             kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                             desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                             stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                            cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+                            cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+                            qt_tiles, dot_tiles, MX)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -799,14 +955,16 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                group: int = 1, sparse: bool = False, dynamic: bool = False) -> dict:
+                group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "") -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
-    (the build takes no band parameters)."""
+    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs)
+                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx)
     if not window:
         constants.update(band_lo=None, band_hi=None)
+    if not mx:
+        constants.update({name: None for name in MX_ARGS})
     return constants
 
 
@@ -815,23 +973,27 @@ def _launch_options() -> dict:
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
-                 window: bool = False, group: int = 1, sparse: bool = False, variant: BackwardVariant = None):
+                 window: bool = False, group: int = 1, sparse: bool = False, variant: BackwardVariant = None,
+                 mx: str = ""):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (with
     ``group`` > 1 dK and dV are the fp32 partials per query head) of the build ``variant`` (default: what
-    ships) launches."""
-    cfg = config_for(head_dim, fused_dq)
+    ships) launches. ``mx``: the MXFP8 build with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
+    cfg = config_for(head_dim, fused_dq, mx)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=(variant or SHIPPED).dynamic(sparse))
+                            sparse=sparse, dynamic=(variant or SHIPPED).dynamic(sparse), mx=mx)
     grad = "fp32" if group > 1 else dtype
-    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+    types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
-    # without the fused dQ the launcher passes desc_q in desc_dq's place (never read)
+    # without the fused dQ the launcher passes desc_q in desc_dq's place (never read); the MX launcher the
+    # statistics' descriptor
     dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim) if fused_dq else head_dim)
     types.update(
         desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
-        desc_dq=f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>",
+        desc_dq=(f"tensordesc<fp32[1, {cfg.block_m}]>" if mx else
+                 f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>"),
         DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
-        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32")
+        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32", OB_OFF="*i32",
+        **{name: "*u8" for name in ("QS", "QT", "QTS", "KS", "VS", "DOS", "DOT_", "DOTS")})
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
 
@@ -935,6 +1097,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
+    band += tuple(constants.pop(name) for name in MX_ARGS)  # (None: the MX build's operands)
     counter = schedule_counter(dynamic, q.device, tiles.tiles)
     args = (desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
             q_idx, counter, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
@@ -1051,6 +1214,83 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
     if keep and "row_stats" in keep and "dkdv" in keep:  # (both kernels ran: the call had rows and keys)
         plan.memo[grads_key] = _PlannedBackward(keep, q, k)
     return dq_accum.read(), dk, dv
+
+
+def mx_backward_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:
+    """Whether the MXFP8 dK/dV build runs the backward of an MXFP8 call on q, k, v (the call's high-precision
+    tensors), and why not: head dim 64 or 128, an sm_90 device, no sliding window (no windowed MX build)."""
+    if tuple(window) not in ((-1, -1), (-1, 0)):
+        return False, f"window_size {tuple(window)} (the TLX MXFP8 backward has no windowed build)"
+    probe = torch.empty((0, q.shape[1], q.shape[-1]), dtype=torch.uint8, device=q.device)
+    return check_inputs({"q": probe}, dtype=torch.bfloat16, head_dim=q.shape[-1],
+                        head_dims=tuple(sorted(_MX_CONFIGS)))
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def mx_dkdv_tlx(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool,
+                softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, rule: str = "floor",
+                keep: Optional[dict] = None) -> None:
+    """Write dK and dV (``dk``, ``dv``: the inputs' shapes and dtype) of the MXFP8 backward with the ``MX``
+    build: the contract of the portable ``mx_dkdv_kernel`` (docs/mxfp8.md section 2). ``q_dim``, ``k_dim``,
+    ``v_dim``, ``do_dim``: MXTensors along dim; ``q_tok``, ``do_tok``: along tokens (q by its own offsets,
+    ``[0, Lq]`` for a broadcast Q; dO by the output rows' ``out_cu``); ``delta`` = rowsum(dO O) - dlse
+    ``[rows, H]``. Grouped key/value heads: fp32 partials per query head, summed here. ``keep``: a dict that
+    receives the launch's (args, kwargs, grid) (tests). The hook ``mx_attention.mx_backward`` calls
+    (``dkdv=``)."""
+    if rule not in MX_RULES:
+        raise ValueError(f"rule: must be one of {MX_RULES}, got {rule!r}")
+    head_dim, num_heads = q_dim.shape[-1], q_dim.shape[1]
+    group = num_heads // k_dim.shape[1]
+    cfg = config_for(head_dim, mx=rule)
+    if k_dim.shape[0] == 0 or delta.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
+        dk.zero_()
+        dv.zero_()
+        return
+    tiles = build_tile_list(cu_k, k_dim.shape[0], NUM_CONSUMERS * cfg.block_n,
+                            work_offsets=None if broadcast_q else out_cu)
+    stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
+    desc_stats = stats_descriptor(stats, cfg.block_m)
+    num_items = tiles.num_slots * num_heads
+    grid = min(sm_count(dk.device), num_items)
+    dk_out, dv_out = dk, dv
+    if group > 1:
+        dk = alloc.empty((dk_out.shape[0], num_heads, head_dim), torch.float32, dk.device)
+        dv = alloc.empty((dv_out.shape[0], num_heads, head_dim), torch.float32, dv.device)
+    constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, group=group, mx=rule)
+    band = (constants.pop("band_lo"), constants.pop("band_hi"))
+    cu_q = cu_k if broadcast_q else out_cu
+    mx_args = (q_dim.scales, _u8(q_tok.data), q_tok.scales, q_tok.block_offsets, k_dim.scales, v_dim.scales,
+               do_dim.scales, _u8(do_tok.data), do_tok.scales, do_tok.block_offsets)
+    args = (_u8(q_dim.data), _u8(k_dim.data), _u8(v_dim.data), _u8(do_dim.data), desc_stats, desc_stats, dk, dv,
+            cu_q, cu_k, stats_cu, tiles.tiles, tiles.tiles, tiles.tiles, tiles.tiles, dk.stride(0), dk.stride(1),
+            dv.stride(0), dv.stride(1), head_dim, head_dim, head_dim, head_dim, num_items, grid,
+            triton.cdiv(num_items, grid), tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale, *band,
+            *(t.contiguous() for t in mx_args))
+    kwargs = {**constants, **_launch_options()}
+    if keep is not None:
+        keep.update(args=args, kwargs=kwargs, grid=grid)
+    target.launch(jagged_dkdv_tlx_kernel, (grid,), dk.device, *args, **kwargs)
+    if group > 1:
+        _sum_groups(dk, dv, dk_out, dv_out)
+
+
+def mx_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
+                    num_seqs: int, len_q_bcast: int = 0, window=(-1, -1), rule: str = "floor", dlse=None):
+    """The MXFP8 backward with dK and dV on the TLX ``MX`` build (``mx_dkdv_tlx``) and dQ on the portable MX
+    dQ pass: the contract of ``jfa.kernels.triton.mx_attention.mx_backward`` (which quantizes the operands and
+    runs the dQ pass), bitwise reproducible (no atomics). Raises ValueError where ``mx_backward_supports``
+    says no."""
+    from jfa.kernels.triton import mx_attention
+
+    ok, reason = mx_backward_supports(q, k, v, window)
+    if not ok:
+        raise ValueError(f"mx_backward_tlx: {reason}")
+    return mx_attention.mx_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale,
+                                    broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast,
+                                    window=window, rule=rule, dlse=dlse, dkdv=mx_dkdv_tlx)
 
 
 def sparse_key_tiles(lists, out_cu, cu_k, rows: int, total_k: int):

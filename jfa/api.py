@@ -17,7 +17,7 @@ from jfa.block_sparse import (SPARSE_KERNEL_NAMES, block_sparse_attention, check
                               sparse_backend)
 from jfa.plans import call_key, gradient_key, plans
 from jfa.dispatch import (KERNEL_NAMES, MX_RULES, PRECISIONS, KernelChoice, check_tensor, check_window, last_dim_contiguous, launcher, log_fallback_once,
-                          mx_backend, mx_tlx_kernel, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
+                          mx_backend, mx_backward_tlx_or_portable, mx_tlx_kernel, record, recording_dispatch, resolve_backend, tlx_or_portable, traced, validate)
 
 __all__ = ["jagged_attention", "block_sparse_attention", "select_kv_blocks", "which_kernels", "KernelChoice",
            "recording_dispatch", "tlx_backward_supports"]
@@ -35,7 +35,7 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
         backend, window_size: as for ``jagged_attention``.
         block_size: the kernels of ``block_sparse_attention(..., block_size=block_size)`` instead.
         precision: as for ``jagged_attention`` ("mxfp8": the TLX MXFP8 forward on sm_90 or sm_100 or the portable one,
-            and why; the backward is portable).
+            the TLX MXFP8 backward on sm_90 (dQ on the portable MX pass) or the portable one, and why).
 
     Returns:
         A :class:`KernelChoice`: the forward and backward kernels and the reason either is not TLX.
@@ -54,10 +54,13 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
             raise ValueError("precision: block-sparse attention has no MXFP8 kernels")
         if mx_backend(backend, q.device) == "tlx":
             _family, forward, mx_supports = mx_tlx_kernel(q.device)  # the Hopper or the Blackwell (sm_100) build
-            ok, reason = mx_supports(q, k, v, check_window(window_size, False))
+            window = check_window(window_size, False)
+            ok, reason = mx_supports(q, k, v, window)
             if ok:
-                return KernelChoice(forward, "triton-mxfp8", "the MXFP8 backward runs the portable "
-                                    "Triton kernels (no TLX MXFP8 backward yet)")
+                from jfa.mx import KERNEL_NAME, TLX_KERNEL_NAME
+
+                resolved, reason = mx_backward_tlx_or_portable(backend, q, k, v, window)
+                return KernelChoice(forward, TLX_KERNEL_NAME if resolved == "tlx" else KERNEL_NAME, reason)
             if backend == "tlx":
                 raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}")
             return KernelChoice("triton-mxfp8", "triton-mxfp8", f"the TLX MXFP8 forward cannot run it: {reason}")

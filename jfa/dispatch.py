@@ -177,8 +177,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 def mx_backend(backend: str, device: torch.device) -> str:
     """The backend family of an MXFP8 call: "tlx" (the TLX MXFP8 forward where it supports the call,
-    ``mx_tlx_or_portable``; the portable backward) or "triton" (the portable MXFP8 kernels: CUDA, or CPU
-    tensors under the interpreter)."""
+    ``mx_tlx_or_portable``, and the TLX MXFP8 backward where it does, ``mx_backward_tlx_or_portable``) or
+    "triton" (the portable MXFP8 kernels: CUDA, or CPU tensors under the interpreter)."""
     if backend == "torch":
         raise ValueError("backend: 'torch' (the reference) has no MXFP8 path; the MXFP8 oracle is "
                          "jfa.oracle.mx_attention (NumPy)")
@@ -213,6 +213,29 @@ def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str
     family, _name, mx_supports = mx_tlx_kernel(q.device)
     resolved, reason = tlx_or_fallback(backend, *mx_supports(q, k, v, window), "MXFP8 call")
     return (family if resolved == "tlx" else resolved), reason
+
+
+def mx_backward_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
+    """("tlx" (the Hopper MXFP8 dK/dV build, dQ on the portable MX pass) or "triton", why not TLX) for the backward
+    of an MXFP8 call on q, k, v (the call's tensors), by the capability of their launch target. Never raises:
+    a backward the TLX build cannot run (a window, another head dim, sm_100, no TLX target) runs the portable
+    MXFP8 backward, the reason logged once (an explicit backend='tlx' was held to the forward's rules)."""
+    if backend == "triton":
+        return "triton", "backend='triton' asked for the portable MXFP8 kernels"
+    from jfa.kernels.tlx.common.target import target_for
+
+    launch_target = target_for(q.device)
+    if launch_target is not None and launch_target.capability[0] == 10:
+        ok, reason = False, "no TLX MXFP8 backward for sm_100 yet"
+    else:
+        from jfa.kernels.tlx.hopper.backward import mx_backward_supports
+
+        ok, reason = mx_backward_supports(q, k, v, window)
+    if ok:
+        return "tlx", ""
+    reason = f"the TLX MXFP8 backward cannot run it: {reason}"
+    log_fallback_once("jfa: no TLX kernel for this MXFP8 backward, running the portable Triton kernels: %s", reason)
+    return "triton", reason
 
 
 def tlx_target_registered(device: torch.device) -> bool:

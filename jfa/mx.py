@@ -226,7 +226,9 @@ def encode(x: torch.Tensor, axis: str, cu_seqlens: Optional[torch.Tensor], rule:
 # MXFP8 attention (docs/mxfp8.md section 2): jfa.jagged_attention(..., precision="mxfp8") runs this
 # ----------------------------------------------------------------------------------------------------
 KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the portable MXFP8 kernels
-TLX_KERNEL_NAME = "tlx-hopper-mxfp8"  # the TLX MXFP8 forward (jfa.kernels.tlx.hopper.forward, MX build)
+# the TLX MXFP8 forward and backward (jfa.kernels.tlx.hopper.forward and .backward, MX builds; the backward's dQ
+# is the portable MX pass)
+TLX_KERNEL_NAME = "tlx-hopper-mxfp8"
 BLACKWELL_KERNEL_NAME = "tlx-blackwell-mxfp8"  # the sm_100 one (jfa.kernels.tlx.blackwell.forward, MX build)
 
 
@@ -271,22 +273,27 @@ class _EagerMXAttention(torch.autograd.Function):
             backend, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
             len_q_bcast=len_q_bcast, window=window, rule=rule, out_dtype=q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window)
+        ctx.args = (rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window, backend)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from jfa.dispatch import last_dim_contiguous, record
+        from jfa.dispatch import last_dim_contiguous, mx_backward_tlx_or_portable, record
 
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window = ctx.args
+        rule, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window, backend = ctx.args
         dout = last_dim_contiguous(torch.zeros_like(out) if dout is None else dout)
-        dq, dk, dv = _launcher("mx_backward")(
+        family = mx_backward_tlx_or_portable(backend, q, k, v, window)[0]
+        if family == "tlx":
+            from jfa.kernels.tlx.hopper.backward import mx_backward_tlx as launcher
+        else:
+            launcher = _launcher("mx_backward")
+        dq, dk, dv = launcher(
             q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
             num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule,
             dlse=None if dlse is None else dlse.contiguous())
-        record("backward", "triton", q.device, KERNEL_NAME)
+        record("backward", family, q.device, TLX_KERNEL_NAME if family == "tlx" else KERNEL_NAME)
         return dq, dk, dv, *(None,) * 10
 
 
@@ -295,7 +302,8 @@ def mx_attention(q, k, v, cu_q, cu_k, *, rule: str, causal: bool, softmax_scale:
     """(out, lse) of section 2 for checked arguments: q, k, v high-precision tensors (quantized here,
     differentiable) or MXTensors (q, k along ``dim``, v along ``tokens`` by ``cu_k``; forward only).
     ``backend``: "triton" (the portable kernels), or "auto" / "tlx" for the TLX MXFP8 forward where it
-    supports the call ("auto" falls back to the portable one, "tlx" raises); the backward is portable."""
+    supports the call ("auto" falls back to the portable one, "tlx" raises) and the TLX MXFP8 backward where it
+    supports it (else the portable one, whatever the backend: ``dispatch.mx_backward_tlx_or_portable``)."""
     if isinstance(q, MXTensor):
         if v.cu_seqlens is not cu_k and not (v.cu_seqlens.shape == cu_k.shape and torch.equal(
                 v.cu_seqlens.to(cu_k.dtype), cu_k)):

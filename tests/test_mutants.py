@@ -20,6 +20,7 @@ from jfa.fuzz.mutants import (
     BLACKWELL_MUTANTS,
     BLACKWELL_MX_MUTANTS,
     MX_MUTANTS,
+    TLX_MX_BACKWARD_MUTANTS,
     TLX_MX_MUTANTS,
     BACKWARD,
     BLOCK_SPARSE,
@@ -78,8 +79,8 @@ def _assert_restored(originals):
         assert getattr(sys.modules[parent_name], attr) is module, f"{parent_name}.{attr} was not restored"
 
 
-ALL_MUTANTS = (MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + BLACKWELL_MUTANTS + BLACKWELL_BACKWARD_MUTANTS
-               + BLACKWELL_MX_MUTANTS)
+ALL_MUTANTS = (MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + TLX_MX_BACKWARD_MUTANTS + BLACKWELL_MUTANTS
+               + BLACKWELL_BACKWARD_MUTANTS + BLACKWELL_MX_MUTANTS)
 
 
 # ----------------------------------------------------------------------------------------------------

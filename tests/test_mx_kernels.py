@@ -36,7 +36,7 @@ import jfa.mx as jmx
 from jfa.kernels import alloc
 from jfa.kernels.triton import mx_attention as mxa
 from jfa.kernels.triton import mx_quant
-from jfa.fuzz.mutants import TLX_MX_MUTANTS
+from jfa.fuzz.mutants import TLX_MX_BACKWARD_MUTANTS, TLX_MX_MUTANTS
 from jfa.kernels.triton.configs import Configs, KernelConfig
 from jfa.oracle import mx_attention as oracle
 from jfa.oracle import mx_bounds
@@ -581,3 +581,158 @@ def test_simulator_kills(mutant, device, record_property):
     record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
     record_property("killed_by", killed_by or "")
     assert killed_by, f"TLX MX mutant {mutant.name} ({mutant.why}) survived every TLX case on the simulator"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the TLX MXFP8 backward (jfa.kernels.tlx.hopper.backward, MX build: dK and dV; dQ on the portable pass) on the
+# CPU simulator, judged by bound (a) against the MX oracle's backward
+# ----------------------------------------------------------------------------------------------------
+TLX_BACKWARD_CASES = [
+    # an empty query sequence, an empty key sequence (its rows see no key), sequences shorter than a tile, and
+    # tails one row past a query step (65 rows, 64-row steps at D 64) and past a key tile (129 keys, 128-key tiles)
+    Case("tlx-bwd-ragged-empty-tails-d64", (65, 0, 5, 129, 3), (129, 7, 0, 1, 130), seed=20),
+    # causal with Lq > Lk (rows that see no key) and Lq < Lk, tails one row past 32-row steps, bf16, dlse
+    Case("tlx-bwd-causal-lq-ne-lk-d128-rceil", (100, 33, 7), (60, 130, 129), head_dim=128, causal=True,
+         rule="rceil", dtype=torch.bfloat16, dlse=True, seed=21),
+    # grouped heads (4 query heads per key/value head: fp32 partials summed per group), causal
+    Case("tlx-bwd-gqa4-causal-d64-rceil", (70, 40), (50, 130), heads=4, kv_heads=1, causal=True, rule="rceil",
+         seed=22),
+    Case("tlx-bwd-gqa-causal-d128-fp16", (33, 64), (64, 33), kv_heads=1, head_dim=128, causal=True,
+         dtype=torch.float16, seed=23),
+    # broadcast Q: Q^(queries) blocks the shared q's rows, dO^(queries) each sequence's output rows
+    Case("tlx-bwd-bcastq-causal-d128", (45,), (70, 100, 0), head_dim=128, broadcast_q=True, causal=True, dlse=True,
+         seed=24),
+]
+# the CI suite's seeded runs; the others under the gate (``slow``: about 20 s each on 2 cores)
+TLX_BACKWARD_SEEDED = ("tlx-bwd-ragged-empty-tails-d64", "tlx-bwd-causal-lq-ne-lk-d128-rceil")
+
+
+def _tlx_backward(pb: Problem, out, lse, schedule):
+    """(dq, dk, dv) of the TLX MX backward on the simulator (3 SMs: CTAs walk several items), poisoned outputs;
+    asserts the TLX dK/dV kernel ran there (where the problem has keys and query rows) and the simulator
+    reported nothing."""
+    sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU interpreter", exc_type=ImportError)
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    with sim.simulated(arch=(9, 0), sm_count=3, schedule=schedule) as session, alloc.poisoned_outputs():
+        grads = tlx_backward.mx_backward_tlx(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k, dlse=pb.dlse,
+                                             **_launch_args(pb))
+    assert session.kernels() == ["jagged_dkdv_tlx_kernel"], session.kernels()
+    assert not [w for r in session.reports for w in r.warnings]
+    return grads
+
+
+def _check_tlx_backward(case, device, seed, inputs="gauss"):
+    """The TLX MX backward's dq, dk, dv from the portable forward's out and lse against the MX oracle's backward
+    from the same out and lse, within bound (a) (``kernel_tolerance``: it holds from any conforming out/lse)."""
+    pb = _problem(case, device, inputs=inputs)
+    out, lse = _forward(pb)
+    grads = _tlx_backward(pb, out, lse, _sim_schedule(seed))
+    q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
+    dlse = None if pb.dlse is None else _np(pb.dlse)
+    kw = _oracle_kw(pb)
+    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
+                                     out_dtype=DTYPE_NAMES[case.dtype], dlse=dlse, **kw)
+    want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, dlse=dlse, **_oracle_kw(pb))
+    for name, g, w, x in zip(("dq", "dk", "dv"), grads, want, (pb.q, pb.k, pb.v)):
+        assert g.dtype == x.dtype and g.shape == x.shape, name
+        _assert_within(name, g, w, tol[name])
+
+
+@pytest.mark.parametrize("case", TLX_BACKWARD_CASES, ids=[c.name for c in TLX_BACKWARD_CASES])
+def test_tlx_mx_backward_meets_the_kernel_bound_on_the_simulator(case, device):
+    """dq, dk, dv of the TLX MX build within bound (a) of the MX oracle, under the deterministic schedule (copies
+    land as late as possible), on the adversarial jagged batches."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+    _check_tlx_backward(case, device, None)
+
+
+@pytest.mark.parametrize("seed", SIM_SEEDS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=() if c.name in TLX_BACKWARD_SEEDED else
+                                               pytest.mark.slow) for c in TLX_BACKWARD_CASES])
+def test_tlx_mx_backward_meets_the_kernel_bound_under_seeded_schedules(case, seed, device):
+    """The same under seeded schedules (random task switches and copy order)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+    _check_tlx_backward(case, device, seed)
+
+
+def test_the_op_runs_the_tlx_mx_backward_on_the_simulator(device):
+    """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_90 target: both passes are the
+    TLX MXFP8 kernels (recorded where they ran: not the portable fallback), as ``which_kernels`` says, and the
+    gradients meet bound (a)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+    import jfa
+    import jfa.sim as sim
+    from jfa.api import recording_dispatch
+
+    pb = _problem(Case("op", (40, 33), (70, 0), kv_heads=1, causal=True, dtype=torch.bfloat16, seed=25), device,
+                  inputs="gauss")
+    leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
+    with sim.simulated(arch=(9, 0), sm_count=3) as session, alloc.poisoned_outputs(), recording_dispatch() as ran:
+        choice = jfa.which_kernels(pb.q, pb.k, pb.v, precision="mxfp8", backend="tlx")
+        out, lse = jfa.jagged_attention(*leaves, pb.cu_q, pb.cu_k, causal=True, softmax_scale=pb.scale,
+                                        precision="mxfp8", backend="tlx", return_lse=True)
+        out.backward(pb.dout)
+    assert (choice.forward, choice.backward, choice.reason) == ("tlx-hopper-mxfp8", "tlx-hopper-mxfp8", "")
+    assert ran == [("forward", "tlx-hopper-mxfp8", "tlx-sim"), ("backward", "tlx-hopper-mxfp8", "tlx-sim")]
+    assert session.kernels() == ["jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel"], session.kernels()
+    q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
+    kw = _oracle_kw(pb)
+    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
+                                     out_dtype="bfloat16", **kw)
+    want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, **_oracle_kw(pb))
+    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
+        _assert_within(name, leaf.grad, w, tol[name])
+
+
+def test_an_mxfp8_backward_the_tlx_build_cannot_run_falls_back_and_says_why(device):
+    """On an sm_90 target the backward of a windowed call (no windowed MX build) runs the portable MXFP8 kernels
+    under backend "auto" and gives its gradients; ``mx_backward_tlx_or_portable`` names the reason, as it does for
+    another head dim and on sm_100 (no TLX MXFP8 backward there)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import jfa.sim as sim
+    from jfa.api import recording_dispatch
+    from jfa.dispatch import mx_backward_tlx_or_portable
+
+    pb = _problem(Case("window", (40,), (50,), seed=26), device, inputs="gauss")
+    leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
+    args = dict(_launch_args(pb), window=(8, 8))
+    with sim.simulated(arch=(9, 0), sm_count=3), recording_dispatch() as ran:
+        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v, (8, 8)) == (
+            "triton", "the TLX MXFP8 backward cannot run it: window_size (8, 8) (the TLX MXFP8 backward has no "
+            "windowed build)")
+        assert "head_dim 32" in mx_backward_tlx_or_portable("tlx", pb.q[..., :32], pb.k[..., :32], pb.v[..., :32])[1]
+        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v) == ("tlx", "")
+        out, _ = jmx.mx_attention(*leaves, pb.cu_q, pb.cu_k, backend="auto", **args)
+        out.backward(pb.dout)
+    assert [r[:2] for r in ran] == [("forward", "triton-mxfp8"), ("backward", "triton-mxfp8")]
+    assert all(torch.isfinite(leaf.grad).all() for leaf in leaves)
+    with sim.simulated(arch=(10, 0), sm_count=3):
+        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v)[1].endswith("no TLX MXFP8 backward for sm_100 yet")
+
+
+@pytest.mark.parametrize("mutant", TLX_MX_BACKWARD_MUTANTS, ids=[m.name for m in TLX_MX_BACKWARD_MUTANTS])
+def test_simulator_kills_tlx_mx_backward_mutants(mutant, device, record_property):
+    """Each mutant of the TLX MXFP8 backward's own code fails bound (a) on one of its cases on the simulator (the
+    deterministic schedule; the first case that fails stops the search)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import time
+
+    from jfa.fuzz.mutants import applied
+
+    start, killed_by = time.perf_counter(), None
+    with applied(mutant):
+        for examples, case in enumerate(TLX_BACKWARD_CASES, 1):
+            try:
+                _check_tlx_backward(case, device, None)
+            except Exception as exc:  # noqa: BLE001 - an assertion or a simulator report both kill
+                killed_by = f"{case.name}: {type(exc).__name__}"
+                break
+    record_property("examples_to_kill", examples)
+    record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
+    assert killed_by, f"TLX MX backward mutant {mutant.name} ({mutant.why}) survived every case on the simulator"

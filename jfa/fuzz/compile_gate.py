@@ -65,7 +65,8 @@ class Target:
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
     sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
-    mx: str = ""  # tlx forward: the MXFP8 build with this P rule (E4M3 inputs; ``dtype`` is the output's)
+    # tlx forward and dK/dV: the MXFP8 build with this rule (E4M3 inputs; ``dtype`` is the output's, the gradients')
+    mx: str = ""
     # Blackwell forward: the cluster-launch-control build (True) or the static one (False); None: the one a launch
     # runs (``TOOLCHAIN_LOWERS_CLC``), whose launch binding is then checked too
     clc: object = None
@@ -125,7 +126,7 @@ def tlx_targets() -> list:
     targets += _sparse_targets("forward", "")
     targets += _q_regs_targets()
     targets += mx_targets()
-    return targets + tlx_backward_targets()
+    return targets + tlx_backward_targets() + mx_backward_targets()
 
 
 def _q_regs_targets() -> list:
@@ -146,6 +147,17 @@ def mx_targets() -> list:
     return [mx("", head_dim=64), mx("-causal", head_dim=64), mx(""), mx("-causal", causal=True),
             mx("-causal-bcastq", causal=True, broadcast_q=True), mx("-gqa4", group=4), mx("", rule="rceil"),
             mx("", dtype="fp16"), mx("-causal", dtype="fp32", causal=True)]
+
+
+def mx_backward_targets() -> list:
+    """The TLX MXFP8 dK/dV builds (``backward.mx_dkdv_tlx``): FLOOR at both head dims plain and causal; at D 128
+    causal broadcast Q, grouped heads (fp32 partials), RCEIL, and fp32 gradients."""
+    def mx(name, dtype="bf16", head_dim=128, causal=False, broadcast_q=False, rule="floor", **kw):
+        return Target(f"tlx-dkdv-mx{rule}-{dtype}-D{head_dim}{name}", "dkdv", dtype, head_dim, causal, broadcast_q,
+                      backend="tlx", mx=rule, **kw)
+    return [mx("", head_dim=64), mx("-causal", head_dim=64, causal=True), mx(""), mx("-causal", causal=True),
+            mx("-causal-bcastq", causal=True, broadcast_q=True), mx("-gqa4", group=4), mx("", rule="rceil"),
+            mx("-causal", dtype="fp32", causal=True)]
 
 
 def _sparse_targets(kernel: str, variant: str) -> list:
@@ -586,6 +598,42 @@ def dkdv_launch_binding(target: Target) -> dict:
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
+def mx_dkdv_launch_binding(target: Target) -> dict:
+    """What a launch of the MXFP8 dK/dV build by its launcher (``mx_dkdv_tlx``) would compile, bound on CPU
+    MXTensors shaped like ``_launch_inputs``' tensors (as ``jfa.kernels.triton.mx_attention.mx_backward``
+    quantizes them); the statistics' pass before it stops at its compile too."""
+    import torch
+
+    from jfa import knobs
+    from jfa import mx as jmx
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    num_seqs = cu_k.numel() - 1
+    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
+    dout = torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype)
+    q_cu = torch.tensor([0, q.shape[0]], dtype=torch.int32) if target.broadcast_q else out_cu
+
+    def as_mx(t, axis, cu=None):
+        n, heads, dim = t.shape
+        data = torch.zeros(n, heads, dim, dtype=torch.float8_e4m3fn)
+        if axis == "dim":
+            return jmx.MXTensor(data, torch.zeros(n, heads, dim // 32, dtype=torch.uint8), axis, target.mx, t.dtype)
+        scales = torch.zeros(jmx.token_scale_rows(n, cu.numel() - 1), heads, dim, dtype=torch.uint8)
+        return jmx.MXTensor(data, scales, axis, target.mx, t.dtype, cu_seqlens=cu,
+                            block_offsets=jmx.token_block_offsets(cu))
+
+    lse = torch.zeros(rows, q.shape[1])
+    with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        tlx_backward.mx_dkdv_tlx(as_mx(q, "dim"), as_mx(q, "tokens", q_cu), as_mx(k, "dim"), as_mx(v, "dim"),
+                                 as_mx(dout, "dim"), as_mx(dout, "tokens", out_cu), lse, torch.zeros_like(lse),
+                                 torch.empty(k.shape, dtype=k.dtype), torch.empty(v.shape, dtype=v.dtype), out_cu,
+                                 cu_k, causal=target.causal, softmax_scale=target.head_dim ** -0.5,
+                                 broadcast_q=target.broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q,
+                                 rule=target.mx)
+    return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
+
+
 def _variant(target: Target):
     from jfa.kernels.tlx.hopper.forward import Variant
 
@@ -655,14 +703,16 @@ def _check_tlx(target: Target) -> Result:
         fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
-                                         group=target.group, sparse=target.sparse)
-        cfg = tlx_backward.config_for(target.head_dim, fused)
-        _, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
+                                         group=target.group, sparse=target.sparse, mx=target.mx)
+        cfg = tlx_backward.config_for(target.head_dim, fused, target.mx)
+        compiled, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
+        if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)
+            _vector_loads(compiled, result, expected)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
         dynamic = tlx_backward.SHIPPED.dynamic(target.sparse)
         expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
             (result.details["global_atomics"] > 0) == dynamic
-        launch = dkdv_launch_binding(target)
+        launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
         # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
         o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
@@ -678,15 +728,20 @@ def _check_tlx(target: Target) -> Result:
     compiled, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
     if target.mx:  # the MX producer reads E4M3 bytes with coalesced 16-byte loads, not TMA
         del expected["TMA loads (cp.async.bulk.tensor)"]
-        vector_loads = len(re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+)?\.v4", compiled.asm["ptx"]))
-        result.details["vector_loads"] = vector_loads
-        expected["16-byte loads of the E4M3 bytes (ld.global.v4)"] = vector_loads > 0
-        expected["16-byte stores of the dequantized tiles (st.shared.v4)"] = \
-            re.search(r"st\.shared(?:::cta)?\.v4", compiled.asm["ptx"]) is not None
+        _vector_loads(compiled, result, expected)
     expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])
     expected.update(_binds_as_compiled(tlx_launch_binding(target), spec, result))
     return _finish(result, expected)
+
+
+def _vector_loads(compiled, result: Result, expected: dict) -> None:
+    """The MX producers' checks: 16-byte loads of the E4M3 bytes and 16-byte stores of the dequantized tiles."""
+    vector_loads = len(re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+)?\.v4", compiled.asm["ptx"]))
+    result.details["vector_loads"] = vector_loads
+    expected["16-byte loads of the E4M3 bytes (ld.global.v4)"] = vector_loads > 0
+    expected["16-byte stores of the dequantized tiles (st.shared.v4)"] = \
+        re.search(r"st\.shared(?:::cta)?\.v4", compiled.asm["ptx"]) is not None
 
 
 def blackwell_launch_binding(target: Target) -> dict:
@@ -856,7 +911,8 @@ def _check_blackwell(target: Target) -> Result:
 
 
 def _targets(backend: str) -> list:
-    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets, "mx": mx_targets,
+    return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets,
+            "mx": lambda: mx_targets() + mx_backward_targets(),
             "blackwell": blackwell_targets, "blackwell-mx": blackwell_mx_targets,
             "blackwell-clc": blackwell_clc_targets}[backend]()
 
@@ -905,7 +961,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
     parser.add_argument("--backend", default="all",
                         choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc"),
-                        help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 forward's, "
+                        help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 builds' (forward and dK/dV), "
                              "the TLX Blackwell (sm_100a) kernels', the Blackwell MXFP8 build's (not in 'all'), or "
                              "the Blackwell forward's CLC build, whether the toolchain lowers it or not (not in 'all')")
     parser.add_argument("--shard", default="0/1", metavar="I/N",

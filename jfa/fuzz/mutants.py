@@ -308,6 +308,27 @@ TLX_MX_MUTANTS: tuple = (
            "K's scales applied to the wrong 32-element blocks of D"),
 )
 
+# The TLX MXFP8 backward's own numeric bugs (its MX build of the Hopper dK/dV kernel), each killed on the simulator by
+# bound (a) on one of its cases (tests/test_mx_kernels.py, ``test_simulator_kills_tlx_mx_backward_mutants``).
+TLX_MX_BACKWARD_MUTANTS: tuple = (
+    Mutant("tlx-mx-bwd-p-along-keys", TLX_BACKWARD,
+           "_mx_round(p_t, MX == \"rceil\", BLOCK_N, BLOCK_M)",
+           "tl.trans(_mx_round(tl.trans(p_t), MX == \"rceil\", BLOCK_M, BLOCK_N))",
+           "dV's P quantized along keys (the forward's axis) instead of along queries"),
+    Mutant("tlx-mx-bwd-dk-with-q-along-dim", TLX_BACKWARD,
+           "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), qt_tile, dk)",
+           "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), q_tile, dk)",
+           "dK multiplies Q^(dim), the S operand, instead of Q quantized along queries"),
+    Mutant("tlx-mx-bwd-do-scales-of-sequence-0", TLX_BACKWARD,
+           "_fill_tokens(dot_tiles[buf], DOT_, DOTS, out_row0, m_start, len_q, ob0,",
+           "_fill_tokens(dot_tiles[buf], DOT_, DOTS, out_row0, m_start, len_q, 0,",
+           "dO^(queries) dequantized with the first sequence's scale rows (its block offsets dropped)"),
+    Mutant("tlx-mx-bwd-ds-not-quantized", TLX_BACKWARD,
+           "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), qt_tile, dk)",
+           "ds_t.to(DTYPE), qt_tile, dk)",
+           "dS^T left unquantized (bf16) before dK += dS^T Q"),
+)
+
 # The TLX Blackwell forward's protocol bugs, each killed on the simulator (arch (10, 0)) by the Blackwell catalogue
 # (``kill_blackwell_on_simulator``: its launcher called directly, so a mutant is judged on the forward alone).
 BLACKWELL_MUTANTS: tuple = (

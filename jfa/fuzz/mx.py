@@ -43,8 +43,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # mx_bounds' out_dtype names
 RULES = ("floor", "rceil")
 PRECISION = {"floor": "mxfp8", "rceil": "mxfp8-rceil"}
-KERNEL = "triton-mxfp8"  # the portable MXFP8 kernels (the backward always; the forward off sm_90)
-TLX_KERNEL = "tlx-hopper-mxfp8"  # the TLX MXFP8 forward, where backend="auto" picks it
+KERNEL = "triton-mxfp8"  # the portable MXFP8 kernels (off sm_90, and where the TLX builds do not apply)
+TLX_KERNEL = "tlx-hopper-mxfp8"  # the TLX MXFP8 forward and backward, where backend="auto" picks them
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 CHECKS = ("a", "b", "kernel_vs_exact")
 MAX_TOKENS = 200  # output rows + key rows of one problem: about a second on the CPU interpreter
@@ -439,7 +439,8 @@ def _finite_lse(lse: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def tlx_eligible(case: MXCase) -> bool:
-    """Whether the TLX MXFP8 forward has a build for ``case`` (head dim 64 or 128, no sliding window)."""
+    """Whether the TLX MXFP8 forward (and backward) has a build for ``case`` (head dim 64 or 128, no sliding
+    window)."""
     return case.head_dim in (64, 128) and tuple(case.window) in ((-1, -1), (-1, 0))
 
 
@@ -522,8 +523,9 @@ def blackwell_forward_failure(case: MXCase, schedule=None, launcher=None, sm_cou
 def check_mx_case(case: MXCase, device="cpu", simulate: Optional[int] = None) -> MXReport:
     """Run ``case`` through ``jfa.jagged_attention`` (forward and backward, poisoned outputs) and judge it by
     bounds (a) and (b) and the kernel against exact attention (module docstring). ``simulate`` (CPU only): run
-    the TLX MXFP8 forward on the TLX simulator with this schedule seed (0: the deterministic schedule) where
-    it has a build for the case, which must then be the forward that ran (the backward is portable)."""
+    the TLX MXFP8 forward and backward on the TLX simulator with this schedule seed (0: the deterministic schedule)
+    where they have a build for the case, which must then be the kernels that ran (the backward's dQ pass is
+    portable)."""
     import contextlib
 
     import torch
@@ -554,7 +556,8 @@ def check_mx_case(case: MXCase, device="cpu", simulate: Optional[int] = None) ->
         out.backward(dout)
     passes = {r[:2] for r in ran}
     forwards = {("forward", TLX_KERNEL)} if on_simulator else {("forward", KERNEL), ("forward", TLX_KERNEL)}
-    kernel_ran = bool(forwards & passes) and ("backward", KERNEL) in passes
+    backwards = {("backward", TLX_KERNEL)} if on_simulator else {("backward", KERNEL), ("backward", TLX_KERNEL)}
+    kernel_ran = bool(forwards & passes) and bool(backwards & passes)
     got = dict(out=_f64(out), lse=_f64(lse))
     for name, leaf in zip(("dq", "dk", "dv"), leaves):
         got[name] = _f64(leaf.grad) if leaf.grad is not None else np.zeros(tuple(leaf.shape))

@@ -69,9 +69,9 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile, _store_dim_tile, _store_token_tile
+from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
-from jfa.kernels.triton.mx_attention import _mx_round
+from jfa.kernels.triton.mx_attention import _mx_round, dequantize
 from jfa.plans import gradient_key
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -135,12 +135,16 @@ SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 # reproducible). Each ring slot holds Q and dO twice, dequantized from their D-axis bytes (the operands of
 # S^T and dP^T) and from their query-axis bytes (of dK += dS^(queries)^T Q^(queries), dV += P^(queries)^T
 # dO^(queries)); steps of a multiple of 32 query rows, so each step's P^T and dS^T columns hold whole
-# quantization blocks. The producer loads the bytes and dequantizes them in registers, 32-row chunks at D 128,
-# so it takes more registers than the TMA producer: 256 * 208 + 128 * 96 <= 65536 at D 128.
-# Shared memory: D 64: K, V 4 x 8 KB + 3 stages x 4 x 8 KB; D 128: K, V 4 x 16 KB + 3 stages x 4 x 8 KB.
+# quantization blocks. The producer loads the bytes and dequantizes them in registers, 4 KB of bytes at a time
+# (32-row chunks at D 128), so it keeps more registers than the TMA producer: D 64 consumers 200 (producer 104),
+# D 128 216 (producer 72: 256 * 216 + 128 * 80 <= 65536, TLX keeps 8). At D 128 only with the LLVM IR left to
+# ptxas (``llvm_o0``) do both sides fit: with LLVM's optimisation, or consumers at 208, the RCEIL, fp32-gradient
+# or grouped builds spill 4-40 bytes (compile gate, 2026-12-02).
+# Shared memory: D 64: K, V 4 x 8 KB + 3 stages x (4 x 8 KB + stats) = 146 KB; D 128: K, V 4 x 16 KB + 2 stages x
+# (4 x 8 KB + stats) = 145 KB (3 stages: 193 KB, and the grouped builds' fp32 epilogue goes past 227 KB).
 _MX_CONFIGS: dict = {
     64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=200),
-    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=3, consumer_regs=208),
+    128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=2, consumer_regs=216, llvm_o0=True),
 }
 MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four byte tensors in the descriptors' places: constexpr None in the
@@ -449,13 +453,18 @@ def _rows_of(tile, r0, ROWS: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.con
 def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.constexpr, CHUNK: tl.constexpr,
               HEAD_DIM: tl.constexpr):
     """MX producer: ``tile`` (bf16 ``[ROWS, HEAD_DIM]``) = packed rows ``row0 ..`` of head ``head`` (of ``heads``) of
-    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (the forward's
-    ``_load_dim_tile``/``_store_dim_tile``; registers); rows from ``rows_valid`` on (past the sequence) are 0."""
+    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (the forward's ``_load_dim_tile``
+    and ``_store_dim_tile``'s dequantization, stored here: a call taking a slice of one buffer and a whole
+    buffer of the same shape does not compile; registers); rows from ``rows_valid`` on (past the sequence)
+    are 0."""
     NB: tl.constexpr = HEAD_DIM // 32
     for c in tl.static_range(ROWS // CHUNK):
         codes, scales = _load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
                                        head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
-        _store_dim_tile(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM), codes, scales, CHUNK, HEAD_DIM)
+        x = dequantize(tl.reshape(codes, [CHUNK, NB, 32]), scales[:, :, None])
+        tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
+                        tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
+    tlx.fence_async_shared()  # generic-proxy stores read by the consumers' wgmma (async proxy)
 
 
 @triton.jit
@@ -463,12 +472,15 @@ def _fill_tokens(tile, DATA, SCALES, row0, start, length, scale_row0, head, head
                  CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """MX producer: ``tile`` = local rows ``start ..`` (a multiple of 32) of a sequence of ``length`` rows from
     packed row ``row0``, of a token-axis MX operand (the sequence's first scale row ``scale_row0``), dequantized
-    and fenced, CHUNK rows at a time (the forward's ``_load_token_tile``/``_store_token_tile``); rows past the
-    sequence are 0."""
+    and fenced, CHUNK rows at a time (the forward's ``_load_token_tile`` and ``_store_token_tile``'s
+    dequantization); rows past the sequence are 0."""
     for c in tl.static_range(ROWS // CHUNK):
         codes, scales = _load_token_tile(DATA, SCALES, row0, start + c * CHUNK, length, scale_row0, head * HEAD_DIM,
                                          heads * HEAD_DIM, CHUNK, HEAD_DIM)
-        _store_token_tile(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM), codes, scales, CHUNK, HEAD_DIM)
+        x = dequantize(tl.reshape(codes, [CHUNK // 32, 32, HEAD_DIM]), scales[:, None, :])
+        tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
+                        tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
+    tlx.fence_async_shared()
 
 
 @triton.jit
@@ -490,7 +502,7 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                    CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M)
     SUB: tl.constexpr = TILE_N // BLOCK_M
-    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time: 4 KB of bytes (32 per thread)
+    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
     slot, _h = item_slot_head(item, num_slots, num_heads, False)
     seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
@@ -512,8 +524,10 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, TILES, False, SUB) * BLOCK_M
         buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        _fill_dim(q_tiles[buf], Q8, QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK, HEAD_DIM)
-        _fill_tokens(qt_tiles[buf], QT, QTS, q_row0, m_start, len_q, qb0, head, num_heads, BLOCK_M, CHUNK, HEAD_DIM)
+        _fill_dim(q_tiles[buf], Q8, QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK,
+                  HEAD_DIM)
+        _fill_tokens(qt_tiles[buf], QT, QTS, q_row0, m_start, len_q, qb0, head, num_heads, BLOCK_M, CHUNK,
+                     HEAD_DIM)
         _fill_dim(do_tiles[buf], DO8, DOS, out_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK,
                   HEAD_DIM)
         _fill_tokens(dot_tiles[buf], DOT_, DOTS, out_row0, m_start, len_q, ob0, head, num_heads, BLOCK_M, CHUNK,
@@ -992,7 +1006,8 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
         desc_dq=(f"tensordesc<fp32[1, {cfg.block_m}]>" if mx else
                  f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>"),
         DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
-        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32", OB_OFF="*i32",
+        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32",
+        OB_OFF="*i64" if broadcast_q else "*i32",  # (a broadcast Q's output offsets are int64)
         **{name: "*u8" for name in ("QS", "QT", "QTS", "KS", "VS", "DOS", "DOT_", "DOTS")})
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
     return jagged_dkdv_tlx_kernel, signature, constants, attrs, _launch_options()
@@ -1272,7 +1287,8 @@ def mx_dkdv_tlx(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, 
     kwargs = {**constants, **_launch_options()}
     if keep is not None:
         keep.update(args=args, kwargs=kwargs, grid=grid)
-    target.launch(jagged_dkdv_tlx_kernel, (grid,), dk.device, *args, **kwargs)
+    with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
+        target.launch(jagged_dkdv_tlx_kernel, (grid,), dk.device, *args, **kwargs)
     if group > 1:
         _sum_groups(dk, dv, dk_out, dv_out)
 

@@ -391,8 +391,8 @@ def jagged_attention(
             semantics of docs/mxfp8.md section 2 (q, k, v, P and the backward's operands quantized along
             their products' reduction axes; a straight-through backward). q, k, v may then be
             ``jfa.mx.MXTensor``s quantized beforehand (q, k ``axis="dim"``, v ``axis="tokens"`` by
-            cu_seqlens_k; forward only). The MXFP8 forward runs the TLX kernel on sm_90 (no sliding
-            window), the portable Triton kernel elsewhere; the backward the portable one.
+            cu_seqlens_k; forward only). The MXFP8 forward and backward run the TLX kernels on sm_90 (no
+            sliding window; the backward's dQ pass is portable), the portable Triton kernels elsewhere.
         backend: "auto" (the TLX Hopper kernels where they apply on an sm_90 GPU, the portable Triton
             kernel elsewhere, Triton's interpreter for CPU tensors), "tlx", "triton" or "torch" (the
             reference). ``jfa.which_kernels`` says which kernel a call gets and why.

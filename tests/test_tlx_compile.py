@@ -27,6 +27,7 @@ SUITE_TARGETS = (
     "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D128-bcastq", "tlx-dkdv-bf16-D64-bcastq[fused-dq]",
     "tlx-dkdv-bf16-D128-causal[fused-dq]", "tlx-dkdv-bf16-D128-causal-window[fused-dq]", "tlx-dkdv-bf16-D128-gqa4",
     "tlx-dkdv-bf16-D64-causal-sparse[fused-dq]", "tlx-dkdv-bf16-D128-bcastq-sparse[fused-dq]",
+    "tlx-dkdv-mxrceil-bf16-D128", "tlx-dkdv-mxfloor-fp32-D128-causal",
 )
 TARGETS = [pytest.param(t.name, id=t.name, marks=() if t.name in SUITE_TARGETS else pytest.mark.slow)
            for t in tlx_targets()]
@@ -68,7 +69,7 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     module = backward if target["kernel"] == "dkdv" else forward
     assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
-        regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq").consumer_regs
+        regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq", target["mx"]).consumer_regs
     else:
         regs = module.config_for(target["head_dim"], target["mx"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]
@@ -116,6 +117,15 @@ def test_every_mx_forward_build_is_a_target():
     mx = [t for t in tlx_targets() if t.mx]
     assert {t.head_dim for t in mx} == {64, 128} and {t.mx for t in mx} == {"floor", "rceil"}
     assert {t.dtype for t in mx} == {"bf16", "fp16", "fp32"}
+    assert any(t.causal for t in mx) and any(t.broadcast_q for t in mx) and any(t.group > 1 for t in mx)
+
+
+def test_every_mx_dkdv_build_is_a_target():
+    """The MXFP8 dK/dV builds are compiled by the gate: both head dims, both rules, causal, broadcast Q, grouped
+    heads (fp32 partials), bf16 and fp32 gradients."""
+    mx = [t for t in tlx_targets() if t.mx and t.kernel == "dkdv"]
+    assert {t.head_dim for t in mx} == {64, 128} and {t.mx for t in mx} == {"floor", "rceil"}
+    assert {t.dtype for t in mx} == {"bf16", "fp32"}
     assert any(t.causal for t in mx) and any(t.broadcast_q for t in mx) and any(t.group > 1 for t in mx)
 
 

@@ -398,3 +398,73 @@ def test_capturing_a_graph_without_trusted_offsets_says_how_to_fix_it():
     with pytest.raises(ValueError, match="JFA_TRUST_OFFSETS"):
         with torch.cuda.graph(graph):
             jfa.jagged_attention(q, k, v, cu, cu)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the TLX MXFP8 backward (MX build of the dK/dV kernel; dQ on the portable MX pass): the simulator's cases
+# (tests/test_mx_kernels.py) on the GPU, judged by bound (a) against the MX oracle's backward
+# ----------------------------------------------------------------------------------------------------
+from dataclasses import replace  # noqa: E402
+
+from test_mx_kernels import (DTYPE_NAMES as MX_DTYPE_NAMES, TLX_BACKWARD_CASES, _assert_within as _mx_within,  # noqa: E402
+                             _forward as _mx_forward, _launch_args as _mx_launch_args, _np as _mx_np,
+                             _oracle_kw as _mx_oracle_kw, _problem as _mx_problem)
+
+
+def _mx_bound_a(pb, out, lse, grads):
+    from jfa.oracle import mx_attention as mx_oracle
+    from jfa.oracle import mx_bounds
+
+    q, k, v, dout = (_mx_np(t) for t in (pb.q, pb.k, pb.v, pb.dout))
+    dlse = None if pb.dlse is None else _mx_np(pb.dlse)
+    kw = _mx_oracle_kw(pb)
+    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
+                                     out_dtype=MX_DTYPE_NAMES[pb.case.dtype], dlse=dlse, **kw)
+    want = mx_oracle.mx_backward(q, k, v, _mx_np(out), _mx_np(lse), dout, dlse=dlse, **_mx_oracle_kw(pb))
+    for name, g, w, x in zip(("dq", "dk", "dv"), grads, want, (pb.q, pb.k, pb.v)):
+        assert g.dtype == x.dtype and g.shape == x.shape, name
+        _mx_within(name, g, w, tol[name])
+
+
+@pytest.mark.parametrize("case", TLX_BACKWARD_CASES, ids=[c.name for c in TLX_BACKWARD_CASES])
+def test_tlx_mx_backward_meets_the_kernel_bound(case, monkeypatch):
+    """dq, dk, dv of the TLX MX backward within bound (a) of the MX oracle (from the portable forward's out and
+    lse), NaN-poisoned outputs; the TLX dK/dV kernel launched once, as the MX build."""
+    from jfa.kernels import alloc
+    from jfa.kernels.tlx.common import target
+
+    launches = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        launches.append((kernel.fn.__name__, kwargs.get("MX")))
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    pb = _mx_problem(case, "cuda", inputs="gauss")
+    out, lse = _mx_forward(pb)
+    with alloc.poisoned_outputs():
+        grads = tlx_backward.mx_backward_tlx(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k, dlse=pb.dlse,
+                                             **_mx_launch_args(pb))
+    torch.cuda.synchronize()
+    assert launches == [("jagged_dkdv_tlx_kernel", case.rule)], launches
+    _mx_bound_a(pb, out, lse, grads)
+
+
+@pytest.mark.parametrize("rule", ["floor", "rceil"])
+def test_the_op_runs_the_tlx_mx_backward(rule):
+    """``jagged_attention(precision="mxfp8")`` on the H200: both passes are the TLX MXFP8 kernels (recorded), as
+    ``which_kernels`` says, and the gradients meet bound (a)."""
+    case = replace(TLX_BACKWARD_CASES[1], rule=rule, dlse=False)  # causal, Lq != Lk, D 128
+    pb = _mx_problem(case, "cuda", inputs="gauss")
+    precision = "mxfp8" if rule == "floor" else "mxfp8-rceil"
+    leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
+    with recording_dispatch() as ran:
+        out, lse = jfa.jagged_attention(*leaves, pb.cu_q, pb.cu_k, causal=case.causal, softmax_scale=pb.scale,
+                                        precision=precision, return_lse=True)
+        out.backward(pb.dout)
+    torch.cuda.synchronize()
+    choice = jfa.which_kernels(pb.q, pb.k, pb.v, precision=precision)
+    assert (choice.forward, choice.backward, choice.reason) == ("tlx-hopper-mxfp8", "tlx-hopper-mxfp8", "")
+    assert [r[:2] for r in ran] == [("forward", "tlx-hopper-mxfp8"), ("backward", "tlx-hopper-mxfp8")]
+    _mx_bound_a(pb, out, lse, [leaf.grad for leaf in leaves])

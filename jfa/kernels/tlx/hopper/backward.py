@@ -48,6 +48,19 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   one masked (``jfa.kernels.bands``).
 
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
+
+MXFP8 (``MX`` builds, :func:`mx_backward_tlx`; docs/mxfp8.md section 2, the portable ``mx_dkdv_kernel``'s
+semantics): the same consumers, ring and step order without the fused dQ. Hopper has no block-scaled MMA, so
+the producer loads each operand's E4M3 bytes and E8M0 scales with 16-byte loads (rows past the sequence masked)
+and dequantizes them exactly into the bf16 MMA buffers: K and V along D, and per step Q and dO twice, along D
+(for S^T and dP^T) and along the sequence's 32-row query blocks (for dK and dV); the row statistics still come
+by TMA. The consumers MX-quantize P^T and dS^T along their columns (the queries of a step of 32 or 64 rows
+starting on a multiple of the step from the sequence's first row: whole blocks) with the portable kernels'
+``_mx_round``. dQ = dS^(keys) K^(keys) runs on the portable MX dQ pass (``mx_attention.mx_backward`` with this
+build as its ``dkdv``): the fused dQ's dS^T would need a second quantization, along keys, and a second K tile
+(K^(keys)) beside K^(dim), and its reduce-adds would make dq run-to-run nondeterministic; the pass keeps the MX
+backward bitwise reproducible. Grouped heads and broadcast Q as in the bf16 builds; no sliding windows
+(``mx_backward_supports``).
 """
 from __future__ import annotations
 

@@ -603,7 +603,8 @@ TLX_BACKWARD_CASES = [
     Case("tlx-bwd-bcastq-causal-d128", (45,), (70, 100, 0), head_dim=128, broadcast_q=True, causal=True, dlse=True,
          seed=24),
 ]
-# the CI suite's seeded runs; the others under the gate (``slow``: about 20 s each on 2 cores)
+# the CI suite's seeded runs (the D 64 tails and the D 128 causal case); the others under the gate (``slow``: 2-6 s
+# each on 2 cores, 24 s for the six)
 TLX_BACKWARD_SEEDED = ("tlx-bwd-ragged-empty-tails-d64", "tlx-bwd-causal-lq-ne-lk-d128-rceil")
 
 

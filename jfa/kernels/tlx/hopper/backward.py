@@ -82,7 +82,7 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile
+from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile, _store_dim_tile, _store_token_tile
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import _mx_round, dequantize
 from jfa.plans import gradient_key
@@ -148,15 +148,16 @@ SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 # reproducible). Each ring slot holds Q and dO twice, dequantized from their D-axis bytes (the operands of
 # S^T and dP^T) and from their query-axis bytes (of dK += dS^(queries)^T Q^(queries), dV += P^(queries)^T
 # dO^(queries)); steps of a multiple of 32 query rows, so each step's P^T and dS^T columns hold whole
-# quantization blocks. The producer loads the bytes and dequantizes them in registers, 4 KB of bytes at a time
-# (32-row chunks at D 128), so it keeps more registers than the TMA producer: D 64 consumers 200 (producer 104),
-# D 128 216 (producer 72: 256 * 216 + 128 * 80 <= 65536, TLX keeps 8). At D 128 only with the LLVM IR left to
-# ptxas (``llvm_o0``) do both sides fit: with LLVM's optimisation, or consumers at 208, the RCEIL, fp32-gradient
-# or grouped builds spill 4-40 bytes (compile gate, 2026-12-02).
+# quantization blocks. The producer loads the bytes and dequantizes them in registers (a step's four tiles, 4 KB
+# of bytes each, loaded together; K and V in 4 KB chunks), so it keeps more registers than the TMA producer:
+# D 64 consumers 200 (producer 104), D 128 216 (producer 72: 256 * 216 + 128 * 80 <= 65536, TLX keeps 8). Only
+# with the LLVM IR left to ptxas (``llvm_o0``) do both sides fit: with LLVM's optimisation the D 64 builds spill
+# 12-16 bytes, and at D 128 (or with consumers at 208) the RCEIL, fp32-gradient or grouped builds 4-40 bytes
+# (compile gate, 2026-12-02).
 # Shared memory: D 64: K, V 4 x 8 KB + 3 stages x (4 x 8 KB + stats) = 146 KB; D 128: K, V 4 x 16 KB + 2 stages x
 # (4 x 8 KB + stats) = 145 KB (3 stages: 193 KB, and the grouped builds' fp32 epilogue goes past 227 KB).
 _MX_CONFIGS: dict = {
-    64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=200),
+    64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=200, llvm_o0=True),
     128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=2, consumer_regs=216, llvm_o0=True),
 }
 MX_RULES = ("floor", "rceil")
@@ -481,22 +482,6 @@ def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.conste
 
 
 @triton.jit
-def _fill_tokens(tile, DATA, SCALES, row0, start, length, scale_row0, head, heads, ROWS: tl.constexpr,
-                 CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """MX producer: ``tile`` = local rows ``start ..`` (a multiple of 32) of a sequence of ``length`` rows from
-    packed row ``row0``, of a token-axis MX operand (the sequence's first scale row ``scale_row0``), dequantized
-    and fenced, CHUNK rows at a time (the forward's ``_load_token_tile`` and ``_store_token_tile``'s
-    dequantization); rows past the sequence are 0."""
-    for c in tl.static_range(ROWS // CHUNK):
-        codes, scales = _load_token_tile(DATA, SCALES, row0, start + c * CHUNK, length, scale_row0, head * HEAD_DIM,
-                                         heads * HEAD_DIM, CHUNK, HEAD_DIM)
-        x = dequantize(tl.reshape(codes, [CHUNK // 32, 32, HEAD_DIM]), scales[:, None, :])
-        tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
-                        tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
-    tlx.fence_async_shared()
-
-
-@triton.jit
 def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
                           DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
                           delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
@@ -506,10 +491,11 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
                           NUM_BUFFERS_QDO: tl.constexpr):
     """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
     loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
-    and dequantized into its bf16 buffer: K and V along D (S^T, dP^T); per step Q and dO along D and along
-    the sequence's 32-row query blocks (Q^(queries) of a broadcast Q: the shared q's own blocks; dO^(queries):
-    the output rows' blocks), and the row statistics by TMA on the slot's full barrier, whose expect-bytes
-    arrival follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
+    and dequantized into its bf16 buffer (the forward's ``_load_*_tile``/``_store_*_tile``): K and V along D
+    (S^T, dP^T); per step Q and dO along D and along the sequence's 32-row query blocks (Q^(queries) of a
+    broadcast Q: the shared q's own blocks; dO^(queries): the output rows' blocks), all four loaded before the
+    wait for the slot, and the row statistics by TMA on the slot's full barrier, whose expect-bytes arrival
+    follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
     OB_OFF: each sequence's first scale row). Returns the advanced qdo_cnt."""
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
@@ -533,18 +519,25 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         _fill_dim(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
         _fill_dim(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
         tlx.barrier_arrive(kv_fulls[c], 1)
+    NB: tl.constexpr = HEAD_DIM // 32
     for j in tl.range(0, num_q_tiles - first):
         m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, TILES, False, SUB) * BLOCK_M
         buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+        # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
+        # latency per step, not four
+        q_codes, q_scales = _load_dim_tile(Q8, QS, q_row0 + m_start, len_q - m_start, head * HEAD_DIM, head * NB,
+                                           num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
+        qt_codes, qt_scales = _load_token_tile(QT, QTS, q_row0, m_start, len_q, qb0, head * HEAD_DIM,
+                                               num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
+        do_codes, do_scales = _load_dim_tile(DO8, DOS, out_row0 + m_start, len_q - m_start, head * HEAD_DIM,
+                                             head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
+        dot_codes, dot_scales = _load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0, head * HEAD_DIM,
+                                                 num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        _fill_dim(q_tiles[buf], Q8, QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK,
-                  HEAD_DIM)
-        _fill_tokens(qt_tiles[buf], QT, QTS, q_row0, m_start, len_q, qb0, head, num_heads, BLOCK_M, CHUNK,
-                     HEAD_DIM)
-        _fill_dim(do_tiles[buf], DO8, DOS, out_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, CHUNK,
-                  HEAD_DIM)
-        _fill_tokens(dot_tiles[buf], DOT_, DOTS, out_row0, m_start, len_q, ob0, head, num_heads, BLOCK_M, CHUNK,
-                     HEAD_DIM)
+        _store_dim_tile(q_tiles[buf], q_codes, q_scales, BLOCK_M, HEAD_DIM)
+        _store_token_tile(qt_tiles[buf], qt_codes, qt_scales, BLOCK_M, HEAD_DIM)
+        _store_dim_tile(do_tiles[buf], do_codes, do_scales, BLOCK_M, HEAD_DIM)
+        _store_token_tile(dot_tiles[buf], dot_codes, dot_scales, BLOCK_M, HEAD_DIM)
         tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * BLOCK_M * 4)  # (the arrival: after every fenced store)
         stats_col = stats_col0 + m_start
         tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])

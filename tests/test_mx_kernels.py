@@ -659,6 +659,25 @@ def test_tlx_mx_backward_meets_the_kernel_bound_under_seeded_schedules(case, see
     _check_tlx_backward(case, device, seed)
 
 
+@pytest.mark.parametrize("case", [pytest.param(TLX_BACKWARD_CASES[0], id=TLX_BACKWARD_CASES[0].name),
+                                  pytest.param(TLX_BACKWARD_CASES[4], id=TLX_BACKWARD_CASES[4].name,
+                                               marks=pytest.mark.slow)])  # (8 s: the gate)
+def test_tlx_mx_backward_equals_the_portable_backward_on_exact_inputs(case, device):
+    """On the grid inputs (every dot exact) both kernels compute the same fp32 P and dS, so they quantize the same
+    P^ and dS^ blocks: dk and dv agree with the portable MX kernel's to fp32 accumulation noise, dq (the same
+    portable pass) bitwise."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+    pb = _problem(case, device, inputs="grid")
+    out, lse = _forward(pb)
+    tlx = _tlx_backward(pb, out, lse, _sim_schedule(None))
+    portable = _backward(pb, out, lse)
+    assert torch.equal(tlx[0], portable[0])
+    for name, x, y in zip(("dk", "dv"), tlx[1:], portable[1:]):
+        assert torch.isfinite(x).all() and x.dtype == y.dtype, name
+        assert float((x - y).abs().max()) <= 2e-6 * float(y.abs().max()), name
+
+
 def test_the_op_runs_the_tlx_mx_backward_on_the_simulator(device):
     """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_90 target: both passes are the
     TLX MXFP8 kernels (recorded where they ran: not the portable fallback), as ``which_kernels`` says, and the

@@ -26,20 +26,31 @@ class TaskSpec:
 
 
 class Cta:
-    def __init__(self, launch, index: tuple):
+    """One CTA. Alone (``cluster`` None) it owns its scheduler; in a cluster of several CTAs
+    (``jfa.sim.cluster.Cluster``) it shares the cluster's scheduler and vector-clock agents, so the tasks of
+    every CTA of the cluster interleave under one schedule, and ``rank`` is its ``cluster_cta_rank``."""
+
+    def __init__(self, launch, index: tuple, cluster=None, rank: int = 0):
         self.launch = launch
         self.index = index
         self.tracer = launch.tracer
         self.counts = launch.op_counts
-        self.sched = Scheduler(launch.schedule.policy(index), max_steps=launch.max_steps, deadline=launch.deadline,
-                               on_task_done=self._task_done, on_all_done=self._all_done,
-                               describe_state=self.describe_state)
+        self.cluster, self.rank = cluster, rank
+        self.prefix = f"cta{rank}." if cluster is not None else ""  # names of its buffers and barriers in reports
+        self.live = 0  # its tasks not finished
+        self.exited = False  # every task finished: its shared memory and barriers are gone
+        if cluster is None:
+            self.sched = Scheduler(launch.schedule.policy(index), max_steps=launch.max_steps,
+                                   deadline=launch.deadline, on_task_done=self._task_done,
+                                   on_all_done=self._all_done, describe_state=self.describe_state)
+        else:
+            self.sched = cluster.sched
         self.seeded = self.sched.policy.seeded
         self.smem = SharedMemory(self)
         self.named = NamedBarriers(self)
         self.barriers: list = []
         self.alloc_names: set = set()
-        self.agents: list = []  # agent id -> name
+        self.agents: list = cluster.agents if cluster is not None else []  # agent id -> name (cluster-wide)
         self.n_copies = 0
         self.regions_run = 0
 
@@ -96,15 +107,19 @@ class Cta:
 
     # ---- tasks ----------------------------------------------------------------------------------------
     def run(self, kernel_fn, call_args: dict) -> None:
-        agent = self.new_agent("main")
-        main = self._spawn("main", "the CTA's main body", lambda: kernel_fn(**call_args), 0,
-                           self.launch.num_warps * 32, agent)
-        self.sched.run(main)
+        self.sched.run(self.spawn_main(kernel_fn, call_args))
 
     def _spawn(self, *args):
         t = self.sched.spawn(*args)
+        t.cta = self
+        self.live += 1
         self.launch.thread_ids.add(t.thread.ident)
         return t
+
+    def spawn_main(self, kernel_fn, call_args: dict):
+        """The CTA's main body as a task (a cluster spawns every CTA's, then runs them under one scheduler)."""
+        return self._spawn(f"{self.prefix}main", "the CTA's main body", lambda: kernel_fn(**call_args), 0,
+                           self.launch.num_warps * 32, self.new_agent(f"{self.prefix}main"))
 
     def run_tasks(self, specs) -> None:
         """An async_tasks region: spawn its tasks (forked from the current one) and wait for them all."""
@@ -119,14 +134,17 @@ class Cta:
                 name = base if spec.replicate <= 1 else f"{base}[{r}]"
                 if self.regions_run > 1:
                     name = f"r{self.regions_run}.{name}"
+                name = self.prefix + name
                 label = f"async_task at line {spec.line}" + (f", replica {r}" if spec.replicate > 1 else "")
                 t = self._spawn(name, label, spec.fn, r, warps * 32, self.new_agent(name))
                 t.acquire(fork)
                 spawned.append(t)
         self.trace(parent, "async_tasks", ", ".join(t.name for t in spawned), source.capture(2))
+        parent.parked = True
         self.sched.block(lambda: all(t.state == DONE for t in spawned),
                          lambda: "waits for its async tasks to finish: "
                                  + ", ".join(t.name for t in spawned if t.state != DONE), source.capture(2))
+        parent.parked = False
         for t in spawned:
             parent.acquire(t.vc)
 
@@ -140,16 +158,20 @@ class Cta:
                                    f"(no async_descriptor_store_wait(0) before its end; the last issued at "
                                    f"{pending[-1].site.short()})")
         self.trace(task, "end", "", None)
+        if self.cluster is not None:
+            self.live -= 1
+            if self.live == 0:
+                self.cluster.cta_exit(self)
 
     def _all_done(self) -> None:
-        loads = [op for op in self.sched.inflight if op.kind == "TMA load"]
+        loads = [op for op in self.sched.inflight if op.kind == "TMA load" and op.cta is self]
         if loads:
             raise ProtocolError(
                 f"the CTA finished with {len(loads)} TMA load(s) still in flight: nothing waited for them, and they "
                 "would land in shared memory after the CTA has gone",
                 site=loads[0].site, sections=[("loads in flight", [op.describe_full() for op in loads])],
                 hint="every TMA load's barrier phase must be waited for before the CTA ends")
-        cancels = [op for op in self.sched.inflight if op.kind == "CLC try_cancel"]
+        cancels = [op for op in self.sched.inflight if op.kind == "CLC try_cancel" and op.cta is self]
         if cancels:  # the CTA it may cancel never starts, and nobody would work its tile
             raise ProtocolError(
                 f"the CTA finished with {len(cancels)} CLC try_cancel(s) still in flight: nobody reads the answer, "
@@ -163,9 +185,14 @@ class Cta:
         out, seen = [], set()
         inflight_bars = {id(op.barrier) for op in self.sched.inflight if hasattr(op, "barrier")}
         for t in self.sched.tasks:
-            if t.state != BLOCKED or t.wait is None or t.wait.on is None:
+            if t.cta is not self or t.state != BLOCKED or t.wait is None or t.wait.on is None:
                 continue
             on = t.wait.on
+            if on[0] == "cluster":
+                if ("cluster",) not in seen:
+                    seen.add(("cluster",))
+                    out.append(self.cluster.diagnose_barrier())
+                continue
             if on[0] == "named":
                 nb = self.named.bars.get(on[1])
                 if nb is not None and ("named", on[1]) not in seen:
@@ -199,6 +226,8 @@ class Cta:
         sections = []
         lines = []
         for t in self.sched.tasks:
+            if t.cta is not self:
+                continue
             head = f"{t.name:<12} ({t.label}, {t.num_threads} threads): {t.state}"
             lines.append(head)
             if t.state == BLOCKED and t.wait is not None:

@@ -25,10 +25,13 @@ class Dispatch:
     """The CTAs of one launch's grid, by state: started (waiting for their turn on the simulator), not yet
     started, and cancelled (claimed by a try_cancel: never started)."""
 
-    def __init__(self, grid3: tuple, sm_count: int, rng: Optional[random.Random], early_start_prob: float):
+    def __init__(self, grid3: tuple, sm_count: int, rng: Optional[random.Random], early_start_prob: float,
+                 cluster: int = 1):
         gx, gy, gz = grid3
         self.grid3 = grid3
-        self.waiting = deque((x, y, z) for x in range(gx) for y in range(gy) for z in range(gz))
+        self.cluster = cluster  # clusters start as units: the first CTA's index stands for its cluster
+        self.waiting = deque((x, y, z) for x in range(0, gx, cluster) for y in range(gy) for z in range(gz))
+        sm_count = max(1, sm_count // cluster)
         self.started: deque = deque()
         self.cancelled: list = []  # x coordinates, in the order they were claimed
         self.rng, self.early_start_prob = rng, early_start_prob
@@ -47,6 +50,8 @@ class Dispatch:
     def try_cancel(self) -> int:
         """Answer one try_cancel: claim the first CTA that has not started and return its x coordinate (it will
         never start), or -1 when none is left. Under a seeded schedule, waiting CTAs may start first."""
+        if self.cluster != 1:
+            raise UnsupportedError("cluster launch control on a launch of multi-CTA clusters is not simulated")
         if self.grid3[1] * self.grid3[2] != 1:
             raise UnsupportedError("cluster launch control on a grid of more than one dimension is not simulated")
         while self.rng is not None and self.waiting and self.rng.random() < self.early_start_prob:

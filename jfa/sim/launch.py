@@ -31,6 +31,7 @@ from triton.runtime import interpreter as _interp
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import rewrite, runtime, source
+from .cluster import Cluster
 from .cta import Cta
 from .dispatch import Dispatch
 from .errors import KernelError, ProtocolError, SimError, UnsupportedError
@@ -247,7 +248,8 @@ class Launch:
         self.deadline = 0.0
         self.op_counts: dict = {}
         self.warnings: list = []
-        self.cta: Optional[Cta] = None
+        self.cta: Optional[Cta] = None  # the CTA whose task runs now (a cluster switches it with its tasks)
+        self.cluster_size = 1
         self.thread_ids: set = set()
         self.num_warps = 4
         self._descs: dict = {}
@@ -294,10 +296,10 @@ class Launch:
         kwargs = dict(kwargs)
         self.num_warps = int(kwargs.pop("num_warps", 4) or 4)
         num_ctas = int(kwargs.pop("num_ctas", 1) or 1)
+        ctas_per_cga = kwargs.pop("ctas_per_cga", None)
         for opt in _LAUNCH_OPTIONS:
             kwargs.pop(opt, None)
-        if num_ctas != 1:
-            raise UnsupportedError(f"num_ctas={num_ctas}: clusters are not simulated yet (one CTA per cluster only)")
+        cluster = _cluster_size(num_ctas, ctas_per_cga)
         sig = inspect.signature(fn)
         unknown = [k for k in kwargs if k not in sig.parameters]
         if unknown:
@@ -328,6 +330,13 @@ class Launch:
         if not 1 <= len(g) <= 3:
             raise ValueError(f"grid must have 1 to 3 dimensions, got {g}")
         g3 = g + (1,) * (3 - len(g))
+        if num_ctas > 1:  # upstream's convention: the grid counts clusters
+            g3 = (g3[0] * num_ctas,) + g3[1:]
+            g = (g3[0],) + tuple(g[1:])
+        if g3[0] % cluster:
+            raise ProtocolError(f"grid {g}: with clusters of {cluster} CTAs (ctas_per_cga) the grid's x must be a whole "
+                                "number of clusters")
+        self.cluster_size = cluster
         rfn = rewrite.rewritten(fn)
 
         steps, switches, copies, ctas = [], 0, 0, 0
@@ -342,20 +351,27 @@ class Launch:
                 runtime.ACTIVE = self
                 _interp.interpreter_builder.set_grid_dim(*g3)
                 self.dispatch = Dispatch(g3, self.sm_count, self.schedule.dispatch_rng(),
-                                         self.schedule.land_prob)
+                                         self.schedule.land_prob, cluster=cluster)
                 while (index := self.dispatch.next_cta()) is not None:
                     _interp.interpreter_builder.set_grid_idx(*index)
-                    cta = self.cta = Cta(self, index)
+                    if cluster == 1:
+                        cta = self.cta = Cta(self, index)
+                        unit, n = cta, 1
+                    else:
+                        unit = Cluster(self, [(index[0] + r,) + index[1:] for r in range(cluster)])
+                        cta = self.cta = unit.ctas[0]
+                        n = cluster
                     try:
-                        cta.run(rfn, call_args)
+                        unit.run(rfn, call_args)
                     except BaseException as exc:  # noqa: BLE001
-                        raise self._annotate(exc, cta, g) from None
+                        failing = unit.sched.error_task.cta if unit.sched.error_task is not None else cta
+                        raise self._annotate(exc, failing or cta, g) from None
                     finally:
                         self.thread_ids.clear()
-                    ctas += 1
-                    steps.append(cta.sched.steps)
-                    switches += cta.sched.switches
-                    copies += cta.sched.landed
+                    ctas += n
+                    steps.append(unit.sched.steps)
+                    switches += unit.sched.switches
+                    copies += unit.sched.landed
                     self.dispatch.cta_done()
             finally:
                 runtime.ACTIVE = None
@@ -489,6 +505,24 @@ class _AsmCall:
 
     def get_result(self, i):
         return self.results[i]
+
+
+def _cluster_size(num_ctas: int, ctas_per_cga) -> int:
+    """The CTAs per cluster a launch asks for: uTLX's ``ctas_per_cga=(N, 1, 1)`` or upstream's ``num_ctas=N``."""
+    n = 1
+    if ctas_per_cga is not None:
+        dims = tuple(int(d) for d in ctas_per_cga)
+        if len(dims) != 3 or dims[1] != 1 or dims[2] != 1 or dims[0] < 1:
+            raise ProtocolError(f"ctas_per_cga={ctas_per_cga!r}: uTLX launches clusters of (N, 1, 1) only")
+        if num_ctas != 1 and dims[0] != 1:
+            raise ProtocolError("num_ctas and ctas_per_cga name the same cluster with opposite grid conventions: "
+                                "give one of them")
+        n = dims[0]
+    if num_ctas != 1:
+        n = num_ctas
+    if not 1 <= n <= 16:
+        raise ProtocolError(f"a cluster of {n} CTAs: 1 to 16 (8 portable)")
+    return n
 
 
 def launch(kernel, grid, *args, schedule: Schedule = None, trace=False, arch=(9, 0), max_steps=DEFAULT_MAX_STEPS,

@@ -161,6 +161,8 @@ class Task:
         self.state = NEW
         self.wait: Optional[Wait] = None
         self.agent = agent  # vector-clock agent id
+        self.cta = None  # the CTA it belongs to (set by the CTA that spawns it)
+        self.parked = False  # waiting in an async_tasks region for its tasks (they stand for its threads)
         self.vc = {agent: 1}
         self.dots: list = []  # issued wgmma groups not yet retired (oldest first)
         self.stores: list = []  # issued TMA stores not yet waited for (oldest first)
@@ -206,7 +208,7 @@ class Scheduler:
     """Runs the tasks of one CTA, one at a time, as the policy says."""
 
     def __init__(self, policy: _Policy, *, max_steps: int, deadline: float, on_task_done=None,
-                 on_all_done=None, describe_state=None):
+                 on_all_done=None, describe_state=None, on_switch=None):
         self.policy = policy
         self.max_steps = max_steps
         self.deadline = deadline
@@ -224,6 +226,7 @@ class Scheduler:
         self.on_task_done = on_task_done  # hook(task): checks at a task's end (may raise)
         self.on_all_done = on_all_done  # hook(): checks when every task has finished (may raise)
         self.describe_state = describe_state  # () -> list of sections, for deadlock/step-limit reports
+        self.on_switch = on_switch  # hook(task): the task about to run (a cluster's CTAs share one scheduler)
         self.live = 0  # tasks not finished
         self._end_checked = False
 
@@ -317,6 +320,8 @@ class Scheduler:
                 return
             self.switches += 1
             self.current = choice
+            if self.on_switch is not None:
+                self.on_switch(choice)
             choice.state = RUNNING
             choice.go.release()
             if cur.state == DONE:
@@ -349,6 +354,8 @@ class Scheduler:
     def run(self, main: Task) -> None:
         """Hand the baton to ``main`` and wait until every task has finished or something failed."""
         self.current = main
+        if self.on_switch is not None:
+            self.on_switch(main)
         main.state = RUNNING
         main.go.release()
         timed_out = False

@@ -103,7 +103,10 @@ class MBarrier:
 
     def complete_tx(self, cta, copy, nbytes: int) -> None:
         """A copy of ``nbytes`` landed on this barrier (its own agent releases into it)."""
-        if nbytes > self.tx:
+        # a partner CTA's copy (multicast, 2-CTA) may land before this CTA's expect_tx: the tx-count is signed,
+        # and the phase cannot complete while the expect's own arrival is still pending
+        early = getattr(copy.task, "cta", None) is not self.array.cta and self.pending > 0
+        if nbytes > self.tx and not early:
             raise ProtocolError(
                 f"tx-count underflow on {self.name}: {copy.describe()} delivers {nbytes} bytes but only {self.tx} "
                 f"are expected ({self.state()})",

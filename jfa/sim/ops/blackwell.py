@@ -96,16 +96,21 @@ class Tcgen05Mma(AsyncOp):
 
     kind = "tcgen05 MMA"
     __slots__ = ("cta", "task", "a", "b", "acc", "use_acc", "barriers", "site", "vc", "seq", "prev", "landed",
-                 "reads", "box", "barrier", "scales")
+                 "reads", "box", "barrier", "scales", "peer", "peer_a", "peer_b", "peer_acc")
 
     def __init__(self, cta, task, a, b, acc, use_acc, barriers, site, vc, seq, prev):
         self.cta, self.task, self.a, self.b, self.acc, self.use_acc = cta, task, a, b, acc, use_acc
         self.barriers, self.site, self.vc, self.seq, self.prev = barriers, site, vc, seq, prev
         self.landed, self.reads, self.box, self.scales = False, [], acc.box, None
         self.barrier = barriers[0] if barriers else _Uncommitted()  # what a reader must wait on (hints)
+        self.peer = self.peer_a = self.peer_b = self.peer_acc = None  # a 2-CTA MMA's partner CTA and its views
 
     def describe(self) -> str:
-        return f"tcgen05 MMA #{self.seq} into {self.acc.name()}"
+        pair = f" (2-CTA, with CTA {self.peer.rank}'s {self.peer_acc.name()})" if self.peer is not None else ""
+        return f"tcgen05 MMA #{self.seq} into {self.acc.name()}{pair}"
+
+    def touches(self):
+        return (self.cta,) if self.peer is None else (self.cta, self.peer)
 
     def describe_full(self) -> str:
         on = ", ".join(b.name for b in self.barriers) or "no barrier (tcgen05_commit)"
@@ -131,6 +136,8 @@ class Tcgen05Mma(AsyncOp):
         cta, task = self.cta, self.task
         a = to_f32(np.array(self.a.read()), self.a.dtype)
         b = to_f32(np.array(self.b.read()), self.b.dtype)
+        if self.peer is not None:  # cta_group::2: B is the pair's two halves of N side by side
+            b = np.concatenate([b, to_f32(np.array(self.peer_b.read()), self.peer_b.dtype)], axis=1)
         if self.scales is not None:  # block-scaled: one E8M0 scale per 32 elements along K, per row / column
             sa, sb = (e8m0_to_f32(np.array(v.read())) for v in self.scales)
             a = a * np.repeat(sa, 32, axis=1)
@@ -147,6 +154,14 @@ class Tcgen05Mma(AsyncOp):
         rec = cta.smem.write(self.acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
                              "tcgen05 MMA", self.site, landing=self)
         self.acc.write(out.astype(np.float32))
+        if self.peer is not None:  # the partner's rows of A times the same B, into its own accumulator
+            out_p = _matmul(to_f32(np.array(self.peer_a.read()), self.peer_a.dtype), b)
+            if self.use_acc:
+                out_p = out_p + to_f32(np.array(self.peer_acc.read()), self.peer_acc.dtype)
+            self.peer_acc.alloc.shadows[self.peer_acc.index].loads.remove(self)
+            self.peer.smem.write(self.peer_acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
+                                 "tcgen05 MMA", self.site, landing=self)
+            self.peer_acc.write(out_p.astype(np.float32))
         for r in self.reads:  # its operand reads end now: ordered before whatever waits for the arrival
             r.inflight, r.agent, r.clock = None, agent, clock
         for bar in self.barriers:
@@ -201,14 +216,18 @@ class Tcgen05Commit(AsyncOp):
     """tcgen05.commit: one arrival on ``barrier`` once every MMA issued before it (by its task) has landed."""
 
     kind = "tcgen05 commit"
-    __slots__ = ("cta", "task", "barrier", "last", "site", "vc", "landed")
+    __slots__ = ("cta", "task", "barrier", "barriers", "last", "site", "vc", "landed")
 
-    def __init__(self, cta, task, barrier, last, site, vc):
+    def __init__(self, cta, task, barrier, last, site, vc, barriers=None):
         self.cta, self.task, self.barrier, self.last, self.site, self.vc = cta, task, barrier, last, site, vc
+        self.barriers = barriers or [barrier]  # a 2-CTA commit multicasts to the pair's barriers at one offset
         self.landed = False
 
     def describe(self) -> str:
-        return f"tcgen05_commit on {self.barrier.name} by {self.task.name}"
+        return f"tcgen05_commit on {', '.join(b.name for b in self.barriers)} by {self.task.name}"
+
+    def touches(self):
+        return tuple(b.array.cta for b in self.barriers)
 
     def land(self) -> None:
         if self.last is not None and not self.last.landed:
@@ -217,7 +236,8 @@ class Tcgen05Commit(AsyncOp):
         vc = dict(self.vc)
         if self.last is not None:
             vc[_mma_agent(self.cta)] = getattr(self.cta, "tcgen05_clock", 0)
-        _arrive_async(self.cta, self.barrier, vc, self.describe(), self.site)
+        for bar in self.barriers:
+            _arrive_async(self.cta, bar, vc, self.describe(), self.site)
 
 
 def _mma_agent(cta) -> int:
@@ -254,8 +274,10 @@ def _smem_or_tmem(cta, x, which, task, op, site, tmem_ok):
 def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
     site = source.capture(3)
     task = cta.task
-    if unwrap(two_ctas):
-        raise UnsupportedError(f"{what}(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
+    two = bool(unwrap(two_ctas))
+    if two and scales is not None:
+        raise UnsupportedError(f"{what}(two_ctas=True): block-scaled 2-CTA MMA is not simulated (Triton's lowering "
+                               "asserts it away too)", site=site)
     if acc is None or isinstance(acc, tl.tensor):
         raise ProtocolError(f"{what} on Blackwell needs acc: a tensor memory accumulator (tcgen05 writes TMEM; "
                             f"got {'none' if acc is None else 'a register tensor, as wgmma (Hopper) takes'})",
@@ -268,6 +290,13 @@ def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
         cta.trace(task, what, f"tcgen05 MMA into {acc_view.name()} (pred false: skipped)", site)
         return acc
     bars = [cta.barrier(b, site, f"{what} mBarriers") for b in (unwrap(mBarriers) or [])]
+    peer = None
+    if two:
+        peer = _pair_call(cta, task, site, what)
+        if peer is None:  # the odd CTA: its leader issues the MMA for both (the lowering predicates it off here)
+            cta.trace(task, what, f"2-CTA MMA into {acc_view.name()}: issued by CTA {cta.rank - 1} for the pair", site)
+            return acc
+        bars = bars + [cta.cluster.peer_barrier(b, peer, f"{what}(two_ctas=True) mBarriers", site) for b in bars]
     cta.n_tcgen05 = seq = getattr(cta, "n_tcgen05", 0) + 1
     last = getattr(task, "last_tcgen05", None)
     op = Tcgen05Mma(cta, task, None, None, acc_view, True if use_acc is None else as_bool(use_acc), bars, site,
@@ -275,9 +304,16 @@ def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
     op.a = _smem_or_tmem(cta, A, "A", task, op, site, True)
     op.b = _smem_or_tmem(cta, B, "B", task, op, site, False)
     (m, k), (k2, n) = op.a.shape, op.b.shape
+    if peer is not None:  # each CTA holds its M rows of A, its half of B's N columns, its M rows of the result
+        cl = cta.cluster
+        op.peer = peer
+        op.peer_a = _peer_operand(cl, peer, op.a, "A", task, op, site)
+        op.peer_b = _peer_operand(cl, peer, op.b, "B", task, op, site)
+        op.peer_acc = cl.peer_view(acc_view, peer, f"{what}(two_ctas=True) acc", site)
+        n = 2 * n
     if k != k2 or list(acc_view.shape) != [m, n]:
-        raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]} into {list(acc_view.shape)} do not chain",
-                            site=site)
+        raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]}{' (B: the pair' + chr(39) + 's halves)' if peer else ''} "
+                            f"into {list(acc_view.shape)} do not chain", site=site)
     if m not in (64, 128) or k < 16 or n < 8 or n > 256:
         raise ProtocolError(f"{what} of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, N 8..256",
                             site=site)
@@ -292,6 +328,8 @@ def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
                                     f"per 32 elements along K), got {v.dtype}{list(v.shape)}", site=site)
         op.scales = views
     acc_view.alloc.shadows[acc_view.index].loads.append(op)
+    if peer is not None:
+        op.peer_acc.alloc.shadows[op.peer_acc.index].loads.append(op)
     task.last_tcgen05 = op
     cta.sched.inflight.append(op)
     cta.trace(task, what, f"tcgen05 MMA #{seq} [{m}x{k}]x[{k}x{n}] {op.a.name()} x {op.b.name()} -> "
@@ -324,14 +362,44 @@ def async_dot_scaled(cta, A, B, acc, A_scale, A_format, B_scale, B_format, use_a
     return _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, (A_scale, B_scale), "async_dot_scaled")
 
 
+def _pair_call(cta, task, site, what):
+    """A 2-CTA op called by ``cta``: its partner CTA when ``cta`` is the pair's leader (the even CTA issues for
+    both: TLX's lowering predicates the op on ``cluster_cta_rank % 2 == 0``), None when it is the odd CTA. Each
+    call is counted per pair and task: at the cluster's end both CTAs must have called it as often."""
+    cl = cta.cluster
+    if cl is None or cl.size % 2:
+        raise ProtocolError(f"{what}(two_ctas=True) needs a launch in clusters of an even number of CTAs "
+                            f"(ctas_per_cga=(2, 1, 1)); this one has {cl.size if cl else 1}", site=site)
+    key = (cta.rank & ~1, task.name[len(cta.prefix):], what)
+    counts = cl.pair_calls.setdefault(key, [0, 0])
+    counts[cta.rank & 1] += 1
+    if cta.rank & 1:
+        return None
+    return cl.cta_of_rank(cta, cta.rank + 1, f"{what}(two_ctas=True)", site)
+
+
+def _peer_operand(cl, peer, view, which, task, op, site):
+    """The partner's operand of a 2-CTA MMA (the same buffer in its shared or tensor memory), read in flight."""
+    pv = cl.peer_view(view, peer, f"2-CTA MMA operand {which}", site)
+    _sh, rec = peer.smem.read(pv, task, f"tcgen05 MMA operand {which} (2-CTA, CTA {peer.rank}'s half)", site,
+                              async_proxy=not _in_tmem(pv), inflight=op)
+    op.reads.append(rec)
+    return pv
+
+
 @BLACKWELL.op()
 def tcgen05_commit(cta, mBarrier, two_ctas=False):
     site = source.capture(2)
     task = cta.task
-    if unwrap(two_ctas):
-        raise UnsupportedError("tcgen05_commit(two_ctas=True): 2-CTA MMA is not simulated yet", site=site)
     bar = cta.barrier(mBarrier, site, "tcgen05_commit")
-    commit = Tcgen05Commit(cta, task, bar, getattr(task, "last_tcgen05", None), site, task.release())
+    bars = None
+    if unwrap(two_ctas):  # the leader commits for the pair: one arrival on both CTAs' barriers at bar's offset
+        peer = _pair_call(cta, task, site, "tcgen05_commit")
+        if peer is None:
+            cta.trace(task, "tcgen05_commit", f"{bar.name}: committed by CTA {cta.rank - 1} for the pair", site)
+            return mBarrier
+        bars = [bar, cta.cluster.peer_barrier(bar, peer, "tcgen05_commit(two_ctas=True)", site)]
+    commit = Tcgen05Commit(cta, task, bar, getattr(task, "last_tcgen05", None), site, task.release(), bars)
     cta.sched.inflight.append(commit)
     cta.trace(task, "tcgen05_commit", f"{bar.name} after the MMAs issued so far", site)
     return mBarrier

@@ -37,7 +37,7 @@ def _alloc_name(cta, site, kind: str) -> str:
         name = f"{base}#{k}"
         k += 1
     cta.alloc_names.add(name)
-    return name
+    return cta.prefix + name
 
 
 def _data(t, what, site):
@@ -180,20 +180,87 @@ def barrier_expect_bytes(cta, bar, size, pred=None):
     cta.trace(cta.task, "barrier_expect_bytes", f"{b.name} +{n} bytes -> {b.state()}", site)
 
 
+def remote_barrier(cta, b, rank, site, what):
+    """``b`` at the same offset in CTA ``rank`` of the cluster (``mapa.shared::cluster``)."""
+    rank = as_int(rank, "remote_cta_rank")
+    if cta.cluster is None:
+        if rank != 0:
+            raise ProtocolError(f"{what}: CTA rank {rank} of a launch without clusters (every CTA is rank 0 of its "
+                                "own cluster of one)", site=site)
+        return b
+    other = cta.cluster.cta_of_rank(cta, rank, what, site)
+    return cta.cluster.peer_barrier(b, other, what, site)
+
+
+def check_alive(cta, b, site, what):
+    """A barrier of an exited CTA of the cluster is gone."""
+    owner = b.array.cta
+    if owner is not cta and getattr(owner, "exited", False):
+        raise ProtocolError(f"{what} uses {b.name} of CTA {owner.rank}, which has exited", site=site)
+
+
 @CORE.op()
 def barrier_arrive(cta, bar, arrive_count=1, remote_cta_rank=None):
     site = source.capture(2)
     b = cta.barrier(bar, site, "barrier_arrive")
     if remote_cta_rank is not None:
-        raise UnsupportedError("barrier_arrive(remote_cta_rank=...): clusters are not simulated yet", site=site)
+        b = remote_barrier(cta, b, remote_cta_rank, site, "barrier_arrive(remote_cta_rank=...)")
+    check_alive(cta, b, site, "barrier_arrive")
     b.arrive(cta, cta.task, as_int(arrive_count, "arrive_count"), site)
     cta.trace(cta.task, "barrier_arrive", f"{b.name} -> {b.state()}", site)
+
+
+@CORE.op(sync=False)
+def remote_view(cta, local_allocated_buffer, remote_cta_rank):
+    """The partner CTA's mbarrier at this one's offset (TLX's remote_view takes mbarriers only)."""
+    site = source.capture(2)
+    if isinstance(local_allocated_buffer, View):
+        raise UnsupportedError("remote_view of a data buffer: TLX maps mbarriers only (remote_shmem_store writes a "
+                               "partner's buffer)", site=site)
+    b = cta.barrier(local_allocated_buffer, site, "remote_view")
+    return remote_barrier(cta, b, remote_cta_rank, site, "remote_view")
+
+
+@CORE.op()
+def cluster_barrier(cta):
+    site = source.capture(2)
+    if cta.cluster is None:  # a cluster of one: barrier.cluster is a CTA-wide barrier
+        raise UnsupportedError("cluster_barrier on a launch without clusters (ctas_per_cga): TLX's compiler refuses "
+                               "it (it requires ttg.num-ctas > 1)", site=site)
+    cta.cluster.barrier(cta, site)
+
+
+@CORE.op()
+def remote_shmem_store(cta, dst, src, remote_cta_rank):
+    """st.shared::cluster: a generic-proxy store into the partner CTA's buffer at ``dst``'s offset."""
+    site = source.capture(2)
+    task = cta.task
+    view = cta.view(dst, site, "remote_shmem_store")
+    rank = as_int(remote_cta_rank, "remote_cta_rank")
+    other = cta if cta.cluster is None and rank == 0 else None
+    if other is None:
+        if cta.cluster is None:
+            raise ProtocolError(f"remote_shmem_store: CTA rank {rank} of a launch without clusters", site=site)
+        other = cta.cluster.cta_of_rank(cta, rank, "remote_shmem_store", site)
+        view = cta.cluster.peer_view(view, other, "remote_shmem_store", site)
+    data = _data(src, "remote_shmem_store", site)
+    shape = list(src.shape) if src.type.is_block() else [1]
+    if src.dtype.scalar != view.dtype or shape != view.shape:
+        raise ProtocolError(f"remote_shmem_store of a {src.dtype.scalar}{shape} tensor into {view.name()} "
+                            f"({view.dtype}{view.shape})", site=site)
+    other.smem.write(view, task.agent, task.vc, task.vc[task.agent], f"remote_shmem_store by {task.name}",
+                     "remote_shmem_store", site, generic=True)
+    view.write(np.broadcast_to(data, view.shape))
+    cta.trace(task, "remote_shmem_store", f"{view.name()} (CTA {other.rank})", site)
 
 
 @CORE.op()
 def barrier_wait(cta, bar, phase, pred=None):
     site = source.capture(2)
     b = cta.barrier(bar, site, "barrier_wait")
+    if b.array.cta is not cta:
+        raise ProtocolError(f"barrier_wait on {b.name}, a barrier of CTA {b.array.cta.rank}: a CTA waits only on its "
+                            "own mbarriers (TLX refuses barrier_wait on a remote_view)", site=site)
     if pred is not None and not as_bool(pred):
         cta.trace(cta.task, "barrier_wait", f"{b.name} (pred false: skipped)", site)
         return
@@ -248,6 +315,10 @@ class TmaLoad(AsyncOp):
 
     def describe(self) -> str:
         return f"TMA load #{self.seq} of {self.desc.name}{self.offsets} into {self.view.name()}"
+
+    def touches(self):
+        """The CTAs whose memory it writes (its buffer's, its barrier's)."""
+        return (self.cta, self.barrier.array.cta)
 
     def describe_full(self) -> str:
         return (f"{self.describe()}, completing on {self.barrier.name}, issued by {self.task.name} at "
@@ -327,9 +398,8 @@ def async_descriptor_load(cta, desc, result, offsets, barrier, pred=None, cache_
                           multicast_targets=None, two_ctas=False):
     site = source.capture(2)
     task = cta.task
-    if multicast_targets or unwrap(two_ctas):
-        raise UnsupportedError("async_descriptor_load with multicast / two_ctas: clusters are not simulated yet",
-                               site=site)
+    targets = [as_int(r, "multicast target") for r in (unwrap(multicast_targets) or [])]
+    two = bool(unwrap(two_ctas))
     d = cta.descriptor(desc, site)
     view = cta.view(result, site, "async_descriptor_load")
     bar = cta.barrier(barrier, site, "async_descriptor_load")
@@ -340,12 +410,47 @@ def async_descriptor_load(cta, desc, result, offsets, barrier, pred=None, cache_
     _tma_check(cta, d, view, offs, "TMA load", site)
     view.check_index(site, "TMA load")
     d.check_box(offs, "TMA load", site)  # bounds checked at issue; the data is read when it lands
-    cta.n_copies += 1
-    copy = TmaLoad(cta, task, d, offs, view, bar, site, task.release(), cta.n_copies)
-    view.alloc.shadows[view.index].loads.append(copy)
-    cta.sched.inflight.append(copy)
-    cta.trace(task, "async_descriptor_load", f"#{copy.seq} {d.name}{offs} -> {view.name()} on {bar.name} "
-                                             f"({d.box_bytes} bytes)", site)
+    dests = [(cta, view, bar)]
+    if targets or two:
+        dests = _cluster_destinations(cta, view, bar, targets, two, site)
+    vc = task.release()
+    for dcta, dview, dbar in dests:
+        check_alive(cta, dbar, site, "async_descriptor_load")
+        cta.n_copies += 1
+        copy = TmaLoad(dcta, task, d, offs, dview, dbar, site, vc, cta.n_copies)
+        dview.alloc.shadows[dview.index].loads.append(copy)
+        cta.sched.inflight.append(copy)
+        cta.trace(task, "async_descriptor_load", f"#{copy.seq} {d.name}{offs} -> {dview.name()} on {dbar.name} "
+                                                 f"({d.box_bytes} bytes)", site)
+
+
+def _cluster_destinations(cta, view, bar, targets, two, site):
+    """Where a multicast / 2-CTA TMA load lands. ``multicast_targets`` (``.multicast::cluster``): the box lands in
+    every target CTA's buffer at ``view``'s offset and completes its bytes on that CTA's barrier at ``bar``'s
+    offset. ``two_ctas`` (``.cta_group::2``): the box lands in the issuer's buffer and completes on the barrier of
+    the pair's leader (the even CTA), as TLX maps it (``remote_view(bar, rank & ~1)``)."""
+    cl = cta.cluster
+    if cl is None:
+        if two or any(r != 0 for r in targets):
+            raise ProtocolError("async_descriptor_load with multicast_targets / two_ctas on a launch without "
+                                "clusters (ctas_per_cga)", site=site)
+        return [(cta, view, bar)]
+    if two:
+        if targets:
+            raise UnsupportedError("async_descriptor_load with both multicast_targets and two_ctas", site=site)
+        if cl.size % 2:
+            raise ProtocolError(f"async_descriptor_load(two_ctas=True) in a cluster of {cl.size} CTAs: CTA pairs "
+                                "need an even cluster size", site=site)
+        leader = cl.cta_of_rank(cta, cta.rank & ~1, "async_descriptor_load(two_ctas=True)", site)
+        return [(cta, view, cl.peer_barrier(bar, leader, "async_descriptor_load(two_ctas=True)", site))]
+    if len(set(targets)) != len(targets):
+        raise ProtocolError(f"async_descriptor_load: multicast_targets {targets} name a CTA twice", site=site)
+    out = []
+    for r in targets:
+        other = cl.cta_of_rank(cta, r, "async_descriptor_load(multicast_targets=...)", site)
+        out.append((other, cl.peer_view(view, other, "multicast TMA load", site),
+                    cl.peer_barrier(bar, other, "multicast TMA load", site)))
+    return out
 
 
 @CORE.op()
@@ -417,12 +522,12 @@ def size_of(cta, dtype):
 
 @CORE.op(sync=False)
 def cluster_cta_rank(cta):
-    return scalar_tensor(0)  # a cluster of one CTA (clusters are not simulated)
+    return scalar_tensor(cta.rank)  # x % cluster size (0 without clusters)
 
 
 @CORE.op(sync=False)
 def cluster_size_1d(cta):
-    return scalar_tensor(1)
+    return scalar_tensor(cta.cluster.size if cta.cluster is not None else 1)
 
 
 @CORE.op(sync=False)

@@ -42,7 +42,7 @@ query head, summed by the launcher), no sliding window (``supports``: the forwar
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -75,6 +75,12 @@ class BlackwellDkDvConfig:
     dq_stages: int  # fp32 shared-memory stages of dq_columns each (> 1: a stage's stores overlap the last send)
     compute_regs: int  # setmaxnreg of the compute warpgroup (S^T and dP^T: block_m fp32 a thread each)
     epilogue_slices: int  # column slices the dK/dV epilogue moves out of tensor memory
+    # a cluster of two CTAs per work item (``cta_pair``): CTA r of the pair works key tile r of a pair of adjacent
+    # key tiles over the same query steps, and dK += dS^T Q, dV += P^T dO are 2-CTA MMAs (tcgen05 cta_group::2:
+    # the even CTA issues them for both; B is split along N = the head dim, each CTA's half at the same
+    # shared-memory offset, so the odd CTA keeps Q, dO, K and V with the two halves of the head dim swapped:
+    # S^T and dP^T contract over the head dim, which a consistent permutation leaves unchanged)
+    cta_pair: bool = False
     # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0), as the forward's: LLVM hoists the CTA's and
     # the lanes' indices ahead of every partition's setmaxnreg
     llvm_o0: bool = True
@@ -102,10 +108,15 @@ _CONFIGS: dict[int, BlackwellDkDvConfig] = {
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 CAPABILITY = (10, 0)
+# the 2-CTA build: per CTA the same tiles, buffers and registers as the 1-CTA rows (S^T = K Q^T and dP^T = V dO^T
+# stay 1-CTA MMAs, which need every column of Q and dO in each CTA); what it changes is who issues dK and dV
+# dQ goes out in parts of at most half the head dim: the odd CTA's dQ holds its halves swapped (below)
+_PAIR_CONFIGS: dict[int, BlackwellDkDvConfig] = {
+    d: replace(c, cta_pair=True, dq_columns=min(c.dq_columns, d // 2)) for d, c in _CONFIGS.items()}
 
 
-def config_for(head_dim: int) -> BlackwellDkDvConfig:
-    return _CONFIGS[head_dim]
+def config_for(head_dim: int, cta_pair: bool = False) -> BlackwellDkDvConfig:
+    return (_PAIR_CONFIGS if cta_pair else _CONFIGS)[head_dim]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,74 +124,156 @@ def config_for(head_dim: int) -> BlackwellDkDvConfig:
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
-               BROADCAST_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+               BROADCAST_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, PAIR: tl.constexpr = False):
     """(head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked,
     bulk_end, n_steps, n_masked_run) of work item ``item``, computed identically by every partition (they must
     agree on the number of steps, or the mbarrier phases drift). Step s's query tile is
     ``_step_order(s, first, n_lead, n_masked, bulk_end)``; the first ``n_masked_run`` steps run masked: the
     masked ones of that order, or every step where the tile's keys reach past the sequence (dQ sums over
-    them; causal masks exclude them already)."""
+    them; causal masks exclude them already).
+
+    PAIR: the item is a pair of adjacent key tiles (the tile list's blocks are 2 x BLOCK_N rows); both CTAs of
+    the cluster run the steps of the pair's 2 x BLOCK_N keys (the same steps, in the same order: their 2-CTA
+    MMAs pair up), and ``n_start`` is the first key row of this CTA's tile (rank r: the pair's start + r x
+    BLOCK_N). A tile past the sequence's keys runs every step with all its rows masked."""
+    SPAN: tl.constexpr = 2 * BLOCK_N if PAIR else BLOCK_N
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, \
         _lo, _hi = _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, None,
-                              None, CAUSAL, False, BROADCAST_Q, False, BLOCK_N, BLOCK_M)
+                              None, CAUSAL, False, BROADCAST_Q, False, SPAN, BLOCK_M)
     n_steps = num_q_tiles - first
     n_masked = n_lead + num_q_tiles - bulk_end
     n_masked_run = n_masked
     if not CAUSAL:
-        n_masked_run = tl.where(n_start + BLOCK_N > len_k, n_steps, n_masked)
+        n_masked_run = tl.where(n_start + SPAN > len_k, n_steps, n_masked)
+    if PAIR:
+        n_start = n_start + (tlx.cluster_cta_rank() % 2) * BLOCK_N
     return (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked, bulk_end,
             n_steps, n_masked_run)
 
 
 # ---- load partition ----------------------------------------------------------------------------------
 @triton.jit
+def _load_tile(desc, tile, row, col0, bar, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAIR: tl.constexpr):
+    """One [ROWS, HEAD_DIM] tile of a head starting at column ``col0``; with PAIR in two half-width boxes (the
+    descriptor's), the odd CTA's with the halves swapped (``_half``)."""
+    if PAIR:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        swap = tlx.cluster_cta_rank() % 2
+        tlx.async_descriptor_load(desc, tlx.local_slice(tile, [0, 0], [ROWS, HALF]), [row, col0 + swap * HALF], bar)
+        tlx.async_descriptor_load(desc, tlx.local_slice(tile, [0, HALF], [ROWS, HALF]),
+                                  [row, col0 + (1 - swap) * HALF], bar)
+    else:
+        tlx.async_descriptor_load(desc, tile, [row, col0], bar)
+
+
+@triton.jit
+def _load_qdo_pair_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                        qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
+                        col_stride_q, col_stride_do, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """``hopper.backward._load_qdo_step`` for the 2-CTA build: Q and dO in half-width boxes (``_load_tile``)."""
+    i = _step_order(j, first, n_lead, n_masked, bulk_end)
+    buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
+    tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
+    _load_tile(desc_q, q_tiles[buf], q_row0 + i * BLOCK_M, head * col_stride_q, qdo_fulls[buf], BLOCK_M, HEAD_DIM,
+               True)
+    _load_tile(desc_do, do_tiles[buf], out_row0 + i * BLOCK_M, head * col_stride_do, qdo_fulls[buf], BLOCK_M,
+               HEAD_DIM, True)
+    stats_col = stats_col0 + i * BLOCK_M
+    tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
+    tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
+    return qdo_cnt + 1
+
+
+@triton.jit
 def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles, q_tiles,
                do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K,
                STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                col_stride_do, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-               NUM_BUFFERS_KV: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr):
+               NUM_BUFFERS_KV: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr,
+               HEAD_DIM: tl.constexpr = 0, PAIR: tl.constexpr = False):
     """Load partition, one work item: K and V into the next (K, V) slot once the MMAs of the item that last
     used it have all completed, then every step's Q, dO and statistics through the ring. An item without
     steps loads nothing."""
     head, q_row0, out_row0, _lq, k_row0, _lk, n_start, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = \
         _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q,
-                   BLOCK_N, BLOCK_M)
+                   BLOCK_N, BLOCK_M, PAIR)
     if n_steps > 0:
         kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
         tlx.barrier_wait(kv_empties[kv_buf], kv_phase ^ 1)
         tlx.barrier_expect_bytes(kv_fulls[kv_buf], 2 * KV_BYTES)
         # grouped-query attention: the query head's key/value head (its dK, dV are per query head partials)
         row = k_row0 + n_start
-        tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [row, (head // GROUP) * col_stride_k], kv_fulls[kv_buf])
-        tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [row, (head // GROUP) * col_stride_v], kv_fulls[kv_buf])
+        _load_tile(desc_k, k_tiles[kv_buf], row, (head // GROUP) * col_stride_k, kv_fulls[kv_buf], BLOCK_N, HEAD_DIM,
+                   PAIR)
+        _load_tile(desc_v, v_tiles[kv_buf], row, (head // GROUP) * col_stride_v, kv_fulls[kv_buf], BLOCK_N, HEAD_DIM,
+                   PAIR)
         stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
         for s in tl.range(0, n_steps):
-            qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
-                                     stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
-                                     col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+            if PAIR:
+                qdo_cnt = _load_qdo_pair_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                              delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
+                                              stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                              col_stride_do, HEAD_DIM, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+            else:
+                qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                                         delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
+                                         stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                         col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
         kv_cnt += 1
     return kv_cnt, qdo_cnt
 
 
 # ---- MMA partition ------------------------------------------------------------------------------------
 @triton.jit
+def _pair_ready(fulls, pairs, cnt, PAIR: tl.constexpr):
+    """Before an MMA that reads what the compute stored (``fulls[0]``'s phase ``cnt``): with PAIR, this CTA's
+    MMA warp tells the pair's leader (remote arrive on its ``pairs[0]``, 2 arrivals a phase) and the leader,
+    which issues the 2-CTA MMA for both, waits until both CTAs' operands are there."""
+    tlx.barrier_wait(fulls[0], cnt & 1)
+    if PAIR:
+        rank = tlx.cluster_cta_rank()
+        tlx.barrier_arrive(pairs[0], 1, remote_cta_rank=rank & ~1)
+        tlx.barrier_wait(pairs[0], cnt & 1, pred=rank % 2 == 0)
+
+
+@triton.jit
+def _half(tiles, buf, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAIR: tl.constexpr):
+    """The B operand of dK += dS^T Q / dV += P^T dO: the slot's tile, or with PAIR the first half of its columns,
+    the head dim's first half in the even CTA and its second in the odd one (which holds them swapped): the
+    2-CTA MMA's B, split along N between the pair at one shared-memory offset, is then the whole tile, and each
+    CTA's accumulator gets all of N in order."""
+    if PAIR:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        return tlx.local_slice(tiles[buf], [0, 0], [BLOCK_M, HALF])
+    else:
+        return tiles[buf]
+
+
+@triton.jit
 def _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
-                 dq_empties, buf, cnt, use_acc, FUSED_DQ: tl.constexpr):
+                 dq_empties, buf, cnt, use_acc, FUSED_DQ: tl.constexpr, ds_pairs=None, HEAD_DIM: tl.constexpr = 0,
+                 BLOCK_M: tl.constexpr = 0, PAIR: tl.constexpr = False):
     """dK += dS^T Q of the step ``cnt`` (its Q in ring slot ``buf``) once the compute has stored dS^T, then
     with the fused dQ ``dQ = dS K`` once the dQ partition has read the previous one. dK, the slot's last
     reader (dV read its dO before it, in issue order), hands the slot back on completion; the last MMA
-    reading dS^T hands it back."""
-    tlx.barrier_wait(ds_fulls[0], cnt & 1)
+    reading dS^T hands it back. PAIR: dK is a 2-CTA MMA (its arrivals reach both CTAs' barriers) and dQ this
+    CTA's own, so dS^T's slot waits for both (``ds_empties``: 2 arrivals with the fused dQ)."""
+    _pair_ready(ds_fulls, ds_pairs, cnt, PAIR)
     if FUSED_DQ:
-        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])
+        if PAIR:
+            tlx.async_dot(ds_tiles[0], _half(q_tiles, buf, HEAD_DIM, BLOCK_M, PAIR), dk_tile, use_acc=use_acc,
+                          mBarriers=[qdo_empties[buf], ds_empties[0]], two_ctas=True)
+        else:
+            tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc, mBarriers=[qdo_empties[buf]])
         tlx.barrier_wait(dq_empties[0], (cnt & 1) ^ 1)
         tlx.async_dot(tlx.local_trans(ds_tiles[0]), k_tile, dq_tiles[0], use_acc=False,
                       mBarriers=[ds_empties[0], dq_fulls[0]])
     else:
-        tlx.async_dot(ds_tiles[0], q_tiles[buf], dk_tile, use_acc=use_acc,
-                      mBarriers=[qdo_empties[buf], ds_empties[0]])
+        tlx.async_dot(ds_tiles[0], _half(q_tiles, buf, HEAD_DIM, BLOCK_M, PAIR), dk_tile, use_acc=use_acc,
+                      mBarriers=[qdo_empties[buf], ds_empties[0]], two_ctas=PAIR)
 
 
 @triton.jit
@@ -189,14 +282,16 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
               dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls, dq_empties, dkdv_fulls,
               dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-              NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr):
+              NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr,
+              p_pairs=None, ds_pairs=None, HEAD_DIM: tl.constexpr = 0, PAIR: tl.constexpr = False):
     """MMA partition, one work item. Step s: S^T(s), then dK and dQ of step s - 1, then dP^T(s) and dV(s);
     after the loop dK and dQ of the last step, then ``tcgen05_commit`` hands dK/dV to the epilogue and K/V
     back to the load partition. S^T, dP^T, P^T, dS^T and dQ are single-buffered: their phase is the CTA's
     step count ``step_cnt``; the ring slot follows ``qdo_cnt``; the (K, V) slot and the dK/dV accumulators
     follow the CTA's count of items with steps, ``kv_cnt``."""
     _h, _qr, _or, _lq, _kr, _lk, _ns, _cs, _f, _nl, _nm, _be, n_steps, _r = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M,
+        PAIR)
     if n_steps > 0:
         kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
         acc_buf, acc_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_DKDV)
@@ -212,19 +307,25 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
             if s > 0:
                 prev, _ = bufidx_phase(qdo_cnt + s - 1, NUM_BUFFERS_QDO)
                 _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties,
-                             dq_fulls, dq_empties, prev, cnt - 1, s > 1, FUSED_DQ)
+                             dq_fulls, dq_empties, prev, cnt - 1, s > 1, FUSED_DQ, ds_pairs, HEAD_DIM, BLOCK_M, PAIR)
             tlx.barrier_wait(dp_empties[0], (cnt & 1) ^ 1)
             tlx.async_dot(v_tile, tlx.local_trans(do_tiles[buf]), dp_tiles[0], use_acc=False,
                           mBarriers=[dp_fulls[0]])
-            if s == 0:  # the epilogue has read dK and dV of the item that last used these accumulators
-                tlx.barrier_wait(dkdv_empties[acc_buf], acc_phase ^ 1)
-            tlx.barrier_wait(p_fulls[0], cnt & 1)
-            tlx.async_dot(p_tiles[0], do_tiles[buf], dv_tile, use_acc=s > 0, mBarriers=[p_empties[0]])
+            if s == 0:  # the epilogue has read dK and dV of the item that last used these accumulators (with PAIR,
+                # both CTAs' epilogues: they arrive on the leader's barrier, which issues the 2-CTA dK and dV)
+                if PAIR:
+                    tlx.barrier_wait(dkdv_empties[acc_buf], acc_phase ^ 1, pred=tlx.cluster_cta_rank() % 2 == 0)
+                else:
+                    tlx.barrier_wait(dkdv_empties[acc_buf], acc_phase ^ 1)
+            _pair_ready(p_fulls, p_pairs, cnt, PAIR)
+            tlx.async_dot(p_tiles[0], _half(do_tiles, buf, HEAD_DIM, BLOCK_M, PAIR), dv_tile, use_acc=s > 0,
+                          mBarriers=[p_empties[0]], two_ctas=PAIR)
         last, _ = bufidx_phase(qdo_cnt + n_steps - 1, NUM_BUFFERS_QDO)
         _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties, dq_fulls,
-                     dq_empties, last, step_cnt + n_steps - 1, n_steps > 1, FUSED_DQ)
-        # every MMA of the item is issued: dK, dV final and K, V free once they have completed
-        tlx.tcgen05_commit(dkdv_fulls[acc_buf])
+                     dq_empties, last, step_cnt + n_steps - 1, n_steps > 1, FUSED_DQ, ds_pairs, HEAD_DIM, BLOCK_M, PAIR)
+        # every MMA of the item is issued: dK, dV final and K, V free once they have completed (with PAIR the
+        # leader's commit reaches both CTAs' dK/dV barrier)
+        tlx.tcgen05_commit(dkdv_fulls[acc_buf], two_ctas=PAIR)
         tlx.tcgen05_commit(kv_empties[kv_buf])
         kv_cnt += 1
     return kv_cnt, qdo_cnt + n_steps, step_cnt + n_steps
@@ -285,13 +386,13 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
                   stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale,
                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr,
-                  EPILOGUE_SLICES: tl.constexpr, DTYPE: tl.constexpr):
+                  EPILOGUE_SLICES: tl.constexpr, DTYPE: tl.constexpr, PAIR: tl.constexpr = False):
     """Compute partition, one work item: the masked steps, the bulk, then the epilogue: dK (times the scale)
     and dV from tensor memory to memory, rows past the sequence never written; an item without steps stores
     zeros (its keys are seen by no query)."""
     head, _qr, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked, bulk_end, n_steps, \
         n_masked_run = _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL,
-                                  BROADCAST_Q, BLOCK_N, BLOCK_M)
+                                  BROADCAST_Q, BLOCK_N, BLOCK_M, PAIR)
     offs_n = n_start + tl.arange(0, BLOCK_N)
     row_ok = offs_n < len_k
     rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
@@ -317,7 +418,10 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
             _store_rows(DV, rows, stride_dvt, stride_dvh, head, offs_d, dv, row_ok)
             dk = tlx.local_load(tlx.subslice(dk_tiles[acc_buf], c * SLICE, SLICE))
             _store_rows(DK, rows, stride_dkt, stride_dkh, head, offs_d, dk * sm_scale, row_ok)
-        tlx.barrier_arrive(dkdv_empties[acc_buf], 1)
+        if PAIR:  # the leader writes both CTAs' accumulators next: it waits for both epilogues
+            tlx.barrier_arrive(dkdv_empties[acc_buf], 1, remote_cta_rank=tlx.cluster_cta_rank() & ~1)
+        else:
+            tlx.barrier_arrive(dkdv_empties[acc_buf], 1)
         kv_cnt += 1
     else:
         cols = tl.arange(0, HEAD_DIM)
@@ -332,14 +436,15 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
 def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES, CU_Q, CU_K, num_slots,
              num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DQ_COLUMNS: tl.constexpr,
-             DQ_STAGES: tl.constexpr):
+             DQ_STAGES: tl.constexpr, PAIR: tl.constexpr = False):
     """dQ partition, one work item: per step, once its dQ MMA has completed, each DQ_COLUMNS-column part of dQ
     (times the scale) from tensor memory into the next stage (once that stage's last reduce-add has read it),
     tensor memory handed back after its last part is read, and the stage reduce-added at the step's query
     rows (``_send_staged_dq``: fence, the warpgroup's barrier, TMA)."""
     PARTS: tl.constexpr = HEAD_DIM // DQ_COLUMNS
     head, q_row0, _or, _lq, _kr, _lk, _ns, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = _work_item(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M)
+        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M,
+        PAIR)
     for s in tl.range(0, n_steps):
         cnt = step_cnt + s
         m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
@@ -351,7 +456,10 @@ def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq,
             stage = dq_stages[(cnt * PARTS + c) % DQ_STAGES]
             tlx.async_descriptor_store_wait(DQ_STAGES - 1)  # this stage's last reduce-add has read it
             _stage_dq(stage, dq, sm_scale, False)
-            _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + c * DQ_COLUMNS)
+            col = c * DQ_COLUMNS
+            if PAIR:  # the odd CTA's K holds the head dim's halves swapped, and so does its dQ = dS K
+                col = (col + (tlx.cluster_cta_rank() % 2) * (HEAD_DIM // 2)) % HEAD_DIM
+            _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + col)
     return step_cnt + n_steps
 
 
@@ -364,9 +472,10 @@ def jagged_dkdv_blackwell_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     FUSED_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
     NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_DKDV: tl.constexpr, DQ_COLUMNS: tl.constexpr, DQ_STAGES: tl.constexpr,
-    COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr,
+    COMPUTE_REGS: tl.constexpr, EPILOGUE_SLICES: tl.constexpr, PAIR: tl.constexpr = False,
 ):
     DTYPE: tl.constexpr = tlx.dtype_of(desc_q)
+    CTAS: tl.constexpr = 2 if PAIR else 1  # CTAs per work item: a pair deals the items as one
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
 
@@ -406,23 +515,34 @@ def jagged_dkdv_blackwell_kernel(
     p_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute stored P^T (fenced)
     p_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dV MMA completed
     ds_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # compute stored dS^T (fenced)
-    ds_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dS^T's last MMA (dQ, or dK) completed
+    if PAIR and FUSED_DQ:  # dS^T's readers: the pair's dK (2-CTA) and this CTA's dQ, issued by different CTAs
+        ds_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=2)
+    else:
+        ds_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dS^T's last MMA (dQ, or dK) completed
     dq_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # dQ MMA completed
     dq_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=1)  # the dQ partition has read dQ
     dkdv_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # commit after the last MMA
-    dkdv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # the epilogue read dK, dV
+    if PAIR:  # both epilogues arrive on the leader's; the leader waits for both CTAs' P^T / dS^T
+        dkdv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=2)
+        p_pairs = tlx.alloc_barriers(num_barriers=1, arrive_count=2)
+        ds_pairs = tlx.alloc_barriers(num_barriers=1, arrive_count=2)
+        tlx.cluster_barrier()  # both CTAs' barriers initialised before either arrives on its partner's
+    else:
+        dkdv_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DKDV, arrive_count=1)  # the epilogue read dK, dV
+        p_pairs = None
+        ds_pairs = None
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- dQ: tensor memory -> TMA reduce-add
         with tlx.async_task("default"):
             if FUSED_DQ:
                 step_cnt = 0
-                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                    item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+                for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0) // CTAS)):
+                    item = static_item(rounds, tl.program_id(0) // CTAS, tl.num_programs(0) // CTAS, True)
                     if item < num_items:
                         step_cnt = _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq, TILES,
                                             CU_Q, CU_K, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, CAUSAL,
-                                            BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, DQ_COLUMNS, DQ_STAGES)
+                                            BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, DQ_COLUMNS, DQ_STAGES, PAIR)
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
         # ---------------------------------------------------------------- compute: P^T, dS^T, dK/dV epilogue
@@ -431,8 +551,8 @@ def jagged_dkdv_blackwell_kernel(
             kv_cnt = 0
             qdo_cnt = 0
             step_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0) // CTAS)):
+                item = static_item(rounds, tl.program_id(0) // CTAS, tl.num_programs(0) // CTAS, True)
                 if item < num_items:
                     kv_cnt, qdo_cnt, step_cnt = _compute_item(
                         item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, dk_tiles, dv_tiles,
@@ -440,15 +560,15 @@ def jagged_dkdv_blackwell_kernel(
                         p_fulls, p_empties, ds_fulls, ds_empties, dkdv_fulls, dkdv_empties, DK, DV, TILES, CU_Q, CU_K,
                         stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast,
                         sm_scale, qk_scale, CAUSAL, BROADCAST_Q, HEAD_DIM, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        NUM_BUFFERS_DKDV, EPILOGUE_SLICES, DTYPE)
+                        NUM_BUFFERS_DKDV, EPILOGUE_SLICES, DTYPE, PAIR)
 
         # ---------------------------------------------------------------- MMA issuer
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
             kv_cnt = 0
             qdo_cnt = 0
             step_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0) // CTAS)):
+                item = static_item(rounds, tl.program_id(0) // CTAS, tl.num_programs(0) // CTAS, True)
                 if item < num_items:
                     kv_cnt, qdo_cnt, step_cnt = _mma_item(
                         item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_tiles, p_tiles, ds_tiles,
@@ -456,21 +576,23 @@ def jagged_dkdv_blackwell_kernel(
                         s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties, ds_fulls, ds_empties, dq_fulls,
                         dq_empties, dkdv_fulls, dkdv_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
                         len_q_bcast, CAUSAL, BROADCAST_Q, FUSED_DQ, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_KV,
-                        NUM_BUFFERS_DKDV)
+                        NUM_BUFFERS_DKDV, p_pairs, ds_pairs, HEAD_DIM, PAIR)
 
         # ---------------------------------------------------------------- TMA loads
         with tlx.async_task(num_warps=_SINGLE_WARP, registers=ISSUER_REGS):
             kv_cnt = 0
             qdo_cnt = 0
-            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0))):
-                item = static_item(rounds, tl.program_id(0), tl.num_programs(0), True)
+            for rounds in range(0, tl.cdiv(num_items, tl.num_programs(0) // CTAS)):
+                item = static_item(rounds, tl.program_id(0) // CTAS, tl.num_programs(0) // CTAS, True)
                 if item < num_items:
                     kv_cnt, qdo_cnt = _load_item(
                         item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles, q_tiles,
                         do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q,
                         CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
                         col_stride_v, col_stride_do, CAUSAL, GROUP, BROADCAST_Q, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
-                        NUM_BUFFERS_KV, KV_BYTES, QDO_BYTES)
+                        NUM_BUFFERS_KV, KV_BYTES, QDO_BYTES, HEAD_DIM, PAIR)
+    if PAIR:  # neither CTA leaves while its partner may still arrive on its barriers or run MMAs on its memory
+        tlx.cluster_barrier()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -487,28 +609,33 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 def _constexprs(cfg: BlackwellDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 group: int = 1) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
-    return dict(HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
+    return dict(PAIR=cfg.cta_pair, HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv,
                 DQ_COLUMNS=cfg.dq_columns, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs,
                 EPILOGUE_SLICES=cfg.epilogue_slices)
 
 
-def _launch_options() -> dict:
+def _launch_options(cfg: Optional[BlackwellDkDvConfig] = None) -> dict:
     # num_warps: the default (dQ) partition; the others add 4 + 1 + 1 warps (10 in all). num_stages=1: the
-    # pipelining is explicit (mbarrier rings), Triton's own pipeliner stays off.
+    # pipelining is explicit (mbarrier rings), Triton's own pipeliner stays off. The 2-CTA build launches
+    # clusters of two CTAs (uTLX's ctas_per_cga: the grid counts CTAs).
+    if cfg is not None and cfg.cta_pair:
+        return dict(num_warps=DQ_WARPS, num_stages=1, ctas_per_cga=(2, 1, 1))
     return dict(num_warps=DQ_WARPS, num_stages=1)
 
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool = True,
-                 group: int = 1):
+                 group: int = 1, cta_pair: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` of one config
     (the compile gate); with ``group`` > 1 dK and dV are the fp32 partials per query head. Without the fused
-    dQ the launcher passes desc_q in desc_dq's place (never read)."""
-    cfg = config_for(head_dim)
+    dQ the launcher passes desc_q in desc_dq's place (never read). ``cta_pair``: the 2-CTA build (compiled with
+    ``num_ctas=2``, the compile-time form of a launch's ``ctas_per_cga=(2, 1, 1)``)."""
+    cfg = config_for(head_dim, cta_pair)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=fused_dq, group=group)
     grad = "fp32" if group > 1 else dtype
-    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {head_dim}]>"
+    box_width = head_dim // 2 if cta_pair else head_dim  # the 2-CTA build loads half-width boxes
+    types = {f"desc_{x}": f"tensordesc<{dtype}[{rows}, {box_width}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     types.update(desc_stats=f"tensordesc<fp32[1, {cfg.block_m}]>",
                  desc_dq=f"tensordesc<fp32[{cfg.block_m}, {constants['DQ_COLUMNS']}]>" if fused_dq else
@@ -516,7 +643,10 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
                  DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", STATS_CU="*i64", TILES="*i32",
                  sm_scale="fp32")
     signature, attrs = offline_signature(jagged_dkdv_blackwell_kernel, constants, types)
-    return jagged_dkdv_blackwell_kernel, signature, constants, attrs, _launch_options()
+    options = _launch_options()
+    if cta_pair:
+        options["num_ctas"] = 2
+    return jagged_dkdv_blackwell_kernel, signature, constants, attrs, options
 
 
 def _dq_descriptor(dq_accum: torch.Tensor, cfg: BlackwellDkDvConfig):
@@ -531,16 +661,18 @@ def _dq_descriptor(dq_accum: torch.Tensor, cfg: BlackwellDkDvConfig):
 
 def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, cu_k, tiles, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int,
-                     len_q_bcast: int) -> tuple[tuple, dict, int]:
+                     len_q_bcast: int, cta_pair: bool = False) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch; ``dq_accum``: the fp32
     accumulator shaped like q (contiguous), or None for a build without the fused dQ; ``dk``, ``dv``: what
-    the kernel writes (fp32 partials per query head with grouped key/value heads). Touches no GPU."""
+    the kernel writes (fp32 partials per query head with grouped key/value heads); ``cta_pair``: the 2-CTA
+    build (``tiles`` then lists pairs of key tiles). Touches no GPU."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
-    cfg = config_for(head_dim)
-    desc_q, col_q = descriptor(q, cfg.block_m)
-    desc_do, col_do = descriptor(dout, cfg.block_m)
-    desc_k, col_k = descriptor(k, cfg.block_n)
-    desc_v, col_v = descriptor(v, cfg.block_n)
+    cfg = config_for(head_dim, cta_pair)
+    width = head_dim // 2 if cfg.cta_pair else head_dim  # the 2-CTA build loads half-width boxes
+    desc_q, col_q = descriptor(q, cfg.block_m, width)
+    desc_do, col_do = descriptor(dout, cfg.block_m, width)
+    desc_k, col_k = descriptor(k, cfg.block_n, width)
+    desc_v, col_v = descriptor(v, cfg.block_n, width)
     # (the kernel places head h of the accumulator at column h * D: it is contiguous, like q)
     desc_dq = desc_q if dq_accum is None else _dq_descriptor(dq_accum, cfg)
     num_items = tiles.num_slots * num_heads
@@ -550,18 +682,19 @@ def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, c
             col_do, num_items, tiles.num_slots, num_seqs, num_heads, len_q_bcast, softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, fused_dq=dq_accum is not None,
                             group=num_heads // k.shape[1])
-    return args, {**constants, **_launch_options()}, num_items
+    return args, {**constants, **_launch_options(cfg)}, num_items
 
 
 def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                           broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum=None, outputs=None,
-                          window=(-1, -1)) -> None:
+                          window=(-1, -1), cta_pair: bool = False) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v); the signature of ``hopper.backward.jagged_dkdv_tlx`` (the
     portable backward's ``dkdv`` hook). ``delta``: rowsum(dO * O) - dlse per output row and head, or None with
     ``outputs=(out, dout, dlse or None)`` to compute it in the statistics' pass. ``dq_accum``: a zeroed fp32
     tensor shaped like q (contiguous) into which the kernel reduce-adds every step's dQ (the order of the
     additions varies from run to run), or None. Raises ValueError when ``supports`` says no or for a sliding
-    window."""
+    window. ``cta_pair``: the 2-CTA build (clusters of two CTAs, a pair of adjacent key tiles an item, dK and dV
+    as 2-CTA MMAs); never chosen by dispatch (docs/blackwell.md says why)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
@@ -576,8 +709,9 @@ def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, ca
         dk.zero_()  # no query or no key anywhere: zero gradients (and TMA cannot describe an empty tensor)
         dv.zero_()
         return
-    cfg = config_for(head_dim)
-    tiles = build_tile_list(cu_k, k.shape[0], cfg.block_n, work_offsets=None if broadcast_q else out_cu)
+    cfg = config_for(head_dim, cta_pair)
+    span = 2 * cfg.block_n if cfg.cta_pair else cfg.block_n  # a work item's key rows
+    tiles = build_tile_list(cu_k, k.shape[0], span, work_offsets=None if broadcast_q else out_cu)
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs, outputs=outputs)
     group = num_heads // k.shape[1]
     dk_out, dv_out = dk, dv
@@ -586,9 +720,11 @@ def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, ca
         dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
     args, kwargs, num_items = kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, cu_k, tiles,
                                                causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast)
+                                               num_seqs=num_seqs, len_q_bcast=len_q_bcast, cta_pair=cta_pair)
+    ctas = 2 if cfg.cta_pair else 1
+    grid = ctas * min(max(1, sm_count(q.device) // ctas), num_items)
     with pipeline.build_llvm_o0(jagged_dkdv_blackwell_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
-        target.launch(jagged_dkdv_blackwell_kernel, (min(sm_count(q.device), num_items),), q.device, *args, **kwargs)
+        target.launch(jagged_dkdv_blackwell_kernel, (grid,), q.device, *args, **kwargs)
     if group > 1:
         rows, kv_heads = k.shape[0], k.shape[1]
         dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
@@ -597,18 +733,21 @@ def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, ca
 
 def jagged_backward_blackwell(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                               broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
-                              window=(-1, -1)):
+                              window=(-1, -1), cta_pair: bool = False):
     """The Blackwell backward (the contract of ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV with dQ reduce-added by the same kernel, or with
     ``deterministic`` the portable dQ pass (each row written once in a fixed order: bitwise reproducible).
-    Returns (dq, dk, dv) in the inputs' dtypes; dq sums over the batch for a broadcast Q."""
+    Returns (dq, dk, dv) in the inputs' dtypes; dq sums over the batch for a broadcast Q. ``cta_pair``: the
+    2-CTA dK/dV build (``jagged_dkdv_blackwell``)."""
+    from functools import partial
+
     from jfa.kernels.triton import backward as portable
 
     if deterministic:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
                                         len_q_bcast=len_q_bcast, dlse=dlse, window=window,
-                                        dkdv=jagged_dkdv_blackwell)
+                                        dkdv=partial(jagged_dkdv_blackwell, cta_pair=cta_pair))
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     dk = alloc.empty(k.shape, k.dtype, k.device)
     dv = alloc.empty(v.shape, v.dtype, v.device)
@@ -616,5 +755,5 @@ def jagged_backward_blackwell(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bo
     # delta = rowsum(dO * O) - dlse is computed with the row statistics, in one pass (no delta tensor)
     jagged_dkdv_blackwell(q, k, v, dout, lse, None, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,
                           broadcast_q=broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q_bcast, dq_accum=dq_accum,
-                          outputs=(out, dout, dlse), window=window)
+                          outputs=(out, dout, dlse), window=window, cta_pair=cta_pair)
     return dq_accum.to(q.dtype), dk, dv

@@ -112,13 +112,14 @@ def sm_count(device: torch.device) -> int:
     return target_for(device).sm_count
 
 
-def descriptor(t: torch.Tensor, block_rows: int):
-    """(TMA descriptor over ``t`` as a 2-D view with boxes of ``block_rows`` x D, column stride of a head)."""
+def descriptor(t: torch.Tensor, block_rows: int, block_cols: int = None):
+    """(TMA descriptor over ``t`` as a 2-D view with boxes of ``block_rows`` x D (or ``block_cols``), column stride
+    of a head)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     view = view_2d(t)
     desc = TensorDescriptor(t, shape=[view.rows, view.width], strides=[view.row_stride, 1],
-                            block_shape=[block_rows, t.shape[2]])
+                            block_shape=[block_rows, block_cols or t.shape[2]])
     return desc, view.col_stride
 
 

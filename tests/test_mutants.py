@@ -19,6 +19,7 @@ from jfa.fuzz.mutants import (
     BLACKWELL_BACKWARD_MUTANTS,
     BLACKWELL_MUTANTS,
     BLACKWELL_MX_MUTANTS,
+    BLACKWELL_PAIR_BACKWARD_MUTANTS,
     MX_MUTANTS,
     TLX_MX_BACKWARD_MUTANTS,
     TLX_MX_MUTANTS,
@@ -80,7 +81,7 @@ def _assert_restored(originals):
 
 
 ALL_MUTANTS = (MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + TLX_MX_BACKWARD_MUTANTS + BLACKWELL_MUTANTS
-               + BLACKWELL_BACKWARD_MUTANTS + BLACKWELL_MX_MUTANTS)
+               + BLACKWELL_BACKWARD_MUTANTS + BLACKWELL_PAIR_BACKWARD_MUTANTS + BLACKWELL_MX_MUTANTS)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -303,6 +304,33 @@ def test_simulator_kills_blackwell_backward_mutants(mutant, device, record_prope
     with sim.simulated(arch=(10, 0), sm_count=2):
         report = run_case(case, backend="tlx", device="cpu")
     assert report.backward_kernel == "tlx-blackwell", report.ran
+    assert report.ok, str(report)
+
+
+# the 2-CTA build's catalogue cases: a pair with both tiles in one sequence, an odd number of key tiles, causal
+PAIR_KILL_CASES = ("bw-causal-lq-lt-lk-D64-bf16", "bw-multi-block-tails-D64-fp16", "bw-gqa-causal-D64-bf16")
+
+
+@pytest.mark.parametrize("mutant", BLACKWELL_PAIR_BACKWARD_MUTANTS,
+                         ids=[m.name for m in BLACKWELL_PAIR_BACKWARD_MUTANTS])
+def test_simulator_kills_blackwell_pair_backward_mutants(mutant, device, record_property):
+    """The 2-CTA dK/dV build (clusters of two CTAs on the simulator) through the public op: every mutant of its
+    cluster protocol is killed (deterministic schedule, then three seeds); the killing case passes without it."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import jfa.sim as sim
+    from jfa.fuzz.catalog import blackwell_cases
+
+    cases = [c for c in blackwell_cases() if c.name in PAIR_KILL_CASES]
+    result = kill_on_simulator(mutant, cases, sm_count=4, arch=(10, 0), cta_pair=True)
+    record_property("examples_to_kill", result.examples)
+    record_property("seconds_to_kill", round(result.seconds, 2))
+    record_property("killed_by", result.case_id or "")
+    assert result.killed, f"2-CTA mutant {mutant.name} ({mutant.why}) survived {result.examples} simulated cases"
+    case = next(c for c in cases if c.id == result.case_id)
+    with sim.simulated(arch=(10, 0), sm_count=4, cta_pair=True) as session:
+        report = run_case(case, backend="tlx", device="cpu")
+    assert any(r.op_counts.get("cluster_barrier") for r in session.reports), "the 2-CTA build did not run"
     assert report.ok, str(report)
 
 

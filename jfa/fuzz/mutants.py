@@ -384,6 +384,21 @@ BLACKWELL_BACKWARD_MUTANTS: tuple = (
            "no proxy fence"),
 )
 
+# The 2-CTA build of the TLX Blackwell backward (``cta_pair``): its cluster protocol's bugs, each killed on the
+# simulator (``kill_on_simulator(..., arch=(10, 0), cta_pair=True)``: clusters of two CTAs run concurrently).
+BLACKWELL_PAIR_BACKWARD_MUTANTS: tuple = (
+    Mutant("bw-bwd-2cta-partner-barrier-skipped", TLX_BLACKWELL_BACKWARD,
+           "        tlx.barrier_wait(pairs[0], cnt & 1, pred=rank % 2 == 0)\n",
+           "",
+           "the pair's leader issues the 2-CTA dK/dV MMA without waiting for its partner's remote arrive: the MMA "
+           "reads the partner's P^T / dS^T before (or while) the partner's compute stores them"),
+    Mutant("bw-bwd-2cta-commit-on-one-cta", TLX_BLACKWELL_BACKWARD,
+           "        tlx.tcgen05_commit(dkdv_fulls[acc_buf], two_ctas=PAIR)\n",
+           "        tlx.tcgen05_commit(dkdv_fulls[acc_buf])\n",
+           "dK/dV handed to the epilogue by a 1-CTA commit: the partner's own commit (it issued no dK/dV MMA) arrives "
+           "at once, and its epilogue reads dK and dV while the leader's 2-CTA MMAs still write them"),
+)
+
 # The TLX Blackwell MXFP8 build's own code (scale layouts, P's block exponents), each killed on the simulator by
 # the Blackwell MX catalogue judged by bound (a) (``kill_blackwell_mx_on_simulator``).
 BLACKWELL_MX_MUTANTS: tuple = (
@@ -583,11 +598,11 @@ def tlx_kill_set() -> list:
 
 
 def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count: int = 3,
-                      arch: tuple = (9, 0)) -> KillResult:
+                      arch: tuple = (9, 0), cta_pair: bool = False) -> KillResult:
     """Run the TLX kernels with ``mutant`` on the simulator (``jfa.sim``, as an ``arch`` GPU: the Hopper or
     the Blackwell kernels) over ``cases`` (backend "tlx", CPU tensors), under each schedule in turn (default:
     the deterministic one, then seeds 1, 2, 3), until a case fails the oracle rule or the simulator reports a
-    protocol error (deadlock, race, bounds)."""
+    protocol error (deadlock, race, bounds). ``cta_pair``: the Blackwell backward's 2-CTA build."""
     import jfa.sim as sim
 
     schedules = schedules or (sim.Schedule.deterministic(), *(sim.Schedule.seeded(s) for s in (1, 2, 3)))
@@ -598,7 +613,7 @@ def kill_on_simulator(mutant: Mutant, cases: Iterable, schedules=None, sm_count:
         for schedule in schedules:
             for case in cases:
                 examples += 1
-                with sim.simulated(arch=arch, sm_count=sm_count, schedule=schedule):
+                with sim.simulated(arch=arch, sm_count=sm_count, schedule=schedule, cta_pair=cta_pair):
                     failure = _check(case, "tlx", "cpu")
                 if failure is not None:
                     detail = f"{failure}\n  (schedule {schedule.describe()})"

@@ -22,7 +22,8 @@ class SimSession:
     """The simulator registered as a target: its settings and the reports of the launches it ran."""
 
     def __init__(self, arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-                 max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True):
+                 max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True,
+                 cta_pair: bool = False):
         if sm_count < 1:
             raise ValueError("simulated: sm_count must be at least 1")
         self.arch = tuple(arch)
@@ -34,7 +35,9 @@ class SimSession:
         self.reports: list = []
         # the simulator models cluster launch control on sm_100 whatever the toolchain lowers
         self.clc = bool(clc) and self.arch[0] >= 10
-        self.target = _target.LaunchTarget("tlx-sim", self.arch, self.sm_count, self._launch, self.clc)
+        self.cta_pair = bool(cta_pair) and self.arch[0] >= 10
+        self.target = _target.LaunchTarget("tlx-sim", self.arch, self.sm_count, self._launch, self.clc,
+                                           cta_pair_backward=self.cta_pair)
 
     def _launch(self, kernel, grid, args, kwargs) -> None:
         report = launch(kernel, grid, *args, schedule=self.schedule, trace=self.trace, arch=self.arch,
@@ -61,11 +64,13 @@ class SimSession:
 
 @contextlib.contextmanager
 def simulated(arch=(9, 0), sm_count: int = 3, schedule: Optional[Schedule] = None, trace=False,
-              max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True):
+              max_steps: int = DEFAULT_MAX_STEPS, timeout_s: float = DEFAULT_TIMEOUT_S, clc: bool = True,
+              cta_pair: bool = False):
     """Run TLX launches on CPU tensors in the simulator while the block runs; yields the SimSession. ``clc``:
     on sm_100, kernels run their cluster-launch-control builds (False: the static builds a GPU runs where the
-    toolchain does not lower CLC, ``TOOLCHAIN_LOWERS_CLC``)."""
-    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s, clc)
+    toolchain does not lower CLC, ``TOOLCHAIN_LOWERS_CLC``). ``cta_pair``: on sm_100 the backward runs its
+    2-CTA dK/dV build (clusters of two CTAs; no GPU runs it yet)."""
+    session = SimSession(arch, sm_count, schedule, trace, max_steps, timeout_s, clc, cta_pair)
     previous = _target.register_target(DEVICE_TYPE, session.target)
     try:
         yield session

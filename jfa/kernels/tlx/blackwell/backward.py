@@ -687,15 +687,19 @@ def kernel_arguments(q, k, v, dout, stats, stats_cu, dq_accum, dk, dv, out_cu, c
 
 def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                           broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum=None, outputs=None,
-                          window=(-1, -1), cta_pair: bool = False) -> None:
+                          window=(-1, -1), cta_pair: Optional[bool] = None) -> None:
     """Write dK and dV (``dk``, ``dv``: like k, v); the signature of ``hopper.backward.jagged_dkdv_tlx`` (the
     portable backward's ``dkdv`` hook). ``delta``: rowsum(dO * O) - dlse per output row and head, or None with
     ``outputs=(out, dout, dlse or None)`` to compute it in the statistics' pass. ``dq_accum``: a zeroed fp32
     tensor shaped like q (contiguous) into which the kernel reduce-adds every step's dQ (the order of the
     additions varies from run to run), or None. Raises ValueError when ``supports`` says no or for a sliding
     window. ``cta_pair``: the 2-CTA build (clusters of two CTAs, a pair of adjacent key tiles an item, dK and dV
-    as 2-CTA MMAs); never chosen by dispatch (docs/blackwell.md says why)."""
+    as 2-CTA MMAs); None: the launch target's choice (``LaunchTarget.cta_pair_backward``: a simulator asked for
+    it; no GPU target, docs/blackwell.md says why)."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
+    if cta_pair is None:
+        t = target.target_for(q.device)
+        cta_pair = t is not None and t.cta_pair_backward
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
         raise ValueError(f"jagged_dkdv_blackwell: {reason}")
@@ -733,7 +737,7 @@ def jagged_dkdv_blackwell(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, ca
 
 def jagged_backward_blackwell(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float,
                               broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dlse=None, deterministic=False,
-                              window=(-1, -1), cta_pair: bool = False):
+                              window=(-1, -1), cta_pair: Optional[bool] = None):
     """The Blackwell backward (the contract of ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV with dQ reduce-added by the same kernel, or with
     ``deterministic`` the portable dQ pass (each row written once in a fixed order: bitwise reproducible).

@@ -31,6 +31,12 @@ LaunchFn = Callable[[object, tuple, tuple, dict], None]  # (kernel, grid, args, 
 # never registered, so a CLC build fails to compile and a GPU launch runs the static schedule instead.
 # tests/test_tlx_compile.py compiles the CLC build and fails once it does compile: then set this True.
 TOOLCHAIN_LOWERS_CLC = False
+# Whether the toolchain builds clusters of CTAs with 2-CTA tcgen05 MMAs (cta_group::2) for sm_100a. Triton 3.8 with
+# uTLX 3.8.0.post16 does not: uTLX's async_dot(two_ctas=True) checks TLX's per-CTA shapes (B holds N / 2 columns)
+# while Triton 3.8's tc_gen5_mma verifier wants the accumulator's N equal to B's; tlx.remote_view (every remote
+# arrive) raises NotImplementedError (no mapa.shared::cluster upstream); tlx.cluster_barrier fails to parse
+# (ttg.num-ctas is set after TTIR). tests/test_tlx_compile.py compiles a 2-CTA MMA and fails once it builds.
+TOOLCHAIN_LOWERS_TWO_CTA = False
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,9 @@ class LaunchTarget:
     cluster_launch_control: bool = False  # sm_100 kernels take their next work item from CLC (one CTA per item)
     # (kernel, args, kwargs, replaced names) -> a prepared launch; None: a ``Relaunch`` through ``launch``
     prepare: Optional[Callable] = None
+    # the Blackwell backward runs its 2-CTA dK/dV build (clusters of two CTAs, dK and dV as cta_group::2 MMAs):
+    # only a simulator asked for it does; no GPU target picks it (never run on a B200: docs/blackwell.md)
+    cta_pair_backward: bool = False
 
 
 _registered: dict = {}  # device type -> LaunchTarget (the non-CUDA targets)

@@ -36,6 +36,15 @@ SEEDED_CORE = ("bw-causal-lq-gt-lk-D64-fp16",)
 SEEDED_FULL = ("bw-empty-and-one-token-D64-bf16", "bw-causal-lq-gt-lk-D64-fp16", "bw-causal-lq-lt-lk-D128-fp16",
                "bw-bcastq-causal-D64-bf16", "bw-gqa-causal-D64-bf16", "bw-many-items-causal-D128-bf16")
 DETERMINISTIC_CORE = ("bw-gqa-causal-D64-bf16",)
+# the 2-CTA build (clusters of two CTAs, a pair of adjacent key tiles an item): empty sequences and pairs whose
+# second tile is past the keys (odd numbers of key tiles), tails, causal diagonals across the pair, grouped heads,
+# broadcast Q, D 64 and 128
+PAIR_CORE = ("bw-empty-and-one-token-D128-fp16", "bw-causal-lq-lt-lk-D64-bf16", "bw-multi-block-tails-D128-bf16",
+             "bw-gqa-causal-D64-bf16")
+PAIR_SEEDED_CORE = ("bw-multi-block-tails-D64-fp16",)
+PAIR_SEEDED_FULL = ("bw-empty-and-one-token-D64-bf16", "bw-causal-lq-gt-lk-D64-fp16", "bw-multi-block-tails-D64-fp16",
+                    "bw-bcastq-causal-D64-bf16", "bw-gqa-causal-D64-bf16", "bw-many-items-causal-D128-bf16")
+PAIR_SM_COUNT = 4  # two clusters of two
 
 
 def _named(names):
@@ -46,7 +55,9 @@ def pytest_generate_tests(metafunc):
     full = metafunc.config.getoption("--sim-scope") == "full"
     for fixture, core, everything in (("sim_case", _named(CORE), CATALOGUE),
                                       ("seeded_case", _named(SEEDED_CORE), _named(SEEDED_FULL)),
-                                      ("deterministic_case", _named(DETERMINISTIC_CORE), CATALOGUE)):
+                                      ("deterministic_case", _named(DETERMINISTIC_CORE), CATALOGUE),
+                                      ("pair_case", _named(PAIR_CORE), CATALOGUE),
+                                      ("pair_seeded_case", _named(PAIR_SEEDED_CORE), _named(PAIR_SEEDED_FULL))):
         if fixture in metafunc.fixturenames:
             cases = everything if full else core
             metafunc.parametrize(fixture, cases, ids=[c.name for c in cases])
@@ -75,6 +86,68 @@ def test_blackwell_backward_meets_the_oracle(sim_case):
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
 def test_blackwell_backward_meets_the_oracle_under_seeded_schedules(seeded_case, seed):
     _meets_the_oracle_through_the_op(seeded_case, sim.Schedule.seeded(seed))
+
+
+def _pair_meets_the_oracle_through_the_op(case, schedule):
+    """The 2-CTA dK/dV build through the public op: it ran in clusters of two CTAs (both CTAs of each cluster
+    reached the final cluster barrier), and dq, dk, dv meet the rule."""
+    with sim.simulated(arch=(10, 0), sm_count=PAIR_SM_COUNT, schedule=schedule, cta_pair=True) as session:
+        report = run_case(case, backend="tlx", device="cpu", backward=True)
+    assert (report.kernel, report.backward_kernel) == ("tlx-blackwell", "tlx-blackwell"), report.ran
+    assert session.kernels() == [FORWARD, KERNEL], session.kernels()
+    bwd = session.reports[-1]
+    assert bwd.ctas % 2 == 0 and bwd.op_counts.get("cluster_barrier", 0) == 2 * bwd.ctas, bwd.op_counts
+    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
+    assert report.ok, str(report)
+
+
+def test_two_cta_backward_meets_the_oracle(pair_case):
+    _pair_meets_the_oracle_through_the_op(pair_case, sim.Schedule.deterministic())
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
+def test_two_cta_backward_meets_the_oracle_under_seeded_schedules(pair_seeded_case, seed):
+    _pair_meets_the_oracle_through_the_op(pair_seeded_case, sim.Schedule.seeded(seed))
+
+
+def test_the_two_cta_build_runs_only_where_a_target_asks_for_it():
+    """Dispatch: the 1-CTA build unless the launch target says ``cta_pair_backward`` (a simulator asked for it);
+    LaunchTarget's default, which every GPU target keeps, is the 1-CTA build."""
+    from jfa.kernels.tlx.common.target import LaunchTarget, TOOLCHAIN_LOWERS_TWO_CTA
+
+    assert LaunchTarget("x", (10, 0), 1, None).cta_pair_backward is False and not TOOLCHAIN_LOWERS_TWO_CTA
+    case = next(c for c in CATALOGUE if c.name == "bw-causal-lq-gt-lk-D64-fp16")
+    with sim.simulated(arch=(10, 0), sm_count=PAIR_SM_COUNT) as session:
+        assert run_case(case, backend="tlx", device="cpu", backward=True).ok
+    assert "cluster_barrier" not in session.reports[-1].op_counts
+
+
+def test_two_cta_backward_matches_the_one_cta_build():
+    """The even CTA of a pair computes its key rows' dK and dV exactly as the 1-CTA build does (the same products
+    in the same order; the 2-CTA MMA's B halves rejoined), so its rows are equal bit for bit on this non-causal
+    case; the odd CTA holds the head dim's halves swapped, so its S^T and dP^T sum the head dim in another order
+    and its rows agree to rounding."""
+    case = next(c for c in CATALOGUE if c.name == "bw-multi-block-tails-D64-fp16")
+    assert not case.causal
+    inp = make_inputs(case)
+    kw = dict(causal=case.causal, softmax_scale=case.head_dim ** -0.5, broadcast_q=case.broadcast_q,
+              num_seqs=len(case.lengths_k))
+    with sim.simulated(arch=(10, 0), sm_count=PAIR_SM_COUNT):
+        out, lse = bwf.jagged_forward_blackwell(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, **kw)
+        one = bwb.jagged_backward_blackwell(inp.q, inp.k, inp.v, out, lse, inp.dout, inp.cu_q, inp.cu_k,
+                                            dlse=inp.dlse, cta_pair=False, **kw)
+        two = bwb.jagged_backward_blackwell(inp.q, inp.k, inp.v, out, lse, inp.dout, inp.cu_q, inp.cu_k,
+                                            dlse=inp.dlse, cta_pair=True, **kw)
+    block = bwb.config_for(case.head_dim).block_n
+    cu = inp.cu_k.tolist()
+    even = torch.zeros(inp.k.shape[0], dtype=torch.bool)
+    for start, end in zip(cu[:-1], cu[1:]):
+        rows = torch.arange(start, end)
+        even[start:end] = ((rows - start) // block) % 2 == 0
+    assert even.any() and (~even).any()
+    for one_g, two_g in zip(one[1:], two[1:]):
+        assert torch.equal(one_g[even], two_g[even])
+        torch.testing.assert_close(two_g[~even].float(), one_g[~even].float(), rtol=2e-2, atol=2e-3)
 
 
 def _backward(case, inp, out, lse, deterministic):

@@ -388,6 +388,31 @@ def test_the_toolchain_lowers_cluster_launch_control_exactly_where_the_launchers
         assert "'ttng.async_clc_try_cancel' is not registered" in why, why
 
 
+def test_the_toolchain_builds_the_two_cta_backward_exactly_where_the_launchers_say(device):
+    """The Blackwell dK/dV kernel's 2-CTA build compiles for sm_100a (with tcgen05.mma.cta_group::2 in the PTX)
+    exactly when ``TOOLCHAIN_LOWERS_TWO_CTA`` says so. Triton 3.8 with uTLX 3.8.0.post16 cannot build it: the
+    first wall is ``tlx.remote_view`` (every remote arrive), which raises NotImplementedError (no
+    mapa.shared::cluster upstream); behind it, uTLX's 2-CTA async_dot shapes disagree with Triton 3.8's
+    tc_gen5_mma verifier and cluster_barrier does not parse. When a toolchain builds it this fails: then turn the
+    switch on and decide the dispatch (docs/blackwell.md)."""
+    if device != "cpu":
+        pytest.skip("the offline compile gate runs in the CPU suite")
+    from jfa.fuzz.compile_gate import blackwell_two_cta_targets, run_out_of_process
+    from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_TWO_CTA
+
+    (name,) = [t.name for t in blackwell_two_cta_targets()]
+    try:
+        row = run_out_of_process("blackwell-2cta", jobs=1)[name]
+        builds, why = row["ok"], "; ".join(row["problems"])
+    except RuntimeError as exc:  # the compiler died
+        builds, why = False, str(exc)
+    assert builds == TOOLCHAIN_LOWERS_TWO_CTA, why
+    if builds:
+        assert row["details"]["two_cta_mmas"] > 0
+    else:
+        assert "tlx.remote_view needs ttng.map_to_remote_buffer" in why, why
+
+
 @pytest.mark.parametrize("name", BLACKWELL_SUITE)
 def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_results, record_property):
     """tcgen05 MMAs with commits and TMEM loads, tensor memory within 512 columns, shared memory within

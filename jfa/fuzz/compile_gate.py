@@ -70,6 +70,8 @@ class Target:
     # Blackwell forward: the cluster-launch-control build (True) or the static one (False); None: the one a launch
     # runs (``TOOLCHAIN_LOWERS_CLC``), whose launch binding is then checked too
     clc: object = None
+    # Blackwell dK/dV: the 2-CTA build (clusters of two CTAs, dK and dV as tcgen05 cta_group::2 MMAs)
+    cta_pair: bool = False
 
     def window_size(self) -> tuple:
         """The ``window_size`` a launch of this target passes (the band's values do not change the build)."""
@@ -227,6 +229,14 @@ def blackwell_clc_targets() -> list:
     ``TOOLCHAIN_LOWERS_CLC`` says: whether the toolchain lowers CLC (``--backend blackwell-clc``, not in 'all')."""
     return [Target("blackwell-forward-bf16-D128-causal-clc", "forward", "bf16", 128, True, False, arch=100,
                    backend="tlx", clc=True)]
+
+
+def blackwell_two_cta_targets() -> list:
+    """The Blackwell dK/dV kernel's 2-CTA build (bf16, D 128 causal, fused dQ), compiled whatever
+    ``TOOLCHAIN_LOWERS_TWO_CTA`` says: whether the toolchain builds it (``--backend blackwell-2cta``, not in 'all');
+    where it does, its PTX must hold ``tcgen05.mma.cta_group::2``."""
+    return [Target("blackwell-dkdv-bf16-D128-causal-2cta[fused-dq]", "dkdv", "bf16", 128, True, False, arch=100,
+                   backend="tlx", variant="fused-dq", cta_pair=True)]
 
 
 def blackwell_backward_targets() -> list:
@@ -814,8 +824,8 @@ def _check_blackwell_dkdv(target: Target) -> Result:
 
     fused = target.variant == "fused-dq"
     spec = bwb.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
-                            fused_dq=fused, group=target.group)
-    cfg = bwb.config_for(target.head_dim)
+                            fused_dq=fused, group=target.group, cta_pair=target.cta_pair)
+    cfg = bwb.config_for(target.head_dim, target.cta_pair)
     compiled, result, expected = _compile_tlx(target, spec, 3, llvm_o0=cfg.llvm_o0, consumer_regs=cfg.compute_regs,
                                               spill_allowance=SM100_ENTRY_SPILL_BYTES)
     _tensor_memory(compiled, result, expected, commits="dK/dV, K/V handed on once the item's MMAs completed",
@@ -825,6 +835,11 @@ def _check_blackwell_dkdv(target: Target) -> Result:
             result.details["requested_registers"] == [cfg.compute_regs] + [bwb.ISSUER_REGS.value] * 2,
         "TMA reduce-adds of dQ exactly in the fused build": (result.details["tma_reduce_adds"] > 0) == fused,
     })
+    result.details["two_cta_mmas"] = compiled.asm["ptx"].count("tcgen05.mma.cta_group::2")
+    expected["2-CTA MMAs (tcgen05.mma.cta_group::2) exactly in the 2-CTA build"] = \
+        (result.details["two_cta_mmas"] > 0) == target.cta_pair
+    if target.cta_pair:  # no launch runs it (TOOLCHAIN_LOWERS_TWO_CTA): nothing to bind
+        return _finish(result, expected)
     launch = blackwell_dkdv_launch_binding(target)
     expected.update(_binds_as_compiled(launch, spec, result))
     o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
@@ -914,7 +929,7 @@ def _targets(backend: str) -> list:
     return {"all": all_targets, "triton": shipped_targets, "tlx": tlx_targets,
             "mx": lambda: mx_targets() + mx_backward_targets(),
             "blackwell": blackwell_targets, "blackwell-mx": blackwell_mx_targets,
-            "blackwell-clc": blackwell_clc_targets}[backend]()
+            "blackwell-clc": blackwell_clc_targets, "blackwell-2cta": blackwell_two_cta_targets}[backend]()
 
 
 def run_out_of_process(backend: str, timeout: float = 1200, jobs: int | None = None, only: tuple = ()) -> dict:
@@ -960,7 +975,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--only", default="", help="comma-separated substrings of target names")
     parser.add_argument("--backend", default="all",
-                        choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc"),
+                        choices=("all", "triton", "tlx", "mx", "blackwell", "blackwell-mx", "blackwell-clc",
+                                 "blackwell-2cta"),
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 builds' (forward and dK/dV), "
                              "the TLX Blackwell (sm_100a) kernels', the Blackwell MXFP8 build's (not in 'all'), or "
                              "the Blackwell forward's CLC build, whether the toolchain lowers it or not (not in 'all')")
@@ -983,7 +999,11 @@ def main(argv=None) -> int:
         try:
             r = check(target)
         except Exception as exc:  # one target's crash is that target's failure, not the run's
-            r = Result(target, False, [f"the gate raised {type(exc).__name__}: {exc}"])
+            root = exc
+            while root.__cause__ is not None:  # the compiler wraps the builtin's own error: name that too
+                root = root.__cause__
+            cause = f" (caused by {type(root).__name__}: {root})" if root is not exc else ""
+            r = Result(target, False, [f"the gate raised {type(exc).__name__}: {exc}{cause}"])
         results.append(r)
         if args.json:
             print(json.dumps({**asdict(r), "target": asdict(r.target)}), flush=True)

@@ -4,7 +4,9 @@ The simulator owns CTA launch, as the GPU's work distributor does. It starts the
 order (x outer, z inner); ``sm_count`` of them are resident from the start (one CTA per SM: the kernels
 that use cluster launch control fill an SM), and each time a CTA ends the next waiting one starts on the
 freed SM. The simulator runs the started CTAs one after another, which is one legal timing of CTAs whose
-only interaction is this dispatch (global-memory ordering between CTAs is not modelled).
+only interaction is this dispatch (global-memory ordering between CTAs is not modelled). A launch in clusters
+of N CTAs dispatches clusters: each entry is a cluster's first CTA, and its N CTAs run together
+(``cluster.Cluster``); ``sm_count`` then counts CTAs (``sm_count // N`` clusters resident).
 
 Cluster launch control's try_cancel (:meth:`Dispatch.try_cancel`) atomically claims the first CTA that has
 not started: it never starts, and its x coordinate is the answer; when every CTA has started or been

@@ -15,7 +15,7 @@ before the failure are appended.
     +-- ProtocolError           a misuse of a TLX object: over-arrival, tx underflow, mismatched shapes, ...
     +-- StepLimitError          a livelock or runaway loop (step limit or wall-clock limit)
     +-- KernelError             the kernel code itself raised (a Python error inside the interpreter)
-    +-- UnsupportedError        an op or feature the simulator does not model (clusters, multi-CTA CLC, 2-CTA MMA, ...)
+    +-- UnsupportedError        an op or feature the simulator does not model (multi-CTA CLC, aliasing, ...)
 
 ``SimSetupError`` (an ImportError) is raised at import when the environment cannot run the simulator.
 """

@@ -12,9 +12,10 @@ For the duration of one launch (and only then; every patch is undone on exit, al
 * pointer loads, stores and atomics are checked against the launch's tensors and counted as steps;
   ``tl.range`` iterations are counted as steps.
 
-The CTAs of the grid run one after another, in the order ``dispatch.Dispatch`` starts them (launch order, x
-outer, z inner, less the CTAs cluster launch control cancelled); each CTA's tasks run concurrently under the
-schedule. Cross-CTA concurrency is not modelled.
+The clusters of the grid run one after another, in the order ``dispatch.Dispatch`` starts them (launch order,
+x outer, z inner, less the CTAs cluster launch control cancelled); a cluster's CTAs (``ctas_per_cga=(N, 1, 1)``
+or ``num_ctas=N``; one CTA without) run concurrently, their tasks under one schedule (``cluster.Cluster``).
+Concurrency between clusters is not modelled.
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ An ``OpTable`` maps a TLX op name to its implementation ``fn(cta, *args, **kwarg
 proxy fences, the small helpers), ``HOPPER`` adds wgmma (``async_dot``/``async_dot_wait`` with register
 or shared-memory A). ``BLACKWELL`` starts from ``CORE`` and adds TMEM allocations and tcgen05 MMA
 completing on mbarriers (an ``AsyncOp`` landing on barriers, like a TMA load), tcgen05_commit and
-single-CTA cluster launch control (``blackwell``); clusters of more than one CTA are not modelled yet.
+single-CTA cluster launch control, 2-CTA MMA and commit (``blackwell``). Cluster ops (ranks, remote arrives and
+stores, the cluster barrier, multicast and 2-CTA TMA loads) are in ``CORE``; ``jfa.sim.cluster`` runs them.
 
 During a launch every op of the table replaces the function of that name on the ``tlx`` module; every
 other TLX builtin is replaced by a stub that raises UnsupportedError naming it, so a kernel never runs
@@ -56,4 +57,4 @@ def table_for(arch: tuple) -> OpTable:
     if major == 10:
         return blackwell.BLACKWELL
     raise UnsupportedError(f"architecture sm_{arch[0]}{arch[1]} is not simulated (Hopper sm_90 and Blackwell "
-                           "sm_100: tensor memory, tcgen05 MMA and single-CTA CLC; clusters are not modelled yet)")
+                           "sm_100: tensor memory, tcgen05 MMA (1- and 2-CTA), single-CTA CLC)")

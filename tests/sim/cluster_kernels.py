@@ -40,7 +40,9 @@ PAIR_BUGS = {
 
 @triton.jit
 def pair_gemm_kernel(desc_a, desc_b, OUT, N_STEPS, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
-                     BUG: tl.constexpr):
+                     BUG: tl.constexpr, TWO_CTA_LOADS: tl.constexpr = False):
+    """TWO_CTA_LOADS: both CTAs' TMA loads use the 2-CTA form (two_ctas=True), which completes on the leader's
+    barrier; the leader expects both CTAs' bytes and needs no remote arrive."""
     rank = tlx.cluster_cta_rank()
     leader = rank % 2 == 0
     HALF: tl.constexpr = N // 2
@@ -57,16 +59,24 @@ def pair_gemm_kernel(desc_a, desc_b, OUT, N_STEPS, M: tl.constexpr, K: tl.conste
             for i in range(0, N_STEPS):
                 b = i % 2
                 tlx.barrier_wait(empties[b], ((i // 2) & 1) ^ 1)
-                tlx.barrier_expect_bytes(fulls[b], (M * K + K * HALF) * 2)
-                tlx.async_descriptor_load(desc_a, a_tiles[b], [rank * M, i * K], fulls[b])  # <pg-load-a>
-                tlx.async_descriptor_load(desc_b, b_tiles[b], [i * K, rank * HALF], fulls[b])  # <pg-load-b>
+                if TWO_CTA_LOADS:
+                    tlx.barrier_expect_bytes(fulls[b], 2 * (M * K + K * HALF) * 2, pred=leader)
+                    tlx.async_descriptor_load(desc_a, a_tiles[b], [rank * M, i * K], fulls[b], two_ctas=True)
+                    tlx.async_descriptor_load(desc_b, b_tiles[b], [i * K, rank * HALF], fulls[b], two_ctas=True)
+                else:
+                    tlx.barrier_expect_bytes(fulls[b], (M * K + K * HALF) * 2)
+                    tlx.async_descriptor_load(desc_a, a_tiles[b], [rank * M, i * K], fulls[b])  # <pg-load-a>
+                    tlx.async_descriptor_load(desc_b, b_tiles[b], [i * K, rank * HALF], fulls[b])  # <pg-load-b>
         with tlx.async_task(num_warps=1):  # the MMA: issued by the leader for both
             for i in range(0, N_STEPS):
                 b = i % 2
-                tlx.barrier_wait(fulls[b], (i // 2) & 1)
-                tlx.barrier_arrive(pair_ready[b], 1, remote_cta_rank=rank & ~1)
-                if BUG != 1:
-                    tlx.barrier_wait(pair_ready[b], (i // 2) & 1, pred=leader)
+                if TWO_CTA_LOADS:  # both CTAs' boxes complete on the leader's barrier
+                    tlx.barrier_wait(fulls[b], (i // 2) & 1, pred=leader)
+                else:
+                    tlx.barrier_wait(fulls[b], (i // 2) & 1)
+                    tlx.barrier_arrive(pair_ready[b], 1, remote_cta_rank=rank & ~1)
+                    if BUG != 1:
+                        tlx.barrier_wait(pair_ready[b], (i // 2) & 1, pred=leader)
                 if i == N_STEPS - 1:
                     if BUG == 2:
                         tlx.async_dot(a_tiles[b], b_tiles[b], acc[0], use_acc=i > 0, mBarriers=[empties[b]],
@@ -93,7 +103,8 @@ def pair_gemm_kernel(desc_a, desc_b, OUT, N_STEPS, M: tl.constexpr, K: tl.conste
     tlx.cluster_barrier()  # <pg-final-cluster-barrier>
 
 
-def run_pair_gemm(bug="none", n_steps=3, m=128, k=32, n=64, ctas_per_cga=(2, 1, 1), grid=2, **launch_kw):
+def run_pair_gemm(bug="none", n_steps=3, m=128, k=32, n=64, ctas_per_cga=(2, 1, 1), grid=2, two_cta_loads=False,
+                  **launch_kw):
     """(max |C - A @ B|, report) for a 2-CTA GEMM of A [grid * m, n_steps * k] and B [n_steps * k, n]."""
     g = torch.Generator().manual_seed(3)
     a = torch.randn(grid * m, n_steps * k, generator=g).to(torch.bfloat16)
@@ -105,7 +116,7 @@ def run_pair_gemm(bug="none", n_steps=3, m=128, k=32, n=64, ctas_per_cga=(2, 1, 
     if ctas_per_cga is not None:
         kw["ctas_per_cga"] = ctas_per_cga
     report = sim.launch(pair_gemm_kernel, (grid,), da, db, out, n_steps, M=m, K=k, N=n, BUG=PAIR_BUGS[bug],
-                        arch=(10, 0), **kw)
+                        TWO_CTA_LOADS=two_cta_loads, arch=(10, 0), **kw)
     return (out - a.float() @ b.float()).abs().max().item(), report
 
 
@@ -149,6 +160,24 @@ def run_multicast(bug="none", bm=16, d=32, **launch_kw):
 
 
 @triton.jit
+def remote_wait_kernel(OUT, EARLY_ARRIVE: tl.constexpr):
+    """EARLY_ARRIVE: CTA 1 arrives on CTA 0's barrier before any cluster barrier, i.e. possibly before CTA 0 has
+    initialised it; otherwise CTA 1 waits on CTA 0's barrier (a remote view), which TLX does not allow."""
+    rank = tlx.cluster_cta_rank()
+    if EARLY_ARRIVE:
+        if rank == 0:
+            tlx.fence_async_shared()  # a TLX op: where a seeded schedule may switch to CTA 1 before the allocation
+        bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+        if rank == 1:
+            tlx.barrier_arrive(bar[0], 1, remote_cta_rank=0)  # <rw-early-arrive>
+        tlx.cluster_barrier()
+    else:
+        bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+        tlx.cluster_barrier()
+        tlx.barrier_wait(tlx.remote_view(bar[0], rank ^ 1), 0)  # <rw-remote-wait>
+
+
+@triton.jit
 def rank_kernel(OUT, PEER_STORE: tl.constexpr):
     """Each CTA writes (its program id, its cluster rank, the cluster size); with PEER_STORE each CTA stores its
     rank into its partner's buffer (remote_shmem_store), both cluster-barrier, and each reads what it got."""
@@ -173,3 +202,9 @@ def run_ranks(grid=4, cluster=2, peer_store=0, **launch_kw):
     report = sim.launch(rank_kernel, (grid,), out, PEER_STORE=peer_store, arch=(10, 0),
                         ctas_per_cga=(cluster, 1, 1), **launch_kw)
     return out.view(grid, 4), report
+
+
+def run_remote_wait(early_arrive, **launch_kw):
+    out = torch.zeros(4, dtype=torch.int32)
+    return sim.launch(remote_wait_kernel, (2,), out, EARLY_ARRIVE=early_arrive, arch=(10, 0), ctas_per_cga=(2, 1, 1),
+                      **launch_kw)

@@ -5,7 +5,7 @@ import pytest
 
 import jfa.sim as sim
 
-from cluster_kernels import line_of, run_multicast, run_pair_gemm, run_ranks
+from cluster_kernels import line_of, run_multicast, run_pair_gemm, run_ranks, run_remote_wait
 
 SCHEDULES = [sim.Schedule.deterministic()] + [sim.Schedule.seeded(s) for s in (1, 2, 3)]
 IDS = ["deterministic", "seed1", "seed2", "seed3"]
@@ -111,3 +111,34 @@ def test_a_two_cta_mma_needs_cta_pairs():
     """In a cluster of 3 the third CTA has no partner: a 2-CTA MMA there is refused."""
     with pytest.raises(sim.ProtocolError, match="even number of CTAs"):
         run_pair_gemm(ctas_per_cga=(3, 1, 1), grid=3)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
+def test_two_cta_loads_complete_on_the_leaders_barrier(schedule):
+    """two_ctas=True TMA loads (.cta_group::2): each CTA's box lands in its own buffer and completes on the leader's
+    barrier, which expects both CTAs' bytes; the leader then issues with no remote arrive (the partner's box may
+    land before the leader's expect)."""
+    err, report = run_pair_gemm(two_cta_loads=True, schedule=schedule)
+    assert err < 1e-4, err
+    assert "barrier_arrive" not in report.op_counts
+
+
+def test_waiting_on_a_partners_barrier_is_refused():
+    with pytest.raises(sim.ProtocolError, match="a CTA waits only on its own mbarriers") as info:
+        run_remote_wait(False)
+    assert info.value.site.line == line_of("rw-remote-wait")
+
+
+def test_arriving_on_a_partners_barrier_before_it_is_initialised_is_reported():
+    """CTA 1 arrives on CTA 0's barrier with no cluster barrier after the allocations: the seeds that switch to
+    CTA 1 before CTA 0 has allocated it report the arrival on an uninitialised mbarrier; the deterministic
+    schedule (CTA 0 allocates first) runs through."""
+    run_remote_wait(True)
+    caught = 0
+    for seed in range(1, 9):
+        try:
+            run_remote_wait(True, schedule=sim.Schedule.seeded(seed, switch_prob=0.5))
+        except sim.ProtocolError as err:
+            assert "has not initialised it yet" in str(err) and err.site.line == line_of("rw-early-arrive")
+            caught += 1
+    assert caught > 0

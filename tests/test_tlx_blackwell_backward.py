@@ -110,6 +110,21 @@ def test_two_cta_backward_meets_the_oracle_under_seeded_schedules(pair_seeded_ca
     _pair_meets_the_oracle_through_the_op(pair_seeded_case, sim.Schedule.seeded(seed))
 
 
+def test_two_cta_build_without_the_fused_dq_meets_the_oracle():
+    """deterministic=True on a simulator asked for the 2-CTA build: the dK/dV kernel's build without the fused dQ
+    (dS^T's slot handed back by the pair's dK alone) in clusters of two, then the portable dQ pass."""
+    case = next(c for c in CATALOGUE if c.name == "bw-gqa-causal-D64-bf16")
+    inp = make_inputs(case)
+    scale = case.head_dim ** -0.5
+    with sim.simulated(arch=(10, 0), sm_count=PAIR_SM_COUNT, cta_pair=True) as session:
+        out, lse = bwf.jagged_forward_blackwell(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, causal=case.causal,
+                                                softmax_scale=scale, broadcast_q=False, num_seqs=len(case.lengths_k))
+        grads = _backward(case, inp, out, lse, True)
+    assert session.kernels() == [FORWARD, KERNEL] and session.reports[-1].op_counts.get("cluster_barrier")
+    verdicts = backward_verdicts(case, inp, out, grads)
+    assert all(v.ok for v in verdicts), "\n".join(map(str, verdicts))
+
+
 def test_the_two_cta_build_runs_only_where_a_target_asks_for_it():
     """Dispatch: the 1-CTA build unless the launch target says ``cta_pair_backward`` (a simulator asked for it);
     LaunchTarget's default, which every GPU target keeps, is the 1-CTA build."""

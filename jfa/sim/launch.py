@@ -62,7 +62,7 @@ class LaunchReport:
     task_switches: int
     copies: int  # TMA copies (loads and stores) that landed
     op_counts: dict
-    steps: list  # per CTA, in launch order
+    steps: list  # per CTA (per cluster in a launch of clusters), in launch order
     seconds: float
     warnings: list = field(default_factory=list)
     cancelled: tuple = ()  # x of every CTA a try_cancel claimed (it never started), in claim order

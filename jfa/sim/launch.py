@@ -335,8 +335,8 @@ class Launch:
             g3 = (g3[0] * num_ctas,) + g3[1:]
             g = (g3[0],) + tuple(g[1:])
         if g3[0] % cluster:
-            raise ProtocolError(f"grid {g}: with clusters of {cluster} CTAs (ctas_per_cga) the grid's x must be a whole "
-                                "number of clusters")
+            raise ProtocolError(f"grid {g}: with clusters of {cluster} CTAs (ctas_per_cga) the grid's x must be a "
+                                "whole number of clusters")
         self.cluster_size = cluster
         rfn = rewrite.rewritten(fn)
 

@@ -312,8 +312,9 @@ def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
         op.peer_acc = cl.peer_view(acc_view, peer, f"{what}(two_ctas=True) acc", site)
         n = 2 * n
     if k != k2 or list(acc_view.shape) != [m, n]:
-        raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]}{' (B: the pair' + chr(39) + 's halves)' if peer else ''} "
-                            f"into {list(acc_view.shape)} do not chain", site=site)
+        halves = " (B: the pair's two halves)" if peer is not None else ""
+        raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]}{halves} into {list(acc_view.shape)} do not chain",
+                            site=site)
     if m not in (64, 128) or k < 16 or n < 8 or n > 256:
         raise ProtocolError(f"{what} of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, N 8..256",
                             site=site)

@@ -609,7 +609,8 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 def _constexprs(cfg: BlackwellDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                 group: int = 1) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate)."""
-    return dict(PAIR=cfg.cta_pair, HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
+    return dict(PAIR=cfg.cta_pair,
+                HEAD_DIM=head_dim, CAUSAL=causal, GROUP=group, BROADCAST_Q=broadcast_q, FUSED_DQ=fused_dq,
                 BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_DKDV=cfg.num_buffers_dkdv,
                 DQ_COLUMNS=cfg.dq_columns, DQ_STAGES=cfg.dq_stages, COMPUTE_REGS=cfg.compute_regs,

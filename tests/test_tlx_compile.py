@@ -413,6 +413,62 @@ def test_the_toolchain_builds_the_two_cta_backward_exactly_where_the_launchers_s
         assert "tlx.remote_view needs ttng.map_to_remote_buffer" in why, why
 
 
+_TWO_CTA_MMA_PROBE = r"""
+import re, sys
+import triton, triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def pair_mma(a_desc, b_desc, c_ptr):
+    # TLX's per-CTA shapes for cta_group::2: A [128, 64] (this CTA's rows), B [64, 64] (half of N), acc [128, 128]
+    rank = tlx.cluster_cta_rank()
+    a = tlx.local_alloc((128, 64), tl.bfloat16, 1)
+    b = tlx.local_alloc((64, 64), tl.bfloat16, 1)
+    bars = tlx.alloc_barriers(2)
+    acc = tlx.local_alloc((128, 128), tl.float32, 1, tlx.storage_kind.tmem)
+    tlx.barrier_expect_bytes(bars[0], 2 * (128 * 64 + 64 * 64))
+    tlx.async_descriptor_load(a_desc, a[0], [rank * 128, 0], bars[0])
+    tlx.async_descriptor_load(b_desc, b[0], [0, rank * 64], bars[0])
+    tlx.barrier_wait(bars[0], 0)
+    tlx.async_dot(a[0], b[0], acc[0], use_acc=False, two_ctas=True)
+    tlx.tcgen05_commit(bars[1], two_ctas=True)
+    tlx.barrier_wait(bars[1], 0)
+    offs = tl.arange(0, 128)
+    tl.store(c_ptr + (rank * 128 + offs[:, None]) * 128 + offs[None, :], tlx.local_load(acc[0]))
+
+sig = {"a_desc": "tensordesc<bf16[128, 64]>", "b_desc": "tensordesc<bf16[64, 64]>", "c_ptr": "*fp32"}
+try:
+    c = triton.compile(ASTSource(pair_mma, sig, {}, {}), target=GPUTarget("cuda", 100, 32),
+                       options={"num_warps": 4, "num_ctas": 2})
+    print("BUILT", len(re.findall(r"tcgen05\.mma\.cta_group::2", c.asm["ptx"])))
+except Exception as exc:
+    print("FAILED", type(exc).__name__)
+"""
+
+
+def test_a_lone_two_cta_mma_does_not_build_with_this_toolchain(device, tmp_path):
+    """Behind remote_view, the second wall of the 2-CTA build: uTLX's async_dot(two_ctas=True) takes TLX's
+    per-CTA shapes (B holds N / 2 of the accumulator's N columns) and Triton 3.8's tc_gen5_mma verifier wants the
+    accumulator's N equal to B's, so even a lone 2-CTA MMA (no remote arrive, no cluster barrier) fails to build
+    for sm_100a with num_ctas=2. When it builds (its PTX then holds tcgen05.mma.cta_group::2) this fails: check the
+    other walls (test_the_toolchain_builds_the_two_cta_backward_exactly_where_the_launchers_say)."""
+    if device != "cpu":
+        pytest.skip("the offline compile runs in the CPU suite")
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "pair_mma.py"
+    script.write_text(_TWO_CTA_MMA_PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    verdict = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert verdict.startswith("FAILED"), run.stdout + run.stderr
+    assert "expected the output shape to be the concatenation" in run.stderr, run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("name", BLACKWELL_SUITE)
 def test_blackwell_forward_compiles_for_sm100a_as_designed(name, blackwell_results, record_property):
     """tcgen05 MMAs with commits and TMEM loads, tensor memory within 512 columns, shared memory within

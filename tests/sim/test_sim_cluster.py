@@ -142,3 +142,9 @@ def test_arriving_on_a_partners_barrier_before_it_is_initialised_is_reported():
             assert "has not initialised it yet" in str(err) and err.site.line == line_of("rw-early-arrive")
             caught += 1
     assert caught > 0
+
+
+def test_a_two_cta_mma_of_64_rows_a_cta_is_not_simulated():
+    """cta_group::2 at M 128 (64 rows a CTA) splits its operands another way than at M 256: refused by name."""
+    with pytest.raises(sim.UnsupportedError, match="only 128 a CTA"):
+        run_pair_gemm(m=64)

@@ -315,6 +315,9 @@ def _issue(cta, A, B, acc, use_acc, pred, mBarriers, two_ctas, scales, what):
         halves = " (B: the pair's two halves)" if peer is not None else ""
         raise ProtocolError(f"{what}: shapes {[m, k]} x {[k2, n]}{halves} into {list(acc_view.shape)} do not chain",
                             site=site)
+    if peer is not None and m != 128:  # cta_group::2 at M 128 (64 rows a CTA) splits A, B and D another way
+        raise UnsupportedError(f"{what}(two_ctas=True) with {m} rows of A a CTA: only 128 a CTA (M 256) is simulated",
+                               site=site)
     if m not in (64, 128) or k < 16 or n < 8 or n > 256:
         raise ProtocolError(f"{what} of [{m}, {k}] x [{k}, {n}]: tcgen05 takes M 64 or 128, K >= 16, N 8..256",
                             site=site)

@@ -979,7 +979,8 @@ def main(argv=None) -> int:
                                  "blackwell-2cta"),
                         help="only the portable Triton targets, only the TLX Hopper ones, the TLX MXFP8 builds' (forward and dK/dV), "
                              "the TLX Blackwell (sm_100a) kernels', the Blackwell MXFP8 build's (not in 'all'), or "
-                             "the Blackwell forward's CLC build, whether the toolchain lowers it or not (not in 'all')")
+                             "the Blackwell forward's CLC build or the backward's 2-CTA build, whether the toolchain "
+                             "builds them or not (not in 'all')")
     parser.add_argument("--shard", default="0/1", metavar="I/N",
                         help="only every N-th target, starting at the I-th (parallel runs)")
     args = parser.parse_args(argv)

@@ -1,11 +1,13 @@
-"""The TLX MXFP8 forward on small ragged problems (empty sequences, tails, causal, broadcast Q, grouped heads)
-against the portable MX forward, for a first GPU run and under compute-sanitizer. Prints one line per case."""
+"""The TLX MXFP8 forward and backward on small ragged problems (empty sequences, tails, causal, broadcast Q,
+grouped heads) against the portable MX kernels, for a first GPU run and under compute-sanitizer. Prints one
+line per case and pass."""
 import torch
 
 import jfa.mx as jmx
 from jfa.kernels.schedule import virtual_cu_seqlens
+from jfa.kernels.tlx.hopper.backward import mx_backward_tlx
 from jfa.kernels.tlx.hopper.forward import mx_forward_tlx
-from jfa.kernels.triton.mx_attention import mx_forward
+from jfa.kernels.triton.mx_attention import mx_backward, mx_forward
 
 import os
 DEV = os.environ.get("DEV", "cuda")
@@ -30,3 +32,12 @@ for D, causal, bcast, kv_heads, window in ((64, False, False, 2, (-1, -1)), (128
           f"out max diff {float((out - ref).abs().max()):.3g} (ref max {float(ref.abs().max()):.3g}), "
           f"lse max diff {float((lse[fin] - ref_lse[fin]).abs().max()):.3g}, "
           f"empty rows agree {bool(torch.equal(torch.isinf(lse), torch.isinf(ref_lse)))}", flush=True)
+    if window != (-1, -1):
+        continue
+    dout = torch.randn_like(out)
+    grads = dict(causal=causal, softmax_scale=D ** -0.5, broadcast_q=bcast, num_seqs=len(lens), len_q_bcast=lq)
+    got = mx_backward_tlx(q, k, v, ref, ref_lse, dout, cu_q, cu, **grads)
+    want = mx_backward(q, k, v, ref, ref_lse, dout, cu_q, cu, **grads)
+    print("    backward: " + ", ".join(f"{name} max diff {float((a - b).abs().max()):.3g} (ref max "
+                                        f"{float(b.abs().max()):.3g})" for name, a, b in zip(("dq", "dk", "dv"), got, want)),
+          flush=True)

@@ -16,16 +16,14 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
+import sim_kernels
 
 HERE = os.path.abspath(__file__)
 
 
 def line_of(marker: str) -> int:
-    with open(HERE) as f:
-        for n, line in enumerate(f, 1):
-            if line.rstrip().endswith(f"# <{marker}>"):
-                return n
-    raise KeyError(marker)
+    """The line of this file that carries ``# <marker>``."""
+    return sim_kernels.line_of(marker, HERE)
 
 
 PAIR_BUGS = {

@@ -18,9 +18,9 @@ import jfa.sim as sim
 HERE = os.path.abspath(__file__)
 
 
-def line_of(marker: str) -> int:
-    """The line of this file that carries ``# <marker>``."""
-    with open(HERE) as f:
+def line_of(marker: str, path: str = HERE) -> int:
+    """The line of ``path`` (this file by default) that carries ``# <marker>``."""
+    with open(path) as f:
         for n, line in enumerate(f, 1):
             if line.rstrip().endswith(f"# <{marker}>"):
                 return n

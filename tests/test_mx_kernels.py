@@ -628,12 +628,17 @@ def _check_tlx_backward(case, device, seed, inputs="gauss"):
     from the same out and lse, within bound (a) (``kernel_tolerance``: it holds from any conforming out/lse)."""
     pb = _problem(case, device, inputs=inputs)
     out, lse = _forward(pb)
-    grads = _tlx_backward(pb, out, lse, _sim_schedule(seed))
+    assert_backward_within_bound_a(pb, out, lse, _tlx_backward(pb, out, lse, _sim_schedule(seed)))
+
+
+def assert_backward_within_bound_a(pb: Problem, out, lse, grads) -> None:
+    """dq, dk, dv (``grads``) have the inputs' dtypes and shapes and lie within bound (a) of the MX oracle's
+    backward from the same ``out`` and ``lse`` (``kernel_tolerance``: it holds from any conforming out/lse)."""
     q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
     dlse = None if pb.dlse is None else _np(pb.dlse)
     kw = _oracle_kw(pb)
     tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
-                                     out_dtype=DTYPE_NAMES[case.dtype], dlse=dlse, **kw)
+                                     out_dtype=DTYPE_NAMES[pb.case.dtype], dlse=dlse, **kw)
     want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, dlse=dlse, **_oracle_kw(pb))
     for name, g, w, x in zip(("dq", "dk", "dv"), grads, want, (pb.q, pb.k, pb.v)):
         assert g.dtype == x.dtype and g.shape == x.shape, name

@@ -367,6 +367,19 @@ def test_every_shipped_blackwell_config_is_a_gate_target():
     assert set(BLACKWELL_SUITE + BLACKWELL_BACKWARD_SUITE) <= {t.name for t in targets}
 
 
+def _compiles_offline(backend: str, targets) -> tuple:
+    """(whether the one target of ``targets()`` passes the compile gate's ``backend``, why not, its result row or
+    None where the compiler died)."""
+    from jfa.fuzz.compile_gate import run_out_of_process
+
+    (name,) = [t.name for t in targets()]
+    try:
+        row = run_out_of_process(backend, jobs=1)[name]
+    except RuntimeError as exc:  # the compiler died
+        return False, str(exc), None
+    return row["ok"], "; ".join(row["problems"]), row
+
+
 def test_the_toolchain_lowers_cluster_launch_control_exactly_where_the_launchers_say(device):
     """The Blackwell forward's CLC build compiles for sm_100a (with clusterlaunchcontrol.try_cancel and its query in
     the PTX) exactly when ``TOOLCHAIN_LOWERS_CLC`` says so: a GPU launch then runs it. Triton 3.8 with uTLX
@@ -374,15 +387,10 @@ def test_the_toolchain_lowers_cluster_launch_control_exactly_where_the_launchers
     fails, and the switch is to be turned on."""
     if device != "cpu":
         pytest.skip("the offline compile gate runs in the CPU suite")
-    from jfa.fuzz.compile_gate import blackwell_clc_targets, run_out_of_process
+    from jfa.fuzz.compile_gate import blackwell_clc_targets
     from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_CLC
 
-    (name,) = [t.name for t in blackwell_clc_targets()]
-    try:
-        row = run_out_of_process("blackwell-clc", jobs=1)[name]
-        lowers, why = row["ok"], "; ".join(row["problems"])
-    except RuntimeError as exc:  # the compiler died
-        lowers, why = False, str(exc)
+    lowers, why, _row = _compiles_offline("blackwell-clc", blackwell_clc_targets)
     assert lowers == TOOLCHAIN_LOWERS_CLC, why
     if not lowers:
         assert "'ttng.async_clc_try_cancel' is not registered" in why, why
@@ -397,15 +405,10 @@ def test_the_toolchain_builds_the_two_cta_backward_exactly_where_the_launchers_s
     switch on and decide the dispatch (docs/blackwell.md)."""
     if device != "cpu":
         pytest.skip("the offline compile gate runs in the CPU suite")
-    from jfa.fuzz.compile_gate import blackwell_two_cta_targets, run_out_of_process
+    from jfa.fuzz.compile_gate import blackwell_two_cta_targets
     from jfa.kernels.tlx.common.target import TOOLCHAIN_LOWERS_TWO_CTA
 
-    (name,) = [t.name for t in blackwell_two_cta_targets()]
-    try:
-        row = run_out_of_process("blackwell-2cta", jobs=1)[name]
-        builds, why = row["ok"], "; ".join(row["problems"])
-    except RuntimeError as exc:  # the compiler died
-        builds, why = False, str(exc)
+    builds, why, row = _compiles_offline("blackwell-2cta", blackwell_two_cta_targets)
     assert builds == TOOLCHAIN_LOWERS_TWO_CTA, why
     if builds:
         assert row["details"]["two_cta_mmas"] > 0

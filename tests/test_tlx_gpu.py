@@ -406,24 +406,11 @@ def test_capturing_a_graph_without_trusted_offsets_says_how_to_fix_it():
 # ----------------------------------------------------------------------------------------------------
 from dataclasses import replace  # noqa: E402
 
-from test_mx_kernels import (DTYPE_NAMES as MX_DTYPE_NAMES, TLX_BACKWARD_CASES, _assert_within as _mx_within,  # noqa: E402
-                             _forward as _mx_forward, _launch_args as _mx_launch_args, _np as _mx_np,
-                             _oracle_kw as _mx_oracle_kw, _problem as _mx_problem)
-
-
-def _mx_bound_a(pb, out, lse, grads):
-    from jfa.oracle import mx_attention as mx_oracle
-    from jfa.oracle import mx_bounds
-
-    q, k, v, dout = (_mx_np(t) for t in (pb.q, pb.k, pb.v, pb.dout))
-    dlse = None if pb.dlse is None else _mx_np(pb.dlse)
-    kw = _mx_oracle_kw(pb)
-    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
-                                     out_dtype=MX_DTYPE_NAMES[pb.case.dtype], dlse=dlse, **kw)
-    want = mx_oracle.mx_backward(q, k, v, _mx_np(out), _mx_np(lse), dout, dlse=dlse, **_mx_oracle_kw(pb))
-    for name, g, w, x in zip(("dq", "dk", "dv"), grads, want, (pb.q, pb.k, pb.v)):
-        assert g.dtype == x.dtype and g.shape == x.shape, name
-        _mx_within(name, g, w, tol[name])
+from test_mx_kernels import TLX_BACKWARD_CASES  # noqa: E402
+from test_mx_kernels import _forward as _mx_forward  # noqa: E402
+from test_mx_kernels import _launch_args as _mx_launch_args  # noqa: E402
+from test_mx_kernels import _problem as _mx_problem  # noqa: E402
+from test_mx_kernels import assert_backward_within_bound_a as _mx_bound_a  # noqa: E402
 
 
 @pytest.mark.parametrize("case", TLX_BACKWARD_CASES, ids=[c.name for c in TLX_BACKWARD_CASES])

@@ -465,6 +465,21 @@ def _binding(kernel, compile_kwargs: dict) -> dict:
             "key": str(compile_kwargs["key"])}
 
 
+def _zero_mx(t, axis: str, rule: str, cu=None):
+    """A ``jfa.mx.MXTensor`` of ``t``'s shape and dtype, all zero bytes, blocked along ``axis`` ("dim", or
+    "tokens" by the offsets ``cu``): what an MXFP8 launch binds, for the offline launch bindings."""
+    import torch
+
+    from jfa import mx as jmx
+
+    rows, heads, dim = t.shape
+    data = torch.zeros(rows, heads, dim, dtype=torch.float8_e4m3fn)
+    if axis == "dim":
+        return jmx.MXTensor(data, torch.zeros(rows, heads, dim // 32, dtype=torch.uint8), axis, rule, t.dtype)
+    scales = torch.zeros(jmx.token_scale_rows(rows, cu.numel() - 1), heads, dim, dtype=torch.uint8)
+    return jmx.MXTensor(data, scales, axis, rule, t.dtype, cu_seqlens=cu, block_offsets=jmx.token_block_offsets(cu))
+
+
 def _launch_inputs(target: Target):
     """CPU tensors shaped as a launch sees them: q, k, v slices of a fused [T, 3, H, D] projection (or a
     dense broadcast Q), offsets with an empty sequence. Returns (q, k, v, out_cu, cu_k, len_q)."""
@@ -615,7 +630,6 @@ def mx_dkdv_launch_binding(target: Target) -> dict:
     import torch
 
     from jfa import knobs
-    from jfa import mx as jmx
     from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
@@ -625,13 +639,7 @@ def mx_dkdv_launch_binding(target: Target) -> dict:
     q_cu = torch.tensor([0, q.shape[0]], dtype=torch.int32) if target.broadcast_q else out_cu
 
     def as_mx(t, axis, cu=None):
-        n, heads, dim = t.shape
-        data = torch.zeros(n, heads, dim, dtype=torch.float8_e4m3fn)
-        if axis == "dim":
-            return jmx.MXTensor(data, torch.zeros(n, heads, dim // 32, dtype=torch.uint8), axis, target.mx, t.dtype)
-        scales = torch.zeros(jmx.token_scale_rows(n, cu.numel() - 1), heads, dim, dtype=torch.uint8)
-        return jmx.MXTensor(data, scales, axis, target.mx, t.dtype, cu_seqlens=cu,
-                            block_offsets=jmx.token_block_offsets(cu))
+        return _zero_mx(t, axis, target.mx, cu)
 
     lse = torch.zeros(rows, q.shape[1])
     with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
@@ -851,22 +859,13 @@ def _check_blackwell_dkdv(target: Target) -> Result:
 def blackwell_mx_launch_binding(target: Target) -> dict:
     """What a launch of the Blackwell MXFP8 forward by its launcher (``mx_forward_blackwell``) would compile, bound
     on CPU MXTensors shaped like ``_launch_inputs``' tensors (the launch target answering sm_100)."""
-    import torch
-
     from jfa import knobs
-    from jfa import mx as jmx
     from jfa.kernels.tlx.blackwell import forward as bw
 
     q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
 
     def as_mx(t, axis):
-        rows, heads, dim = t.shape
-        data = torch.zeros(rows, heads, dim, dtype=torch.float8_e4m3fn)
-        if axis == "dim":
-            return jmx.MXTensor(data, torch.zeros(rows, heads, dim // 32, dtype=torch.uint8), axis, target.mx, t.dtype)
-        scales = torch.zeros(jmx.token_scale_rows(rows, cu_k.numel() - 1), heads, dim, dtype=torch.uint8)
-        return jmx.MXTensor(data, scales, axis, target.mx, t.dtype, cu_seqlens=cu_k,
-                            block_offsets=jmx.token_block_offsets(cu_k))
+        return _zero_mx(t, axis, target.mx, cu_k)
 
     grids = {}
     with _offline_target((10, 0), grids), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), \

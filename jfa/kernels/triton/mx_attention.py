@@ -103,9 +103,9 @@ def _load_dim(DATA, SCALES, rows, row_mask, offs_d, d_mask, stride_t, stride_st)
     """Dequantized ``[rows, BLOCK_D]`` tile of a D-axis MX operand (DATA, SCALES already at the head;
     element (t, d) has scale ``SCALES[t, d // 32]``); masked entries are 0."""
     mask = row_mask[:, None] & d_mask[None, :]
-    codes = tl.load(DATA + rows[:, None] * stride_t + offs_d[None, :], mask=mask, other=0).to(tl.int32)
-    sb = tl.load(SCALES + rows[:, None] * stride_st + (offs_d // 32)[None, :], mask=mask, other=127).to(tl.int32)
-    return _decode(codes, sb - 127, sb == 255)
+    codes = tl.load(DATA + rows[:, None] * stride_t + offs_d[None, :], mask=mask, other=0)
+    return dequantize(codes, tl.load(SCALES + rows[:, None] * stride_st + (offs_d // 32)[None, :], mask=mask,
+                                     other=127))
 
 
 @triton.jit
@@ -114,9 +114,9 @@ def _load_tokens(DATA, SCALES, rows, block_rows, row_mask, offs_d, d_mask, strid
     (``block_rows``: the sequence's first scale row plus the local row // 32); data and scales share
     their strides. Masked entries are 0."""
     mask = row_mask[:, None] & d_mask[None, :]
-    codes = tl.load(DATA + rows[:, None] * stride_t + offs_d[None, :], mask=mask, other=0).to(tl.int32)
-    sb = tl.load(SCALES + block_rows[:, None] * stride_t + offs_d[None, :], mask=mask, other=127).to(tl.int32)
-    return _decode(codes, sb - 127, sb == 255)
+    codes = tl.load(DATA + rows[:, None] * stride_t + offs_d[None, :], mask=mask, other=0)
+    return dequantize(codes, tl.load(SCALES + block_rows[:, None] * stride_t + offs_d[None, :], mask=mask,
+                                     other=127))
 
 
 @triton.jit

@@ -232,8 +232,9 @@ def _cuda_and_import(module: str, names: tuple, label: str) -> tuple[bool, str]:
 
 class JfaImpl(Impl):
     """``jfa.jagged_attention`` with a fixed backend ("triton" or "tlx"; "auto" for MXFP8) and precision ("auto":
-    the input dtype; "mxfp8": what the op runs for it, the TLX MXFP8 forward on sm_90 and the portable MXFP8
-    backward, judged by docs/mxfp8.md's bounds in the tests, not by the bench's bf16 oracle check)."""
+    the input dtype; "mxfp8": what the op runs for it, the operands quantized inside the call, on sm_90 the TLX
+    MXFP8 forward and the backward's TLX dK/dV build beside the portable MX dQ pass, judged by docs/mxfp8.md's
+    bounds in the tests, not by the bench's bf16 oracle check)."""
 
     def __init__(self, backend: str, precision: str = "auto"):
         self.backend = backend

@@ -4,6 +4,11 @@ one process, the same inputs; agreement of the two MX backwards, and a torch.pro
 backward's kernels per shape. A lab tool (not a test: the tests judge the kernels by the bounds).
 
     python -m jfa.bench.mx_backward --out DIR [--rule floor] [--repeats 1] [--skip-portable]
+                                    [--dq-configs 64x32x8x2,64x64x8x2]
+
+``--dq-configs``: also the shipped backward with each of these portable dQ launch configs (block_m x block_n x
+warps x stages), its dQ's largest difference to the shipped config's (fp32 accumulation order: another
+block_n sums the chunks in another order).
 
 Writes DIR/mx_backward.json after every shape and DIR/profile-<shape>.txt (a call cut short keeps what it
 measured).
@@ -11,6 +16,8 @@ measured).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -22,7 +29,9 @@ from jfa.bench.runner import launcher_inputs, time_ms
 from jfa.bench.suites import get_suite
 from jfa.kernels.tlx.hopper.backward import jagged_backward_tlx, mx_backward_tlx
 from jfa.kernels.tlx.hopper.forward import jagged_forward_tlx, mx_forward_tlx
-from jfa.kernels.triton.mx_attention import mx_backward
+from jfa.kernels.tlx.hopper.backward import mx_dkdv_tlx
+from jfa.kernels.triton.configs import KernelConfig
+from jfa.kernels.triton.mx_attention import mx_backward, mx_configs
 
 
 def _max_rel(got, want) -> float:
@@ -43,6 +52,12 @@ def _kernel_table(fn, calls: int = 3) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=70)
 
 
+def _dq_config(text: str) -> KernelConfig:
+    """``KernelConfig`` of "BMxBNxWxS"."""
+    block_m, block_n, warps, stages = (int(x) for x in text.split("x"))
+    return KernelConfig(block_m, block_n, warps, stages)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="gem")
@@ -50,8 +65,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rep", type=int, default=30)
     parser.add_argument("--skip-portable", action="store_true", help="time only the shipped MX and bf16 backwards")
+    parser.add_argument("--dq-configs", default="", help="comma-separated BMxBNxWxS portable dQ configs to time")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    dq_configs = [_dq_config(c) for c in args.dq_configs.split(",") if c]
     rows = []
     for problem in get_suite(args.suite):
         batch, kw = launcher_inputs(problem)
@@ -75,6 +92,17 @@ def main(argv=None) -> int:
                 got, want = shipped(), portable()
                 row.update({f"{name}_rel": _max_rel(g, w) for name, g, w in zip(("dq", "dk", "dv"), got, want)})
                 timed.append(("portable_mx_ms", portable))
+            reference = shipped()
+            for cfg in dq_configs:
+                configs = dataclasses.replace(mx_configs(problem.D), dq=cfg)
+                variant = functools.partial(mx_backward, batch.q, batch.k, batch.v, out, lse, dout, cu_q, batch.cu_k,
+                                            rule=args.rule, config=configs, dkdv=mx_dkdv_tlx, **kw)
+                label = f"dq_{cfg.block_m}x{cfg.block_n}x{cfg.num_warps}x{cfg.num_stages}"
+                try:
+                    row[label + "_dq_rel"] = _max_rel(variant()[0], reference[0])
+                    timed.append((label + "_ms", variant))
+                except Exception as exc:  # noqa: BLE001 - a config that does not build is reported
+                    row[label + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             for name, fn in timed:
                 row[name] = statistics.median(time_ms(fn, 5, args.rep) for _ in range(args.repeats))
             row["mx_vs_bf16"] = row["tlx_bf16_ms"] / row["tlx_mx_ms"]

@@ -547,13 +547,15 @@ def mx_dq_kernel(
 # launchers
 # ----------------------------------------------------------------------------------------------------
 # key: the head-dim bucket. Blocks are multiples of 32 (the MX block): a query tile's P (backward: P and
-# dS along queries) and a KV chunk's P or dS along keys are quantized inside the tile. Chosen offline
-# (sm_90a builds, no GPU run): the largest tiles that build without spilling (D 128's dK/dV spills 16
-# bytes; D 256's backward spills, every shape tried); not measured for speed.
+# dS along queries) and a KV chunk's P or dS along keys are quantized inside the tile. The dQ configs of
+# D 64 and 128 are the fastest of five timed on the H200 inside the shipped MXFP8 backward
+# (``python -m jfa.bench.mx_backward --dq-configs``, NOTES.md session 23); every dQ config tried spills at
+# 255 registers, the faster ones more. The others: the largest tiles that build without spilling,
+# chosen offline, not timed.
 _MX_TABLE: dict[int, Configs] = {
     32: Configs(KernelConfig(64, 64, 8, 2), KernelConfig(64, 64, 8, 2), KernelConfig(64, 64, 8, 2)),
-    64: Configs(KernelConfig(64, 64, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(64, 64, 8, 2)),
-    128: Configs(KernelConfig(64, 32, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(64, 32, 8, 2)),
+    64: Configs(KernelConfig(64, 64, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(64, 64, 4, 2)),
+    128: Configs(KernelConfig(64, 32, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(128, 64, 8, 2)),
     256: Configs(KernelConfig(32, 32, 8, 1), KernelConfig(32, 32, 8, 1), KernelConfig(32, 32, 8, 1)),
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, get_type_hints
 
 import torch
 
@@ -137,12 +137,13 @@ def make_variant(cls, switches: Mapping[str, str], source: str):
     """``cls(**switches)`` for a dataclass of ablation switches: bool fields (and optional ones, whose None
     means "the config's") parse 0/1/true/false, the others take the text; an unknown key is a ValueError
     naming ``source`` (the knob's variable)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
+    types = get_type_hints(cls)  # the annotations resolved, whether or not they are strings
     values = {}
     for key, text in switches.items():
         if key not in fields:
-            raise ValueError(f"{source}: unknown switch {key!r} (known: {list(fields)})")
-        boolean = fields[key].type in (bool, "bool", Optional[bool], "Optional[bool]")
+            raise ValueError(f"{source}: unknown switch {key!r} (known: {fields})")
+        boolean = types[key] in (bool, Optional[bool])
         values[key] = parse_bool(text, f"{source}: {key}") if boolean else text
     return cls(**values)
 

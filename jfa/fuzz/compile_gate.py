@@ -271,7 +271,18 @@ def blackwell_mx_targets() -> list:
                                   arch=100, backend="tlx", mx=rule))
     targets.append(Target("blackwell-mx-floor-fp32-D128-causal-gqa4", "forward", "fp32", 128, True, False, arch=100,
                           backend="tlx", group=4, mx="floor"))
-    return targets
+    return targets + blackwell_mx_backward_targets()
+
+
+def blackwell_mx_backward_targets() -> list:
+    """The TLX Blackwell MXFP8 dK/dV builds (``backward.mx_dkdv_blackwell``, sm_100a) at D 128 (the head dim whose
+    scale tiles tcgen05.cp can copy, ``backward.mx_scale_tiles``): FLOOR plain and causal, RCEIL causal broadcast-Q
+    (bf16 gradients), FLOOR causal grouped heads (fp32 partials) and fp16 gradients."""
+    def mx(name, dtype="bf16", causal=False, broadcast_q=False, rule="floor", **kw):
+        return Target(f"blackwell-dkdv-mx{rule}-{dtype}-D128{name}", "dkdv", dtype, 128, causal, broadcast_q, arch=100,
+                      backend="tlx", mx=rule, **kw)
+    return [mx(""), mx("-causal", causal=True), mx("-causal-bcastq", causal=True, broadcast_q=True, rule="rceil"),
+            mx("-causal-gqa4", causal=True, group=4), mx("-causal", dtype="fp16", causal=True)]
 
 
 def all_targets() -> list:
@@ -832,8 +843,8 @@ def _check_blackwell_dkdv(target: Target) -> Result:
 
     fused = target.variant == "fused-dq"
     spec = bwb.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
-                            fused_dq=fused, group=target.group, cta_pair=target.cta_pair)
-    cfg = bwb.config_for(target.head_dim, target.cta_pair)
+                            fused_dq=fused, group=target.group, cta_pair=target.cta_pair, mx=target.mx)
+    cfg = bwb.config_for(target.head_dim, target.cta_pair, target.mx)
     compiled, result, expected = _compile_tlx(target, spec, 3, llvm_o0=cfg.llvm_o0, consumer_regs=cfg.compute_regs,
                                               spill_allowance=SM100_ENTRY_SPILL_BYTES)
     _tensor_memory(compiled, result, expected, commits="dK/dV, K/V handed on once the item's MMAs completed",
@@ -846,9 +857,11 @@ def _check_blackwell_dkdv(target: Target) -> Result:
     result.details["two_cta_mmas"] = compiled.asm["ptx"].count("tcgen05.mma.cta_group::2")
     expected["2-CTA MMAs (tcgen05.mma.cta_group::2) exactly in the 2-CTA build"] = \
         (result.details["two_cta_mmas"] > 0) == target.cta_pair
+    if target.mx:  # all four products on the block-scaled MMA, the scales copied into tensor memory before them
+        _block_scaled(compiled, result, expected)
     if target.cta_pair:  # no launch runs it (TOOLCHAIN_LOWERS_TWO_CTA): nothing to bind
         return _finish(result, expected)
-    launch = blackwell_dkdv_launch_binding(target)
+    launch = blackwell_mx_dkdv_launch_binding(target) if target.mx else blackwell_dkdv_launch_binding(target)
     expected.update(_binds_as_compiled(launch, spec, result))
     o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
     expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
@@ -878,6 +891,44 @@ def blackwell_mx_launch_binding(target: Target) -> dict:
     return {**seen[name], "grid_fits_schedule": _grid_fits_schedule(bw.jagged_fwd_blackwell_kernel, *grids[name])}
 
 
+def _block_scaled(compiled, result: Result, expected: dict) -> None:
+    """An MXFP8 sm_100 build's MMAs: every tcgen05 MMA block-scaled (kind::mxf8f6f4 .block_scale), its E8M0 scales
+    copied into tensor memory (tcgen05.cp)."""
+    ptx = compiled.asm["ptx"]
+    result.details["block_scaled_mmas"] = len(re.findall(r"tcgen05\.mma\S*kind::mxf8f6f4\S*block_scale", ptx))
+    expected["block-scaled tcgen05 MMAs (kind::mxf8f6f4 .block_scale)"] = result.details["block_scaled_mmas"] > 0
+    expected["no unscaled tcgen05 MMA"] = result.details["block_scaled_mmas"] == result.tensor_core_ops
+    expected["E8M0 scales copied into tensor memory (tcgen05.cp)"] = re.search(r"tcgen05\.cp\b", ptx) is not None
+
+
+def blackwell_mx_dkdv_launch_binding(target: Target) -> dict:
+    """What a launch of the Blackwell MXFP8 dK/dV build by its launcher (``mx_dkdv_blackwell``) would compile, bound
+    on CPU MXTensors shaped like ``_launch_inputs``' tensors (as ``mx_attention.mx_backward`` quantizes them; the
+    launch target answering sm_100); the statistics' pass before it stops at its compile too."""
+    import torch
+
+    from jfa import knobs
+    from jfa.kernels.tlx.blackwell import backward as bwb
+
+    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
+    num_seqs = cu_k.numel() - 1
+    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
+    dout = torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype)
+    q_cu = torch.tensor([0, q.shape[0]], dtype=torch.int32) if target.broadcast_q else out_cu
+
+    def as_mx(t, axis, cu=None):
+        return _zero_mx(t, axis, target.mx, cu)
+
+    lse = torch.zeros(rows, q.shape[1])
+    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        bwb.mx_dkdv_blackwell(as_mx(q, "dim"), as_mx(q, "tokens", q_cu), as_mx(k, "dim"), as_mx(v, "dim"),
+                              as_mx(dout, "dim"), as_mx(dout, "tokens", out_cu), lse, torch.zeros_like(lse),
+                              torch.empty(k.shape, dtype=k.dtype), torch.empty(v.shape, dtype=v.dtype), out_cu, cu_k,
+                              causal=target.causal, softmax_scale=target.head_dim ** -0.5,
+                              broadcast_q=target.broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q, rule=target.mx)
+    return seen[bwb.jagged_dkdv_blackwell_kernel.fn.__name__]
+
+
 def _check_blackwell(target: Target) -> Result:
     """The Blackwell forward for sm_100a: tcgen05 MMAs and commits, TMEM within the SM's 512 columns, shared
     memory within 227 KB, the five partitions with the registers the config states, TMA loads, mbarrier
@@ -901,10 +952,7 @@ def _check_blackwell(target: Target) -> Result:
             result.details["requested_registers"] == [cfg.softmax_regs] * bw.NUM_GROUPS + [bw.ISSUER_REGS.value] * 2,
     })
     if target.mx:  # both products on the block-scaled MMA, the scales copied into tensor memory before it
-        result.details["block_scaled_mmas"] = len(re.findall(r"tcgen05\.mma\S*kind::mxf8f6f4\S*block_scale", ptx))
-        expected["block-scaled tcgen05 MMAs (kind::mxf8f6f4 .block_scale)"] = result.details["block_scaled_mmas"] > 0
-        expected["no unscaled tcgen05 MMA"] = result.details["block_scaled_mmas"] == result.tensor_core_ops
-        expected["E8M0 scales copied into tensor memory (tcgen05.cp)"] = re.search(r"tcgen05\.cp\b", ptx) is not None
+        _block_scaled(compiled, result, expected)
     # the persistent schedule: the CLC build takes each next work item from cluster launch control
     result.details["clc_try_cancels"] = len(re.findall(r"clusterlaunchcontrol\.try_cancel", ptx))
     result.details["clc_queries"] = len(re.findall(r"clusterlaunchcontrol\.query_cancel", ptx))

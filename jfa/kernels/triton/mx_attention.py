@@ -188,7 +188,7 @@ def _mx_round(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit
 def mx_elements(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(E4M3 elements ``[ROWS, COLS]``, E8M0 scale bytes ``[ROWS, COLS // 32]``) of ``x`` (fp32) MX-quantized in
-    blocks of 32 consecutive columns: the operand of a block-scaled MMA, decoding to ``_mx_round``'s values (a block
+    blocks of 32 consecutive columns: the operands of a block-scaled MMA, decoding to ``_mx_round``'s values (a block
     holding a NaN or an infinity: NaN elements and the NaN scale 0xFF)."""
     q, s, nan = _mx_blocks(tl.reshape(x, [ROWS, COLS // 32, 32]), RCEIL)
     codes = tl.reshape(tl.where(nan[:, :, None], float("nan"), q), [ROWS, COLS]).to(tl.float8e4nv)

@@ -130,9 +130,9 @@ _PAIR_CONFIGS: dict[int, BlackwellDkDvConfig] = {
 # dS^T 2 x 16 KB + the fp32 P^T/dS^T 64 KB = 192 KB (a second slot would pass the SM's 227 KB); D 64: two slots.
 _MX_CONFIGS: dict[int, BlackwellDkDvConfig] = {
     64: BlackwellDkDvConfig(block_n=128, block_m=128, num_buffers_qdo=2, num_buffers_kv=1, num_buffers_dkdv=1,
-                            dq_columns=64, dq_stages=1, compute_regs=240, epilogue_slices=2),
+                            dq_columns=64, dq_stages=1, compute_regs=256, epilogue_slices=2),
     128: BlackwellDkDvConfig(block_n=128, block_m=128, num_buffers_qdo=1, num_buffers_kv=1, num_buffers_dkdv=1,
-                             dq_columns=64, dq_stages=1, compute_regs=240, epilogue_slices=4),
+                             dq_columns=64, dq_stages=1, compute_regs=256, epilogue_slices=4),
 }
 MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four E4M3 descriptors in desc_q, desc_k, desc_v, desc_do's places: Q and dO
@@ -488,6 +488,12 @@ def _visible(offs_n, m_start, h, len_q, len_k, causal_shift, CAUSAL: tl.constexp
 
 
 @triton.jit
+def _join_columns(a, b, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``[a | b]``: two ``[ROWS, COLS]`` tiles side by side, ``[ROWS, 2 COLS]``."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), [ROWS, 2 * COLS])
+
+
+@triton.jit
 def _compute_step_mx(cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, ps_tiles, dss_tiles, w_tiles, lse_tiles,
                      delta_tiles, qdo_fulls, qdo_empties, s_fulls, s_empties, dp_fulls, dp_empties, p_fulls, p_empties,
                      ds_fulls, ds_empties, m_start, offs_n, len_q, len_k, causal_shift, qk_scale,
@@ -496,24 +502,29 @@ def _compute_step_mx(cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, ps_tile
     """``_compute_step`` of an MX build (docs/mxfp8.md section 2): P^T = exp2(S^T * scale * log2 e - lse2) and
     dS^T = P^T (dP^T - delta) in fp32, each MX-quantized along its columns (the step's queries: whole 32-row blocks
     of the sequence, the step starting on a multiple of 128 rows from its first row) into E4M3 elements and E8M0
-    scales for the block-scaled dV and dK. S^T and dP^T come out of tensor memory in column slices (``_HALVES``); the
-    fp32 P^T waits in shared memory (``w_tiles``) for dP^T, whose tensor memory is S^T's, and dS^T takes its place
-    there before it is quantized. MASKED zeroes P^T and dS^T outside the sequence's rows, its keys and (CAUSAL) the
-    diagonal: the TMA boxes may hold the next sequence's rows, whose dP^T need not be finite (select, do not
-    multiply)."""
+    scales for the block-scaled dV and dK (``mx_elements``, the portable kernels' values). Both are computed and
+    quantized in two column halves (registers: ``_HALVES``), the halves' bytes joined before the stores. The fp32
+    P^T waits in shared memory (``w_tiles``) for dP^T, whose tensor memory is S^T's. MASKED zeroes P^T and dS^T
+    outside the sequence's rows, its keys and (CAUSAL) the diagonal: the TMA boxes may hold the next sequence's
+    rows, whose dP^T need not be finite (select, do not multiply)."""
     HALF: tl.constexpr = BLOCK_M // _HALVES
+    tl.static_assert(_HALVES == 2, "the halves' bytes are joined pairwise")
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_fulls[buf], phase)
     tlx.barrier_wait(s_fulls[0], cnt & 1)
     for h in tl.static_range(_HALVES):
         lse2 = tlx.local_load(_columns(lse_tiles[buf], h, 1, BLOCK_M))  # lse * log2(e), +inf for rows without keys
-        s_t = tlx.local_load(tlx.subslice(s_tiles[0], h * HALF, HALF))
-        p_t = tl.math.exp2(s_t * qk_scale - lse2)
+        p_t = tl.math.exp2(tlx.local_load(tlx.subslice(s_tiles[0], h * HALF, HALF)) * qk_scale - lse2)
         if MASKED:
             p_t = tl.where(_visible(offs_n, m_start, h, len_q, len_k, causal_shift, CAUSAL, BLOCK_M), p_t, 0.0)
         tlx.local_store(_columns(w_tiles[0], h, BLOCK_N, BLOCK_M), p_t)
+        if h == 0:
+            p_codes, p_scales = mx_elements(p_t, RCEIL, BLOCK_N, HALF)
+        else:
+            codes, scales = mx_elements(p_t, RCEIL, BLOCK_N, HALF)
+            p_codes = _join_columns(p_codes, codes, BLOCK_N, HALF)
+            p_scales = _join_columns(p_scales, scales, BLOCK_N, HALF // 32)
     tlx.barrier_arrive(s_empties[0], 1)  # S^T is read: dP^T may take its tensor memory
-    p_codes, p_scales = mx_elements(tlx.local_load(w_tiles[0]), RCEIL, BLOCK_N, BLOCK_M)
     tlx.barrier_wait(p_empties[0], (cnt & 1) ^ 1)  # the previous dV has read P^T
     tlx.local_store(p_tiles[0], p_codes)
     tlx.local_store(ps_tiles[0], p_scales)
@@ -523,14 +534,17 @@ def _compute_step_mx(cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, ps_tile
     for h in tl.static_range(_HALVES):
         delta = tlx.local_load(_columns(delta_tiles[buf], h, 1, BLOCK_M))
         dp_t = tlx.local_load(tlx.subslice(dp_tiles[0], h * HALF, HALF))
-        p_t = tlx.local_load(_columns(w_tiles[0], h, BLOCK_N, BLOCK_M))
-        ds_t = p_t * (dp_t - delta)
+        ds_t = tlx.local_load(_columns(w_tiles[0], h, BLOCK_N, BLOCK_M)) * (dp_t - delta)
         if MASKED:
             ds_t = tl.where(_visible(offs_n, m_start, h, len_q, len_k, causal_shift, CAUSAL, BLOCK_M), ds_t, 0.0)
-        tlx.local_store(_columns(w_tiles[0], h, BLOCK_N, BLOCK_M), ds_t)
+        if h == 0:
+            ds_codes, ds_scales = mx_elements(ds_t, RCEIL, BLOCK_N, HALF)
+        else:
+            codes, scales = mx_elements(ds_t, RCEIL, BLOCK_N, HALF)
+            ds_codes = _join_columns(ds_codes, codes, BLOCK_N, HALF)
+            ds_scales = _join_columns(ds_scales, scales, BLOCK_N, HALF // 32)
     tlx.barrier_arrive(dp_empties[0], 1)
     tlx.barrier_arrive(qdo_empties[buf], 1)  # the statistics are read (the dK MMA gives the other arrival)
-    ds_codes, ds_scales = mx_elements(tlx.local_load(w_tiles[0]), RCEIL, BLOCK_N, BLOCK_M)
     tlx.barrier_wait(ds_empties[0], (cnt & 1) ^ 1)  # the previous dK has read dS^T
     tlx.local_store(ds_tiles[0], ds_codes)
     tlx.local_store(dss_tiles[0], ds_scales)

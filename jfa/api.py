@@ -57,10 +57,10 @@ def which_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
             window = check_window(window_size, False)
             ok, reason = mx_supports(q, k, v, window)
             if ok:
-                from jfa.mx import KERNEL_NAME, TLX_KERNEL_NAME
+                from jfa.mx import BACKWARD_KERNEL_NAMES
 
                 resolved, reason = mx_backward_tlx_or_portable(backend, q, k, v, window)
-                return KernelChoice(forward, TLX_KERNEL_NAME if resolved == "tlx" else KERNEL_NAME, reason)
+                return KernelChoice(forward, BACKWARD_KERNEL_NAMES[resolved], reason)
             if backend == "tlx":
                 raise ValueError(f"backend: 'tlx' cannot run this MXFP8 call: {reason}")
             return KernelChoice("triton-mxfp8", "triton-mxfp8", f"the TLX MXFP8 forward cannot run it: {reason}")

@@ -216,23 +216,27 @@ def mx_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str
 
 
 def mx_backward_tlx_or_portable(backend: str, q, k, v, window=(-1, -1)) -> tuple[str, str]:
-    """("tlx" (the Hopper MXFP8 dK/dV build, dQ on the portable MX pass) or "triton", why not TLX) for the backward
-    of an MXFP8 call on q, k, v (the call's tensors), by the capability of their launch target. Never raises:
-    a backward the TLX build cannot run (a window, another head dim, sm_100, no TLX target) runs the portable
-    MXFP8 backward, the reason logged once (an explicit backend='tlx' was held to the forward's rules)."""
+    """("tlx" (the Hopper MXFP8 dK/dV build), "tlx_blackwell" (the sm_100 one; dQ on the portable MX pass with
+    either) or "triton", why not TLX) for the backward of an MXFP8 call on q, k, v (the call's tensors), by the
+    capability of their launch target. Never raises: a backward the TLX build cannot run (a window, another head
+    dim, no TLX target) runs the portable MXFP8 backward, the reason logged once (an explicit backend='tlx' was held
+    to the forward's rules)."""
     if backend == "triton":
         return "triton", "backend='triton' asked for the portable MXFP8 kernels"
     from jfa.kernels.tlx.common.target import target_for
 
     launch_target = target_for(q.device)
     if launch_target is not None and launch_target.capability[0] == 10:
-        ok, reason = False, "no TLX MXFP8 backward for sm_100 yet"
+        from jfa.kernels.tlx.blackwell.backward import mx_backward_supports
+
+        family = "tlx_blackwell"
     else:
         from jfa.kernels.tlx.hopper.backward import mx_backward_supports
 
-        ok, reason = mx_backward_supports(q, k, v, window)
+        family = "tlx"
+    ok, reason = mx_backward_supports(q, k, v, window)
     if ok:
-        return "tlx", ""
+        return family, ""
     reason = f"the TLX MXFP8 backward cannot run it: {reason}"
     log_fallback_once("jfa: no TLX kernel for this MXFP8 backward, running the portable Triton kernels: %s", reason)
     return "triton", reason

@@ -229,7 +229,9 @@ KERNEL_NAME = "triton-mxfp8"  # as recording_dispatch and which_kernels name the
 # the TLX MXFP8 forward and backward (jfa.kernels.tlx.hopper.forward and .backward, MX builds; the backward's dQ
 # is the portable MX pass)
 TLX_KERNEL_NAME = "tlx-hopper-mxfp8"
-BLACKWELL_KERNEL_NAME = "tlx-blackwell-mxfp8"  # the sm_100 one (jfa.kernels.tlx.blackwell.forward, MX build)
+# the sm_100 ones (jfa.kernels.tlx.blackwell.forward and .backward, MX builds; the backward's dQ is the portable pass)
+BLACKWELL_KERNEL_NAME = "tlx-blackwell-mxfp8"
+BACKWARD_KERNEL_NAMES = {"tlx": TLX_KERNEL_NAME, "tlx_blackwell": BLACKWELL_KERNEL_NAME, "triton": KERNEL_NAME}
 
 
 def _launcher(name: str):
@@ -287,13 +289,15 @@ class _EagerMXAttention(torch.autograd.Function):
         family = mx_backward_tlx_or_portable(backend, q, k, v, window)[0]
         if family == "tlx":
             from jfa.kernels.tlx.hopper.backward import mx_backward_tlx as launcher
+        elif family == "tlx_blackwell":
+            from jfa.kernels.tlx.blackwell.backward import mx_backward_blackwell as launcher
         else:
             launcher = _launcher("mx_backward")
         dq, dk, dv = launcher(
             q, k, v, out, lse, dout, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
             num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=window, rule=rule,
             dlse=None if dlse is None else dlse.contiguous())
-        record("backward", family, q.device, TLX_KERNEL_NAME if family == "tlx" else KERNEL_NAME)
+        record("backward", family, q.device, BACKWARD_KERNEL_NAMES[family])
         return dq, dk, dv, *(None,) * 10
 
 

@@ -18,6 +18,7 @@ from jfa.fuzz.catalog import default_suite
 from jfa.fuzz.mutants import (
     BLACKWELL_BACKWARD_MUTANTS,
     BLACKWELL_MUTANTS,
+    BLACKWELL_MX_BACKWARD_MUTANTS,
     BLACKWELL_MX_MUTANTS,
     BLACKWELL_PAIR_BACKWARD_MUTANTS,
     MX_MUTANTS,
@@ -81,7 +82,8 @@ def _assert_restored(originals):
 
 
 ALL_MUTANTS = (MUTANTS + MX_MUTANTS + TLX_MX_MUTANTS + TLX_MX_BACKWARD_MUTANTS + BLACKWELL_MUTANTS
-               + BLACKWELL_BACKWARD_MUTANTS + BLACKWELL_PAIR_BACKWARD_MUTANTS + BLACKWELL_MX_MUTANTS)
+               + BLACKWELL_BACKWARD_MUTANTS + BLACKWELL_PAIR_BACKWARD_MUTANTS + BLACKWELL_MX_MUTANTS
+               + BLACKWELL_MX_BACKWARD_MUTANTS)
 
 
 # ----------------------------------------------------------------------------------------------------

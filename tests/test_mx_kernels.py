@@ -36,7 +36,7 @@ import jfa.mx as jmx
 from jfa.kernels import alloc
 from jfa.kernels.triton import mx_attention as mxa
 from jfa.kernels.triton import mx_quant
-from jfa.fuzz.mutants import TLX_MX_BACKWARD_MUTANTS, TLX_MX_MUTANTS
+from jfa.fuzz.mutants import BLACKWELL_MX_BACKWARD_MUTANTS, TLX_MX_BACKWARD_MUTANTS, TLX_MX_MUTANTS
 from jfa.kernels.triton.configs import Configs, KernelConfig
 from jfa.oracle import mx_attention as oracle
 from jfa.oracle import mx_bounds
@@ -716,7 +716,7 @@ def test_the_op_runs_the_tlx_mx_backward_on_the_simulator(device):
 def test_an_mxfp8_backward_the_tlx_build_cannot_run_falls_back_and_says_why(device):
     """On an sm_90 target the backward of a windowed call (no windowed MX build) runs the portable MXFP8 kernels
     under backend "auto" and gives its gradients; ``mx_backward_tlx_or_portable`` names the reason, as it does for
-    another head dim and on sm_100 (no TLX MXFP8 backward there)."""
+    another head dim, and on sm_100 for the Blackwell build."""
     if device != "cpu":
         pytest.skip("the simulator runs on the CPU interpreter")
     import jfa.sim as sim
@@ -736,8 +736,12 @@ def test_an_mxfp8_backward_the_tlx_build_cannot_run_falls_back_and_says_why(devi
         out.backward(pb.dout)
     assert [r[:2] for r in ran] == [("forward", "triton-mxfp8"), ("backward", "triton-mxfp8")]
     assert all(torch.isfinite(leaf.grad).all() for leaf in leaves)
-    with sim.simulated(arch=(10, 0), sm_count=3):
-        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v)[1].endswith("no TLX MXFP8 backward for sm_100 yet")
+    with sim.simulated(arch=(10, 0), sm_count=3):  # the Blackwell build: the same rules
+        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v) == ("tlx_blackwell", "")
+        assert mx_backward_tlx_or_portable("auto", pb.q, pb.k, pb.v, (8, 8)) == (
+            "triton", "the TLX MXFP8 backward cannot run it: window_size (8, 8) (the TLX Blackwell MXFP8 backward has "
+            "no windowed build)")
+        assert "head_dim 32" in mx_backward_tlx_or_portable("tlx", pb.q[..., :32], pb.k[..., :32], pb.v[..., :32])[1]
 
 
 @pytest.mark.parametrize("mutant", TLX_MX_BACKWARD_MUTANTS, ids=[m.name for m in TLX_MX_BACKWARD_MUTANTS])
@@ -761,3 +765,154 @@ def test_simulator_kills_tlx_mx_backward_mutants(mutant, device, record_property
     record_property("examples_to_kill", examples)
     record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
     assert killed_by, f"TLX MX backward mutant {mutant.name} ({mutant.why}) survived every case on the simulator"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the TLX Blackwell MXFP8 backward (jfa.kernels.tlx.blackwell.backward, MX build: dK and dV with all four products
+# on block-scaled tcgen05 MMAs; dQ on the portable pass) on the CPU simulator (arch (10, 0)), judged by bound (a)
+# against the MX oracle's backward
+# ----------------------------------------------------------------------------------------------------
+# the Hopper build's cases (empty query and key sequences, a 1-key sequence, tails one row past a 128-row step and
+# a 128-key tile, causal Lq != Lk both ways, grouped heads, broadcast Q, D 64 and 128, both rules, dlse) and
+# one-token query sequences beside a step's tail at D 128
+BLACKWELL_BACKWARD_CASES = TLX_BACKWARD_CASES + [
+    Case("bw-bwd-one-token-tails-d128", (1, 129, 1, 0), (1, 200, 0, 33), head_dim=128, causal=True, seed=27),
+]
+# the CI suite's seeded runs: one case per seed (the D 64 tails, the D 128 causal RCEIL case, broadcast Q); the
+# other (case, seed) pairs under the gate (``slow``: 4-8 s each on 2 cores)
+BLACKWELL_BACKWARD_SEEDED = {1: "tlx-bwd-ragged-empty-tails-d64", 2: "tlx-bwd-causal-lq-ne-lk-d128-rceil",
+                             3: "tlx-bwd-bcastq-causal-d128"}
+BLACKWELL_DKDV_KERNEL = "jagged_dkdv_blackwell_kernel"
+
+
+def _blackwell_backward(pb: Problem, out, lse, schedule, launcher=None):
+    """(dq, dk, dv) of the Blackwell MX backward (``launcher``: ``mx_backward_blackwell``, or a mutated one) on the
+    simulator (2 SMs: CTAs walk several items), poisoned outputs; asserts the Blackwell dK/dV kernel ran there and
+    the simulator reported nothing."""
+    sim = pytest.importorskip("jfa.sim", reason="the simulator runs on Triton's CPU interpreter", exc_type=ImportError)
+    if launcher is None:
+        from jfa.kernels.tlx.blackwell.backward import mx_backward_blackwell as launcher
+
+    with sim.simulated(arch=(10, 0), sm_count=2, schedule=schedule) as session, alloc.poisoned_outputs():
+        grads = launcher(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k, dlse=pb.dlse, **_launch_args(pb))
+    assert session.kernels() == [BLACKWELL_DKDV_KERNEL], session.kernels()
+    assert not [w for r in session.reports for w in r.warnings]
+    return grads
+
+
+def _check_blackwell_backward(case, device, seed, launcher=None):
+    """The Blackwell MX backward's dq, dk, dv from the portable forward's out and lse within bound (a) of the MX
+    oracle's backward from the same out and lse."""
+    pb = _problem(case, device, inputs="gauss")
+    out, lse = _forward(pb)
+    assert_backward_within_bound_a(pb, out, lse, _blackwell_backward(pb, out, lse, _sim_schedule(seed), launcher))
+
+
+@pytest.mark.parametrize("case", BLACKWELL_BACKWARD_CASES, ids=[c.name for c in BLACKWELL_BACKWARD_CASES])
+def test_blackwell_mx_backward_meets_the_kernel_bound_on_the_simulator(case, device):
+    """dq, dk, dv of the Blackwell MX build within bound (a) of the MX oracle, under the deterministic schedule
+    (copies and MMAs land as late as possible), on the adversarial jagged batches."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
+    _check_blackwell_backward(case, device, None)
+
+
+@pytest.mark.parametrize("case, seed", [
+    pytest.param(c, seed, id=f"{c.name}-seed{seed}",
+                 marks=() if BLACKWELL_BACKWARD_SEEDED[seed] == c.name else pytest.mark.slow)
+    for seed in sorted(BLACKWELL_BACKWARD_SEEDED) for c in BLACKWELL_BACKWARD_CASES])
+def test_blackwell_mx_backward_meets_the_kernel_bound_under_seeded_schedules(case, seed, device):
+    """The same under seeded schedules 1-3 (random task switches, copy and MMA completion order)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
+    _check_blackwell_backward(case, device, seed)
+
+
+def test_blackwell_mx_backward_equals_the_portable_backward_on_exact_inputs(device):
+    """On the grid inputs (every dot exact) both kernels compute the same fp32 P and dS, so they quantize the same
+    P^ and dS^ blocks: dk and dv agree with the portable MX kernel's to fp32 accumulation noise, dq (the same
+    portable pass) bitwise. The E4M3 elements and E8M0 scales the block-scaled MMAs get are those blocks."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
+    pb = _problem(TLX_BACKWARD_CASES[0], device, inputs="grid")
+    out, lse = _forward(pb)
+    blackwell = _blackwell_backward(pb, out, lse, _sim_schedule(None))
+    portable = _backward(pb, out, lse)
+    assert torch.equal(blackwell[0], portable[0])
+    for name, x, y in zip(("dk", "dv"), blackwell[1:], portable[1:]):
+        assert torch.isfinite(x).all() and x.dtype == y.dtype, name
+        assert float((x - y).abs().max()) <= 2e-6 * float(y.abs().max()), name
+
+
+def test_the_op_runs_the_blackwell_mx_backward_on_the_simulator(device):
+    """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_100 target: both passes are the
+    Blackwell MXFP8 kernels (recorded where they ran: not the portable fallback), as ``which_kernels`` says, and
+    the gradients meet bound (a)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
+    import jfa
+    import jfa.sim as sim
+    from jfa.api import recording_dispatch
+
+    pb = _problem(Case("op", (40, 33), (70, 0), kv_heads=1, causal=True, dtype=torch.bfloat16, seed=25), device,
+                  inputs="gauss")
+    leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
+    with sim.simulated(arch=(10, 0), sm_count=2) as session, alloc.poisoned_outputs(), recording_dispatch() as ran:
+        choice = jfa.which_kernels(pb.q, pb.k, pb.v, precision="mxfp8", backend="tlx")
+        out, lse = jfa.jagged_attention(*leaves, pb.cu_q, pb.cu_k, causal=True, softmax_scale=pb.scale,
+                                        precision="mxfp8", backend="tlx", return_lse=True)
+        out.backward(pb.dout)
+    assert (choice.forward, choice.backward, choice.reason) == ("tlx-blackwell-mxfp8", "tlx-blackwell-mxfp8", "")
+    assert ran == [("forward", "tlx-blackwell-mxfp8", "tlx-sim"), ("backward", "tlx-blackwell-mxfp8", "tlx-sim")]
+    assert session.kernels() == ["jagged_fwd_blackwell_kernel", BLACKWELL_DKDV_KERNEL], session.kernels()
+    q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
+    kw = _oracle_kw(pb)
+    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
+                                     out_dtype="bfloat16", **kw)
+    want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, **_oracle_kw(pb))
+    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
+        _assert_within(name, leaf.grad, w, tol[name])
+
+
+def test_the_blackwell_mx_backward_refuses_a_window_and_other_targets(device):
+    """Refused by name before any launch: a sliding window (no windowed build), a launch target that is not sm_100."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
+    import jfa.sim as sim
+    from jfa.kernels.tlx.blackwell.backward import mx_backward_blackwell
+
+    pb = _problem(Case("refused", (40,), (50,), seed=28), device, inputs="gauss")
+    out, lse = _forward(pb)
+    with sim.simulated(arch=(10, 0), sm_count=2) as session:
+        with pytest.raises(ValueError, match="window_size"):
+            mx_backward_blackwell(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k,
+                                  **dict(_launch_args(pb), window=(8, 8)))
+    assert session.kernels() == []
+    with sim.simulated(arch=(9, 0), sm_count=2):
+        with pytest.raises(ValueError, match="sm_100"):
+            mx_backward_blackwell(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k, **_launch_args(pb))
+
+
+@pytest.mark.parametrize("mutant", BLACKWELL_MX_BACKWARD_MUTANTS, ids=[m.name for m in BLACKWELL_MX_BACKWARD_MUTANTS])
+def test_simulator_kills_blackwell_mx_backward_mutants(mutant, device, record_property):
+    """Each mutant of the Blackwell MXFP8 backward's own code fails bound (a) or a simulator check on one of its
+    cases (the deterministic schedule; the first case that fails stops the search); the killing case passes
+    without it (the tests above)."""
+    if device != "cpu":
+        pytest.skip("the simulator runs on the CPU interpreter")
+    import time
+
+    from jfa.fuzz.mutants import TLX_BLACKWELL_BACKWARD, applied
+
+    start, killed_by = time.perf_counter(), None
+    with applied(mutant) as fresh:
+        for examples, case in enumerate(BLACKWELL_BACKWARD_CASES, 1):
+            try:
+                _check_blackwell_backward(case, device, None, fresh[TLX_BLACKWELL_BACKWARD].mx_backward_blackwell)
+            except Exception as exc:  # noqa: BLE001 - an assertion or a simulator report both kill
+                killed_by = f"{case.name}: {type(exc).__name__}"
+                break
+    record_property("examples_to_kill", examples)
+    record_property("seconds_to_kill", round(time.perf_counter() - start, 2))
+    record_property("killed_by", killed_by or "")
+    assert killed_by, f"Blackwell MX backward mutant {mutant.name} ({mutant.why}) survived every case on the simulator"

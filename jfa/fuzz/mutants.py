@@ -421,6 +421,28 @@ BLACKWELL_MX_MUTANTS: tuple = (
            "correction partition still writes it (or the previous fill's scales)"),
 )
 
+# The TLX Blackwell MXFP8 backward's own code (its scale tiles, the S^T / dP^T tensor memory it shares), each killed on
+# the simulator by its catalogue judged by bound (a) (tests/test_mx_kernels.py, the Blackwell MX backward's cases).
+BLACKWELL_MX_BACKWARD_MUTANTS: tuple = (
+    Mutant("bw-mx-bwd-do-scales-a-block-late", TLX_BLACKWELL_BACKWARD,
+           "dots = _token_scales(DOTS, ob0, m_start,",
+           "dots = _token_scales(DOTS, ob0 + 1, m_start,",
+           "dO^(queries)'s E8M0 scales taken one 32-row query block late (dV's B operand scaled by its neighbour's)"),
+    Mutant("bw-mx-bwd-p-scales-halves-swapped", TLX_BLACKWELL_BACKWARD,
+           "p_scales = _join_columns(p_scales, scales, BLOCK_N, HALF // 32)",
+           "p_scales = _join_columns(scales, p_scales, BLOCK_N, HALF // 32)",
+           "P^T's scales laid against the wrong query blocks (the step's two halves swapped)"),
+    Mutant("bw-mx-bwd-mma-ignores-qdo-scale-barrier", TLX_BLACKWELL_BACKWARD,
+           "                tlx.barrier_wait(qdos_fulls[buf], phase)\n",
+           "",
+           "S^T, dP^T, dV and dK issued once the slot's bytes have landed but not its scales: the MMAs read the scale "
+           "tiles while the scales partition still writes them"),
+    Mutant("bw-mx-bwd-dp-overwrites-unread-s", TLX_BLACKWELL_BACKWARD,
+           "                tlx.barrier_wait(s_empties[0], cnt & 1)  # S^T(s) is read: dP^T(s) takes its tensor memory\n",
+           "",
+           "dP^T issued into the tensor memory it shares with S^T before the compute has read S^T"),
+)
+
 BY_NAME = {m.name: m for m in MUTANTS}
 assert len(BY_NAME) == len(MUTANTS), "mutant names must be unique"
 

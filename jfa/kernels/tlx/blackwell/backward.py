@@ -356,7 +356,8 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
     MX builds: the four products are block-scaled MMAs of E4M3 operands, each once its scales are in shared
     memory too (``kvs_fulls``, ``qdos_fulls``): S^T = K Q^T and dP^T = V dO^T with K, V, Q, dO along D, dV += P^T dO
     and dK += dS^T Q with P^T, dS^T (the compute's) and Q, dO along queries; no dQ. S^T and dP^T share their
-    tensor memory: S^T(s) waits until the compute has read dP^T(s - 1), dP^T(s) until it has read S^T(s)."""
+    tensor memory: S^T(s) waits until the compute has read dP^T(s - 1), dP^T(s) until it has read S^T(s). With one
+    ring slot (D 128) dK(s - 1) goes first in step s: the slot's step s lands only once it has completed."""
     _h, _qr, _or, _lq, _kr, _lk, _ns, _cs, _f, _nl, _nm, _be, n_steps, _r = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M,
         PAIR)
@@ -371,6 +372,10 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
         for s in tl.range(0, n_steps):
             cnt = step_cnt + s
             buf, phase = bufidx_phase(qdo_cnt + s, NUM_BUFFERS_QDO)
+            if MX != "" and NUM_BUFFERS_QDO == 1:  # one ring slot: dK(s - 1), its last reader, frees it for step s
+                if s > 0:
+                    _issue_dk_mx(ds_tiles, dss_tiles, qt_tiles, qts_tiles, dk_tile, qdo_empties, ds_fulls, ds_empties,
+                                 buf, cnt - 1, s > 1)
             tlx.barrier_wait(qdo_fulls[buf], phase)
             tlx.barrier_wait(s_empties[0], (cnt & 1) ^ 1)
             if MX != "":
@@ -384,8 +389,9 @@ def _mma_item(item, kv_cnt, qdo_cnt, step_cnt, k_tiles, v_tiles, q_tiles, do_til
             if s > 0:
                 prev, _ = bufidx_phase(qdo_cnt + s - 1, NUM_BUFFERS_QDO)
                 if MX != "":
-                    _issue_dk_mx(ds_tiles, dss_tiles, qt_tiles, qts_tiles, dk_tile, qdo_empties, ds_fulls, ds_empties,
-                                 prev, cnt - 1, s > 1)
+                    if NUM_BUFFERS_QDO > 1:
+                        _issue_dk_mx(ds_tiles, dss_tiles, qt_tiles, qts_tiles, dk_tile, qdo_empties, ds_fulls,
+                                     ds_empties, prev, cnt - 1, s > 1)
                 else:
                     _issue_dk_dq(k_tile, q_tiles, ds_tiles, dk_tile, dq_tiles, qdo_empties, ds_fulls, ds_empties,
                                  dq_fulls, dq_empties, prev, cnt - 1, s > 1, FUSED_DQ, ds_pairs, HEAD_DIM, BLOCK_M,

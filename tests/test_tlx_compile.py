@@ -532,8 +532,10 @@ def test_blackwell_backward_compiles_for_sm100a_as_designed(name, blackwell_resu
 
 
 # The TLX Blackwell MXFP8 build (E4M3 operands, block-scaled tcgen05 MMAs) for sm_100a: one build in the suite, every
-# compilable one (D 128) in the gate (``jfa compile-check --backend blackwell-mx``).
+# compilable one (D 128) in the gate (``jfa compile-check --backend blackwell-mx``). The MXFP8 dK/dV build: its
+# causal FLOOR build in the suite (about 15 s), the others in the gate.
 BLACKWELL_MX_SUITE = ("blackwell-mx-rceil-bf16-D128-causal-bcastq",)
+BLACKWELL_MX_BACKWARD_SUITE = ("blackwell-dkdv-mxfloor-bf16-D128-causal",)
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +544,7 @@ def blackwell_mx_results(device):
         pytest.skip("the offline compile gate runs in the CPU suite")
     from jfa.fuzz.compile_gate import run_out_of_process
 
-    return run_out_of_process("blackwell-mx", only=BLACKWELL_MX_SUITE, jobs=1)
+    return run_out_of_process("blackwell-mx", only=BLACKWELL_MX_SUITE + BLACKWELL_MX_BACKWARD_SUITE, jobs=1)
 
 
 @pytest.mark.parametrize("name", BLACKWELL_MX_SUITE)
@@ -568,6 +570,48 @@ def test_blackwell_mx_forward_compiles_for_sm100a_as_designed(name, blackwell_mx
     assert row["ok"], "; ".join(row["problems"])  # (also: tcgen05.cp, TMA loads, the launch's LLVM setting)
 
 
+@pytest.mark.parametrize("name", BLACKWELL_MX_BACKWARD_SUITE)
+def test_blackwell_mx_backward_compiles_for_sm100a_as_designed(name, blackwell_mx_results, record_property):
+    """The MXFP8 dK/dV build: all four products block-scaled (kind::mxf8f6f4 .block_scale), the E8M0 scales copied
+    into tensor memory by tcgen05.cp, tensor memory within 512 columns (S^T and dP^T taking turns in one tile beside
+    dK, dV and Triton's scale tiles), shared memory within sm_100's 227 KB, spill no worse than the bf16 builds'
+    allowance, the partitions' stated registers, no dQ reduce-add (dQ is the portable pass), and a launch of
+    ``mx_dkdv_blackwell`` that binds to this build."""
+    from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
+    from jfa.kernels.tlx.blackwell import backward
+
+    row = blackwell_mx_results[name]
+    details = row["details"]
+    record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
+                                            | {"tmem_columns": details["tmem_columns"]}))
+    assert row["tensor_core_ops"] > 0 and details["block_scaled_mmas"] == row["tensor_core_ops"]
+    assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
+    assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
+    assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    regs = backward.config_for(row["target"]["head_dim"], mx=row["target"]["mx"]).compute_regs
+    assert details["requested_registers"] == [regs] + [backward.ISSUER_REGS.value] * 2
+    assert details["tma_reduce_adds"] == 0
+    assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
+    assert row["ok"], "; ".join(row["problems"])  # (also: tcgen05.cp, TMA loads, the launch's LLVM setting)
+
+
+def test_every_compilable_blackwell_mx_backward_build_is_a_gate_target():
+    """The gate holds both rules of the MXFP8 dK/dV build at every head dim whose scale tiles tcgen05.cp can copy;
+    D 64's cannot (its D-axis scale tiles have 2 columns): that build runs on the simulator only, and a GPU call at
+    D 64 runs the portable backward (``mx_backward_supports``)."""
+    from jfa.fuzz.compile_gate import blackwell_mx_backward_targets
+    from jfa.kernels.tlx.blackwell import backward
+    from jfa.kernels.tlx.common.scaled_mma import SCALE_TILE
+
+    compilable = {d for d in backward.SUPPORTED_HEAD_DIMS
+                  if backward.mx_scale_tiles(backward.config_for(d, mx="floor"), d) == {SCALE_TILE}}
+    assert compilable == {128}
+    targets = blackwell_mx_backward_targets()
+    assert {(t.head_dim, t.mx) for t in targets} == {(d, r) for d in compilable for r in backward.MX_RULES}
+    assert set(BLACKWELL_MX_BACKWARD_SUITE) <= {t.name for t in targets}
+    assert all(t.arch == 100 and t.kernel == "dkdv" for t in targets)
+
+
 def test_every_compilable_blackwell_mx_build_is_a_gate_target():
     """The gate holds both rules at every head dim whose scale tiles tcgen05.cp can copy; D 64's cannot (its Q and K
     scale tiles have 2 columns, V's 64 rows): that build runs on the simulator only."""
@@ -578,6 +622,6 @@ def test_every_compilable_blackwell_mx_build_is_a_gate_target():
     compilable = {d for d in forward.SUPPORTED_HEAD_DIMS
                   if forward.mx_scale_tiles(forward.config_for(d, "floor"), d) == {SCALE_TILE}}
     assert compilable == {128}
-    targets = blackwell_mx_targets()
+    targets = [t for t in blackwell_mx_targets() if t.kernel == "forward"]
     assert {(t.head_dim, t.mx) for t in targets} == {(d, r) for d in compilable for r in forward.MX_RULES}
     assert set(BLACKWELL_MX_SUITE) <= {t.name for t in targets} and all(t.arch == 100 for t in targets)

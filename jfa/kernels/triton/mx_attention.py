@@ -159,14 +159,15 @@ def _e4m3_grid(a):
 
 @triton.jit
 def _mx_blocks(x3, RCEIL: tl.constexpr):
-    """(q, s, nan) of ``x3`` ``[R, NB, 32]`` fp32 MX-quantized in its blocks of 32 (the last axis): the signed
+    """(q, s, amax) of ``x3`` ``[R, NB, 32]`` fp32 MX-quantized in its blocks of 32 (the last axis): the signed
     element values ``q`` (fp32 on the E4M3 grid, ``[R, NB, 32]``), each block's clamped scale exponent ``s``
-    ``[R, NB]`` and ``nan`` (the block holds a NaN or an infinity). The element bytes are ``q``'s E4M3 codes."""
+    ``[R, NB, 1]`` and the fp32 bits of its largest ``|x|`` ``[R, NB]`` (>= 0x7F800000: the block holds a NaN or an
+    infinity). The element bytes are ``q``'s E4M3 codes."""
     bits = x3.to(tl.int32, bitcast=True)
     amax = tl.max(bits & 0x7FFFFFFF, 2)  # fp32 patterns of non-negatives order like the values
-    s = _scale_exponent(amax, RCEIL)
-    q = _e4m3_grid(tl.abs(_ldexp(x3, -s[:, :, None])))
-    return tl.where(x3 < 0, -q, q), s, amax >= 0x7F800000
+    s = _scale_exponent(amax, RCEIL)[:, :, None]
+    q = _e4m3_grid(tl.abs(_ldexp(x3, -s)))
+    return tl.where(x3 < 0, -q, q), s, amax
 
 
 @triton.jit
@@ -175,8 +176,9 @@ def _mx_values(x3, RCEIL: tl.constexpr):
     ``_decode`` of ``mx_quant._quantize_tile``'s bytes (tested bitwise), NaN for a block holding a NaN or an
     infinity. Exact in fp32: the scaled values lie below 512 and every E4M3 value times ``2^s`` (s >= -127)
     is an fp32 number."""
-    q, s, nan = _mx_blocks(x3, RCEIL)
-    return tl.where(nan[:, :, None], float("nan"), _ldexp(q, s[:, :, None]))
+    q, s, amax = _mx_blocks(x3, RCEIL)
+    val = _ldexp(q, s)
+    return tl.where((amax >= 0x7F800000)[:, :, None], float("nan"), val)
 
 
 @triton.jit
@@ -190,9 +192,10 @@ def mx_elements(x, RCEIL: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(E4M3 elements ``[ROWS, COLS]``, E8M0 scale bytes ``[ROWS, COLS // 32]``) of ``x`` (fp32) MX-quantized in
     blocks of 32 consecutive columns: the operands of a block-scaled MMA, decoding to ``_mx_round``'s values (a block
     holding a NaN or an infinity: NaN elements and the NaN scale 0xFF)."""
-    q, s, nan = _mx_blocks(tl.reshape(x, [ROWS, COLS // 32, 32]), RCEIL)
+    q, s, amax = _mx_blocks(tl.reshape(x, [ROWS, COLS // 32, 32]), RCEIL)
+    nan = amax >= 0x7F800000
     codes = tl.reshape(tl.where(nan[:, :, None], float("nan"), q), [ROWS, COLS]).to(tl.float8e4nv)
-    return codes, tl.where(nan, 255, s + 127).to(tl.uint8)
+    return codes, tl.where(nan, 255, tl.reshape(s, [ROWS, COLS // 32]) + 127).to(tl.uint8)
 
 
 @triton.jit

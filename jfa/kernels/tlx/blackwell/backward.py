@@ -39,6 +39,20 @@ Shape of the kernel (the forward's roles turned around: keys are the rows, one T
 
 Supported: bf16 and fp16, head dims 64 and 128, grouped key/value heads (dK and dV as fp32 partials per
 query head, summed by the launcher), no sliding window (``supports``: the forward has none either).
+
+MXFP8 (``MX`` builds, :func:`mx_backward_blackwell`; docs/mxfp8.md section 2, the semantics of the portable
+``mx_dkdv_kernel`` and the Hopper MX build): the same partitions and step order, 1-CTA, without the fused dQ. All
+four products are block-scaled tcgen05 MMAs (``kind::mxf8f6f4.block_scale``) of E4M3 operands the load warp brings
+by TMA: S^T = K Q^T and dP^T = V dO^T with K, Q, V, dO quantized along D, dV += P^T dO and dK += dS^T Q with Q and
+dO quantized along the sequence's 32-row query blocks (a second E4M3 copy of each in the ring slot). The default
+partition, idle without the fused dQ, loads every tile's E8M0 scales (masked to the sequence) into shared memory
+beside it (``_scales_item``); the MMA waits for them as for the bytes. The compute quantizes P^T and dS^T along their
+columns (the step's queries; steps of 128 rows from the sequence's first row hold whole blocks) into E4M3 elements
+and scales (``_compute_step_mx``). dQ = dS^(keys) K^(keys) runs on the portable MX dQ pass
+(``mx_attention.mx_backward`` with this build as its ``dkdv``), as on Hopper: the backward stays bitwise
+reproducible. A query tail's TMA box holds the next sequence's Q and dO rows; P^T and dS^T are 0 in their columns,
+so only a NaN there (E4M3 NaN bytes: a NaN block of that sequence) would reach this sequence's dK, dV (the forward's
+caveat). D 128 compiles for sm_100a; D 64 runs on the simulator only (``mx_backward_supports``).
 """
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import scaled_mma, target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_slot_head, safe_sequence, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
-from jfa.kernels.tlx.blackwell.forward import _SCALE_LAYOUT, _dim_scales, _tma_ready, _token_scales
+from jfa.kernels.tlx.blackwell.forward import MX_RULES, _SCALE_LAYOUT, _dim_scales, _tma_ready, _token_scales
 from jfa.kernels.tlx.hopper.backward import (_aligned_column, _dkdv_item, _load_qdo_step, _send_staged_dq, _stage_dq,
                                              _step_order)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
@@ -138,17 +138,18 @@ _PAIR_CONFIGS: dict[int, BlackwellDkDvConfig] = {
 # scale tile of the D 128 build is one: K's, V's [128 keys, 4], Q's, dO's [128 queries, 4] along D, Q's and dO's
 # [128 columns d, 4] along queries, P^T's, dS^T's [128 keys, 4]. The D 64 build runs on the simulator only (its D-axis
 # scale tiles have 2 columns). Tensor memory: S^T and dP^T take turns in one 128-column tile (dP^T(s) is issued once
-# the compute has read S^T(s)) beside dK, dV 2 x 128 and Triton's scale tiles (4 columns per scaled MMA operand);
-# the compute keeps P^T (and then dS^T) in fp32 in shared memory between the two, in half-step column slices
-# (registers). Shared memory at D 128: K, V 2 x 16 KB + one slot of Q, dO along D and along queries 4 x 16 KB + P^T,
-# dS^T 2 x 16 KB + the fp32 P^T/dS^T 64 KB = 192 KB (a second slot would pass the SM's 227 KB); D 64: two slots.
+# the compute has read S^T(s)) beside dK, dV 2 x 128 and Triton's scale tiles (4 columns per scaled MMA operand): 512
+# columns as compiled; the fp32 P^T waits for dP^T in shared memory. Shared memory at D 128: K, V 2 x 16 KB + one
+# slot of Q, dO along D and along queries 4 x 16 KB + P^T, dS^T 2 x 16 KB + the fp32 P^T 64 KB = 192 KB (204032 B as
+# compiled; a second slot would pass the SM's 232448), so dK(s - 1), the slot's last reader, goes ahead of step s
+# (``_mma_item``); D 64: two slots. The compute quantizes P^T and dS^T by half-steps in registers: at 240 registers
+# it spilled 16 bytes, at 256 none (compile gate, 2026-12-02).
 _MX_CONFIGS: dict[int, BlackwellDkDvConfig] = {
     64: BlackwellDkDvConfig(block_n=128, block_m=128, num_buffers_qdo=2, num_buffers_kv=1, num_buffers_dkdv=1,
                             dq_columns=64, dq_stages=1, compute_regs=256, epilogue_slices=2),
     128: BlackwellDkDvConfig(block_n=128, block_m=128, num_buffers_qdo=1, num_buffers_kv=1, num_buffers_dkdv=1,
                              dq_columns=64, dq_stages=1, compute_regs=256, epilogue_slices=4),
 }
-MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four E4M3 descriptors in desc_q, desc_k, desc_v, desc_do's places: Q and dO
 # along queries (descriptors), the E8M0 scales, each sequence's first query-axis scale row; None in the bf16/fp16
 # builds (constexpr: no parameters there)

@@ -47,3 +47,40 @@ def test_mxfp8_at_d64_falls_back_on_the_gpu_with_the_reason():
     assert "tcgen05.cp" in jfa.which_kernels(torch.zeros(8, 2, 64, device="cuda", dtype=torch.bfloat16),
                                              *(torch.zeros(8, 2, 64, device="cuda", dtype=torch.bfloat16),) * 2,
                                              precision="mxfp8").reason
+
+
+# ---- the MXFP8 backward (the dK/dV kernel's MX build at D 128; D 64 runs the portable backward on the GPU) -------
+from test_mx_kernels import BLACKWELL_BACKWARD_CASES  # noqa: E402
+from test_mx_kernels import _forward as _mx_forward  # noqa: E402
+from test_mx_kernels import _launch_args as _mx_launch_args  # noqa: E402
+from test_mx_kernels import _problem as _mx_problem  # noqa: E402
+from test_mx_kernels import assert_backward_within_bound_a as _mx_bound_a  # noqa: E402
+
+MX_D128_CASES = [c for c in BLACKWELL_BACKWARD_CASES if c.head_dim == 128]
+
+
+@pytest.mark.parametrize("case", MX_D128_CASES, ids=[c.name for c in MX_D128_CASES])
+def test_blackwell_mx_backward_meets_the_kernel_bound(case, monkeypatch):
+    """dq, dk, dv of the Blackwell MX backward within bound (a) of the MX oracle (from the portable forward's out and
+    lse), NaN-poisoned outputs; the Blackwell dK/dV kernel launched once, as the MX build (its simulator twin:
+    tests/test_mx_kernels.py)."""
+    from jfa.kernels import alloc
+    from jfa.kernels.tlx.blackwell.backward import mx_backward_blackwell
+    from jfa.kernels.tlx.common import target
+
+    launches = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        launches.append((kernel.fn.__name__, kwargs.get("MX")))
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    pb = _mx_problem(case, "cuda", inputs="gauss")
+    out, lse = _mx_forward(pb)
+    with alloc.poisoned_outputs():
+        grads = mx_backward_blackwell(pb.q, pb.k, pb.v, out, lse, pb.dout, pb.cu_q, pb.cu_k, dlse=pb.dlse,
+                                      **_mx_launch_args(pb))
+    torch.cuda.synchronize()
+    assert launches == [("jagged_dkdv_blackwell_kernel", case.rule)], launches
+    _mx_bound_a(pb, out, lse, grads)

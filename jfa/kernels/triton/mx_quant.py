@@ -4,18 +4,16 @@ The rules are docs/mxfp8.md's "Quantizer": blocks of 32 share one E8M0 scale byt
 exponent clamped to [-127, 127], 0x00 for an all-zero block, 0xFF and all-NaN elements for a block
 holding a NaN or Inf); elements are E4M3, round-to-nearest-even, saturating at 448.
 
-Every step is integer arithmetic on the fp32 bit pattern of the input, so the bytes are exact by
-construction and equal on the GPU and the interpreter: no float multiply (fp32 subnormals, which the
-scaled values and inputs can be, would meet flush-to-zero), no hardware fp8 conversion. The loads take
-fp32 as int32 bits and bf16 as int16 bits (widened by a shift: Triton 3.8's interpreter flushes bf16
+The scale exponent is integer arithmetic on the fp32 bit pattern of the block's largest magnitude. The
+elements are the hardware conversion ``cvt.rn.satfinite.e4m3x2.f32`` (round to nearest even) of ``|x|``
+times the normal fp32 factor ``2^-s``, clamped at 448 first, with x's sign bit. The product is exact
+wherever it is an fp32 normal (Triton multiplies without flush-to-zero, so a subnormal x scales exactly),
+and a product below 2^-126 rounds to 0 in E4M3 (half its smallest subnormal is 2^-10). The bytes equal the NumPy quantizer's (``jfa.oracle.mx``)
+bit for bit on the GPU and on the interpreter (whose fp32 -> E4M3 conversion
+``jfa.kernels.triton._interpreter`` makes the GPU's); tests/test_mx_quant.py checks every E4M3 value under
+the boundary scale bytes, ties, fp32 subnormals, zero and NaN blocks and random layouts on both. The loads
+take fp32 as int32 bits and bf16 as int16 bits (widened by a shift: Triton 3.8's interpreter flushes bf16
 subnormals in its bf16 -> fp32 cast); fp16 converts to fp32 exactly (its subnormals are fp32 normals).
-
-A value with fp32 bits ``u = |x|`` is ``sig * 2^ee``: ``sig`` the 24-bit significand (implicit bit
-included; the bare mantissa for a subnormal) and ``ee = max(exp_field, 1) - 150``. Its floor(log2) ``L``
-comes from the exponent field, for a subnormal from the exponent of ``float(mantissa)`` (an exact
-int -> float conversion). Encoding ``x * 2^-s`` keeps ``L - s`` as the E4M3 exponent (never below the
-subnormal exponent -6) and rounds ``sig`` right by ``max(L, s - 6) - 3 - ee`` bits (13..26 for every
-fp32 and every s in [-127, 127]), ties to even.
 """
 from __future__ import annotations
 
@@ -24,6 +22,9 @@ import triton
 import triton.language as tl
 
 from jfa.kernels import alloc
+from jfa.kernels.triton._interpreter import install_bf16_dot_fix
+
+install_bf16_dot_fix()
 
 BLOCK = 32
 DIM_BLOCKS_PER_PROGRAM = 64  # 32-element blocks one program of the D-axis kernel quantizes (2048 elements)
@@ -66,21 +67,13 @@ def _scale_exponent(amax, RCEIL: tl.constexpr):
 
 @triton.jit
 def _encode_e4m3(bits, s):
-    """E4M3 bytes (int32 0..255) of ``x * 2^-s`` for finite x with fp32 bits ``bits``, s in [-127, 127]."""
-    sign = (bits >> 31) & 1
-    mag = bits & 0x7FFFFFFF
-    e = mag >> 23
-    sig = tl.where(e > 0, (mag & 0x7FFFFF) | 0x800000, mag)
-    ee = tl.maximum(e, 1) - 150
-    log2, _ = _log2_split(mag)
-    top = tl.maximum(log2, s - 6)  # exponent of the result (clamped at the subnormal one) plus s
-    shift = tl.minimum(top - 3 - ee, 26)  # >= 13; from 26 on everything rounds to 0 (sig < 2^24)
-    q = sig >> shift
-    rem = sig - (q << shift)
-    half = 1 << (shift - 1)
-    n = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)  # RNE: 0..8 subnormal, 8..16 normal
-    code = ((top - s + 7) << 3) + n - 8  # exponent field * 8 + mantissa; n = 16 carries into the exponent
-    return tl.minimum(code, 0x7E) | (sign << 7)  # saturate (a result past 448 would be 0x7F, NaN)
+    """E4M3 bytes (int32 0..255) of ``x * 2^-s`` for finite x with fp32 bits ``bits``, s in [-127, 121] (every
+    exponent ``_scale_exponent`` gives a block with a finite largest magnitude): the module docstring's
+    conversion; the sign bit is x's, so -0.0 and negatives that round to 0 keep it."""
+    mag = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    scaled = mag * ((127 - s) << 23).to(tl.float32, bitcast=True)
+    code = tl.minimum(scaled, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    return code.to(tl.int32) | (((bits >> 31) & 1) << 7)
 
 
 @triton.jit

@@ -683,12 +683,22 @@ def test_tlx_mx_backward_equals_the_portable_backward_on_exact_inputs(case, devi
         assert float((x - y).abs().max()) <= 2e-6 * float(y.abs().max()), name
 
 
-def test_the_op_runs_the_tlx_mx_backward_on_the_simulator(device):
-    """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_90 target: both passes are the
-    TLX MXFP8 kernels (recorded where they ran: not the portable fallback), as ``which_kernels`` says, and the
-    gradients meet bound (a)."""
+# (launch target, SMs, the name both passes record, the kernels the simulator ran)
+OP_TARGETS = {
+    "sm90-hopper": ((9, 0), 3, "tlx-hopper-mxfp8", ["jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel"]),
+    "sm100-blackwell": ((10, 0), 2, "tlx-blackwell-mxfp8",
+                        ["jagged_fwd_blackwell_kernel", "jagged_dkdv_blackwell_kernel"]),
+}
+
+
+@pytest.mark.parametrize("target", sorted(OP_TARGETS))
+def test_the_op_runs_the_tlx_mx_kernels_on_the_simulator(target, device):
+    """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_90 and an sm_100 target: both
+    passes are that target's TLX MXFP8 kernels (recorded where they ran: not the portable fallback), as
+    ``which_kernels`` says, and the gradients meet bound (a)."""
     if device != "cpu":
         pytest.skip("the simulator runs on the CPU interpreter (on a GPU: tests/test_tlx_gpu.py)")
+    arch, sm_count, name, kernels = OP_TARGETS[target]
     import jfa
     import jfa.sim as sim
     from jfa.api import recording_dispatch
@@ -696,21 +706,21 @@ def test_the_op_runs_the_tlx_mx_backward_on_the_simulator(device):
     pb = _problem(Case("op", (40, 33), (70, 0), kv_heads=1, causal=True, dtype=torch.bfloat16, seed=25), device,
                   inputs="gauss")
     leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
-    with sim.simulated(arch=(9, 0), sm_count=3) as session, alloc.poisoned_outputs(), recording_dispatch() as ran:
+    with sim.simulated(arch=arch, sm_count=sm_count) as session, alloc.poisoned_outputs(), recording_dispatch() as ran:
         choice = jfa.which_kernels(pb.q, pb.k, pb.v, precision="mxfp8", backend="tlx")
         out, lse = jfa.jagged_attention(*leaves, pb.cu_q, pb.cu_k, causal=True, softmax_scale=pb.scale,
                                         precision="mxfp8", backend="tlx", return_lse=True)
         out.backward(pb.dout)
-    assert (choice.forward, choice.backward, choice.reason) == ("tlx-hopper-mxfp8", "tlx-hopper-mxfp8", "")
-    assert ran == [("forward", "tlx-hopper-mxfp8", "tlx-sim"), ("backward", "tlx-hopper-mxfp8", "tlx-sim")]
-    assert session.kernels() == ["jagged_fwd_tlx_kernel", "jagged_dkdv_tlx_kernel"], session.kernels()
+    assert (choice.forward, choice.backward, choice.reason) == (name, name, "")
+    assert ran == [("forward", name, "tlx-sim"), ("backward", name, "tlx-sim")]
+    assert session.kernels() == kernels, session.kernels()
     q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
     kw = _oracle_kw(pb)
     tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
                                      out_dtype="bfloat16", **kw)
     want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, **_oracle_kw(pb))
-    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
-        _assert_within(name, leaf.grad, w, tol[name])
+    for grad, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
+        _assert_within(grad, leaf.grad, w, tol[grad])
 
 
 def test_an_mxfp8_backward_the_tlx_build_cannot_run_falls_back_and_says_why(device):
@@ -843,36 +853,6 @@ def test_blackwell_mx_backward_equals_the_portable_backward_on_exact_inputs(devi
     for name, x, y in zip(("dk", "dv"), blackwell[1:], portable[1:]):
         assert torch.isfinite(x).all() and x.dtype == y.dtype, name
         assert float((x - y).abs().max()) <= 2e-6 * float(y.abs().max()), name
-
-
-def test_the_op_runs_the_blackwell_mx_backward_on_the_simulator(device):
-    """Through ``jfa.jagged_attention(precision="mxfp8", backend="tlx")`` on an sm_100 target: both passes are the
-    Blackwell MXFP8 kernels (recorded where they ran: not the portable fallback), as ``which_kernels`` says, and
-    the gradients meet bound (a)."""
-    if device != "cpu":
-        pytest.skip("the simulator runs on the CPU interpreter (no B200 here)")
-    import jfa
-    import jfa.sim as sim
-    from jfa.api import recording_dispatch
-
-    pb = _problem(Case("op", (40, 33), (70, 0), kv_heads=1, causal=True, dtype=torch.bfloat16, seed=25), device,
-                  inputs="gauss")
-    leaves = [t.detach().requires_grad_() for t in (pb.q, pb.k, pb.v)]
-    with sim.simulated(arch=(10, 0), sm_count=2) as session, alloc.poisoned_outputs(), recording_dispatch() as ran:
-        choice = jfa.which_kernels(pb.q, pb.k, pb.v, precision="mxfp8", backend="tlx")
-        out, lse = jfa.jagged_attention(*leaves, pb.cu_q, pb.cu_k, causal=True, softmax_scale=pb.scale,
-                                        precision="mxfp8", backend="tlx", return_lse=True)
-        out.backward(pb.dout)
-    assert (choice.forward, choice.backward, choice.reason) == ("tlx-blackwell-mxfp8", "tlx-blackwell-mxfp8", "")
-    assert ran == [("forward", "tlx-blackwell-mxfp8", "tlx-sim"), ("backward", "tlx-blackwell-mxfp8", "tlx-sim")]
-    assert session.kernels() == ["jagged_fwd_blackwell_kernel", BLACKWELL_DKDV_KERNEL], session.kernels()
-    q, k, v, dout = _np(pb.q), _np(pb.k), _np(pb.v), _np(pb.dout)
-    kw = _oracle_kw(pb)
-    tol = mx_bounds.kernel_tolerance(q, k, v, dout, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_k"),
-                                     out_dtype="bfloat16", **kw)
-    want = oracle.mx_backward(q, k, v, _np(out), _np(lse), dout, **_oracle_kw(pb))
-    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
-        _assert_within(name, leaf.grad, w, tol[name])
 
 
 def test_the_blackwell_mx_backward_refuses_a_window_and_other_targets(device):

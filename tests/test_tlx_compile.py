@@ -547,16 +547,11 @@ def blackwell_mx_results(device):
     return run_out_of_process("blackwell-mx", only=BLACKWELL_MX_SUITE + BLACKWELL_MX_BACKWARD_SUITE, jobs=1)
 
 
-@pytest.mark.parametrize("name", BLACKWELL_MX_SUITE)
-def test_blackwell_mx_forward_compiles_for_sm100a_as_designed(name, blackwell_mx_results, record_property):
-    """Every MMA block-scaled (kind::mxf8f6f4 .block_scale), the E8M0 scales copied into tensor memory by tcgen05.cp,
-    tensor memory within 512 columns (one S both groups take turns in, beside Triton's scale tiles), shared memory
-    within sm_100's 227 KB, spill no worse than the bf16 build's allowance, the partitions' stated registers, and a
-    launch of ``mx_forward_blackwell`` that binds to this build."""
+def _assert_sm100_mx_resources(row: dict, record_property) -> dict:
+    """Asserts what every Blackwell MXFP8 build must be (every tensor-core op block-scaled; tensor memory, shared
+    memory and spill within sm_100's limits) and records its resources; returns the row's details."""
     from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
-    from jfa.kernels.tlx.blackwell import forward
 
-    row = blackwell_mx_results[name]
     details = row["details"]
     record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
                                             | {"tmem_columns": details["tmem_columns"]}))
@@ -564,6 +559,19 @@ def test_blackwell_mx_forward_compiles_for_sm100a_as_designed(name, blackwell_mx
     assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
     assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
     assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    return details
+
+
+@pytest.mark.parametrize("name", BLACKWELL_MX_SUITE)
+def test_blackwell_mx_forward_compiles_for_sm100a_as_designed(name, blackwell_mx_results, record_property):
+    """Every MMA block-scaled (kind::mxf8f6f4 .block_scale), the E8M0 scales copied into tensor memory by tcgen05.cp,
+    tensor memory within 512 columns (one S both groups take turns in, beside Triton's scale tiles), shared memory
+    within sm_100's 227 KB, spill no worse than the bf16 build's allowance, the partitions' stated registers, and a
+    launch of ``mx_forward_blackwell`` that binds to this build."""
+    from jfa.kernels.tlx.blackwell import forward
+
+    row = blackwell_mx_results[name]
+    details = _assert_sm100_mx_resources(row, record_property)
     regs = forward.config_for(row["target"]["head_dim"], row["target"]["mx"]).softmax_regs
     assert details["requested_registers"] == [regs] * forward.NUM_GROUPS + [forward.ISSUER_REGS.value] * 2
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
@@ -577,17 +585,10 @@ def test_blackwell_mx_backward_compiles_for_sm100a_as_designed(name, blackwell_m
     dK, dV and Triton's scale tiles), shared memory within sm_100's 227 KB, spill no worse than the bf16 builds'
     allowance, the partitions' stated registers, no dQ reduce-add (dQ is the portable pass), and a launch of
     ``mx_dkdv_blackwell`` that binds to this build."""
-    from jfa.fuzz.compile_gate import SM100_ENTRY_SPILL_BYTES, SM100_SHARED_LIMIT, SM100_TMEM_COLUMNS
     from jfa.kernels.tlx.blackwell import backward
 
     row = blackwell_mx_results[name]
-    details = row["details"]
-    record_property("resources", json.dumps({k: row[k] for k in ("registers", "stack_bytes", "shared_bytes")}
-                                            | {"tmem_columns": details["tmem_columns"]}))
-    assert row["tensor_core_ops"] > 0 and details["block_scaled_mmas"] == row["tensor_core_ops"]
-    assert 0 < details["tmem_columns"] <= SM100_TMEM_COLUMNS
-    assert 0 < row["shared_bytes"] <= SM100_SHARED_LIMIT
-    assert row["local_bytes"] == 0 and row["stack_bytes"] <= SM100_ENTRY_SPILL_BYTES, "spills"
+    details = _assert_sm100_mx_resources(row, record_property)
     regs = backward.config_for(row["target"]["head_dim"], mx=row["target"]["mx"]).compute_regs
     assert details["requested_registers"] == [regs] + [backward.ISSUER_REGS.value] * 2
     assert details["tma_reduce_adds"] == 0

@@ -634,14 +634,14 @@ def dkdv_launch_binding(target: Target) -> dict:
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
-def mx_dkdv_launch_binding(target: Target) -> dict:
-    """What a launch of the MXFP8 dK/dV build by its launcher (``mx_dkdv_tlx``) would compile, bound on CPU
-    MXTensors shaped like ``_launch_inputs``' tensors (as ``jfa.kernels.triton.mx_attention.mx_backward``
-    quantizes them); the statistics' pass before it stops at its compile too."""
+def _mx_dkdv_binding(target: Target, launcher, kernel, capability: tuple = (9, 0)) -> dict:
+    """What ``launcher`` (an MXFP8 dK/dV launcher: ``mx_dkdv_tlx`` or ``mx_dkdv_blackwell``) would compile for
+    ``kernel``, bound on CPU MXTensors shaped like ``_launch_inputs``' tensors (as
+    ``jfa.kernels.triton.mx_attention.mx_backward`` quantizes them), the launch target answering ``capability``;
+    the statistics' pass before it stops at its compile too."""
     import torch
 
     from jfa import knobs
-    from jfa.kernels.tlx.hopper import backward as tlx_backward
 
     q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
     num_seqs = cu_k.numel() - 1
@@ -653,14 +653,20 @@ def mx_dkdv_launch_binding(target: Target) -> dict:
         return _zero_mx(t, axis, target.mx, cu)
 
     lse = torch.zeros(rows, q.shape[1])
-    with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
-        tlx_backward.mx_dkdv_tlx(as_mx(q, "dim"), as_mx(q, "tokens", q_cu), as_mx(k, "dim"), as_mx(v, "dim"),
-                                 as_mx(dout, "dim"), as_mx(dout, "tokens", out_cu), lse, torch.zeros_like(lse),
-                                 torch.empty(k.shape, dtype=k.dtype), torch.empty(v.shape, dtype=v.dtype), out_cu,
-                                 cu_k, causal=target.causal, softmax_scale=target.head_dim ** -0.5,
-                                 broadcast_q=target.broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q,
-                                 rule=target.mx)
-    return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
+    with _offline_target(capability), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
+        launcher(as_mx(q, "dim"), as_mx(q, "tokens", q_cu), as_mx(k, "dim"), as_mx(v, "dim"), as_mx(dout, "dim"),
+                 as_mx(dout, "tokens", out_cu), lse, torch.zeros_like(lse), torch.empty(k.shape, dtype=k.dtype),
+                 torch.empty(v.shape, dtype=v.dtype), out_cu, cu_k, causal=target.causal,
+                 softmax_scale=target.head_dim ** -0.5, broadcast_q=target.broadcast_q, num_seqs=num_seqs,
+                 len_q_bcast=len_q, rule=target.mx)
+    return seen[kernel.fn.__name__]
+
+
+def mx_dkdv_launch_binding(target: Target) -> dict:
+    """What a launch of the Hopper MXFP8 dK/dV build by its launcher (``mx_dkdv_tlx``) would compile."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    return _mx_dkdv_binding(target, tlx_backward.mx_dkdv_tlx, tlx_backward.jagged_dkdv_tlx_kernel)
 
 
 def _variant(target: Target):
@@ -902,31 +908,11 @@ def _block_scaled(compiled, result: Result, expected: dict) -> None:
 
 
 def blackwell_mx_dkdv_launch_binding(target: Target) -> dict:
-    """What a launch of the Blackwell MXFP8 dK/dV build by its launcher (``mx_dkdv_blackwell``) would compile, bound
-    on CPU MXTensors shaped like ``_launch_inputs``' tensors (as ``mx_attention.mx_backward`` quantizes them; the
-    launch target answering sm_100); the statistics' pass before it stops at its compile too."""
-    import torch
-
-    from jfa import knobs
+    """What a launch of the Blackwell MXFP8 dK/dV build by its launcher (``mx_dkdv_blackwell``) would compile, the
+    launch target answering sm_100."""
     from jfa.kernels.tlx.blackwell import backward as bwb
 
-    q, k, v, out_cu, cu_k, len_q = _launch_inputs(target)
-    num_seqs = cu_k.numel() - 1
-    rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
-    dout = torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype)
-    q_cu = torch.tensor([0, q.shape[0]], dtype=torch.int32) if target.broadcast_q else out_cu
-
-    def as_mx(t, axis, cu=None):
-        return _zero_mx(t, axis, target.mx, cu)
-
-    lse = torch.zeros(rows, q.shape[1])
-    with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
-        bwb.mx_dkdv_blackwell(as_mx(q, "dim"), as_mx(q, "tokens", q_cu), as_mx(k, "dim"), as_mx(v, "dim"),
-                              as_mx(dout, "dim"), as_mx(dout, "tokens", out_cu), lse, torch.zeros_like(lse),
-                              torch.empty(k.shape, dtype=k.dtype), torch.empty(v.shape, dtype=v.dtype), out_cu, cu_k,
-                              causal=target.causal, softmax_scale=target.head_dim ** -0.5,
-                              broadcast_q=target.broadcast_q, num_seqs=num_seqs, len_q_bcast=len_q, rule=target.mx)
-    return seen[bwb.jagged_dkdv_blackwell_kernel.fn.__name__]
+    return _mx_dkdv_binding(target, bwb.mx_dkdv_blackwell, bwb.jagged_dkdv_blackwell_kernel, (10, 0))
 
 
 def _check_blackwell(target: Target) -> Result:

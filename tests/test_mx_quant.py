@@ -397,6 +397,15 @@ def test_dim_blocks_any_head_dim(head_dim, device):
             _check(torch.from_numpy(x).to(dtype).to(device), "dim", rule)
 
 
+@pytest.mark.parametrize("head_dim", [1, 2, 3], ids=["D1", "D2", "D3"])
+def test_one_token_one_head_tiny_head_dim(head_dim, device):
+    """The shape a D-axis tiling once got wrong on the H200 (head dim 2: the second byte's magnitude lost,
+    0x80 where 0xd0 is right), one token and one head, with the values of that failure."""
+    values = np.array([8.0625, -0.263671875, 3.0])[:head_dim].reshape(1, 1, head_dim)
+    for rule in RULES:
+        _check(torch.tensor(values, dtype=torch.bfloat16, device=device), "dim", rule)
+
+
 @pytest.mark.parametrize("axis", ["dim", "tokens"])
 def test_strided_inputs(axis, device):
     """A slice of a fused [T, 3, H, D] projection, and a view whose head dim is not contiguous."""

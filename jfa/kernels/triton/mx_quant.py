@@ -27,7 +27,7 @@ from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 install_bf16_dot_fix()
 
 BLOCK = 32
-DIM_BLOCKS_PER_PROGRAM = 64  # 32-element blocks one program of the D-axis kernel quantizes (2048 elements)
+DIM_ELEMENTS_PER_PROGRAM = 4096  # elements (tokens x padded head dim) one program of the D-axis kernel quantizes
 MAX_TOKEN_COLUMNS = 128  # (head, dim) columns one program of the token-axis kernel quantizes (x 32 tokens)
 
 
@@ -90,20 +90,27 @@ def _quantize_tile(bits, AXIS: tl.constexpr, RCEIL: tl.constexpr):
 
 
 @triton.jit
-def mx_quant_dim_kernel(X, DATA, SCALES, num_blocks, num_heads, head_dim, dim_blocks,
-                        stride_t, stride_h, stride_d,
-                        SRC: tl.constexpr, RCEIL: tl.constexpr, BLOCKS: tl.constexpr):
-    """Blocks along D: program p quantizes blocks ``p*BLOCKS ..`` of the flattened (token, head, d-block)
-    order; DATA is contiguous ``[T, H, D]`` uint8, SCALES contiguous ``[T, H, dim_blocks]`` uint8."""
-    blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    row = blk // dim_blocks  # token * H + head
-    d = (blk % dim_blocks)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    mask = (blk < num_blocks)[:, None] & (d < head_dim)
-    src = X + (row // num_heads)[:, None] * stride_t + (row % num_heads)[:, None] * stride_h + d * stride_d
+def mx_quant_dim_kernel(X, DATA, SCALES, num_tokens, num_heads, head_dim, stride_t, stride_h, stride_d,
+                        SRC: tl.constexpr, RCEIL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Blocks along D: program (p, h) quantizes tokens ``p*ROWS ..`` of head h, a ``[ROWS, BLOCK_D]`` tile
+    (``BLOCK_D``: the head dim rounded up to a power of two >= 32; columns past it load as 0, so a short
+    tail block is a zero-filled one), with no integer division: rows and columns are the grid's. DATA is
+    contiguous ``[T, H, head_dim]`` uint8, SCALES contiguous ``[T, H, ceil(head_dim / 32)]`` uint8.
+    ``head_dim`` stays a runtime value: compiled as a constant, the H200 build for head dim 2 lost the second
+    element's magnitude (NOTES.md, session 25); tests/test_mx_quant.py's GPU layouts test catches it."""
+    t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    head = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = (t < num_tokens)[:, None] & (d < head_dim)[None, :]
+    src = X + t[:, None] * stride_t + head * stride_h + d[None, :] * stride_d
     bits = _fp32_bits(tl.load(src, mask=mask, other=0), SRC)
-    codes, scales = _quantize_tile(bits, 1, RCEIL)
-    tl.store(DATA + row[:, None] * head_dim + d, codes, mask=mask)
-    tl.store(SCALES + blk, scales, mask=blk < num_blocks)
+    codes, scales = _quantize_tile(tl.reshape(bits, [ROWS * (BLOCK_D // 32), 32]), 1, RCEIL)
+    row = t * num_heads + head
+    tl.store(DATA + row[:, None] * head_dim + d[None, :], tl.reshape(codes, [ROWS, BLOCK_D]), mask=mask)
+    dim_blocks = (head_dim + 31) // 32
+    blocks = tl.arange(0, BLOCK_D // 32)
+    tl.store(SCALES + row[:, None] * dim_blocks + blocks[None, :], tl.reshape(scales, [ROWS, BLOCK_D // 32]),
+             mask=(t < num_tokens)[:, None] & (blocks < dim_blocks)[None, :])
 
 
 @triton.jit
@@ -158,13 +165,13 @@ def quantize_dim(x: torch.Tensor, rceil: bool) -> tuple[torch.Tensor, torch.Tens
     dim_blocks = triton.cdiv(D, BLOCK)
     data = _bytes((T, H, D), 0x7F, x.device)
     scales = _bytes((T, H, dim_blocks), 0xFF, x.device)
-    num_blocks = T * H * dim_blocks
-    if num_blocks == 0:
+    if T * H * dim_blocks == 0:
         return data, scales
     src, tag = _source(x)
-    grid = (triton.cdiv(num_blocks, DIM_BLOCKS_PER_PROGRAM),)
-    mx_quant_dim_kernel[grid](src, data, scales, num_blocks, H, D, dim_blocks, *x.stride(),
-                              SRC=tag, RCEIL=rceil, BLOCKS=DIM_BLOCKS_PER_PROGRAM)
+    block_d = max(BLOCK, triton.next_power_of_2(D))
+    rows = max(1, DIM_ELEMENTS_PER_PROGRAM // block_d)
+    mx_quant_dim_kernel[(triton.cdiv(T, rows), H)](src, data, scales, T, H, D, *x.stride(), SRC=tag, RCEIL=rceil,
+                                                   ROWS=rows, BLOCK_D=block_d)
     return data, scales
 
 

@@ -406,6 +406,78 @@ def test_one_token_one_head_tiny_head_dim(head_dim, device):
         _check(torch.tensor(values, dtype=torch.bfloat16, device=device), "dim", rule)
 
 
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 65536, 2), (300, 70000, 128), (5, 2 ** 24, 1)])
+def test_dim_grid_of_more_than_65535_heads_keeps_cuda_axes_1_and_2_within_65535(tokens, heads, head_dim):
+    """CUDA caps grid axes 1 and 2 at 65535: the D-axis launch puts its (token block, head) programs on axis 0,
+    at least one per head."""
+    from jfa.kernels.triton import mx_quant
+
+    grid = mx_quant.dim_grid(tokens, heads, head_dim)
+    assert all(n <= 65535 for n in grid[1:]), grid
+    assert heads <= grid[0] <= 2 ** 31 - 1, grid
+
+
+def test_dim_grid_past_2_31_programs_raises_naming_x():
+    from jfa.kernels.triton import mx_quant
+
+    with pytest.raises(ValueError, match="x: shape"):
+        mx_quant.dim_grid(2 ** 40, 2, 128)
+
+
+@pytest.mark.parametrize("rows, heads, head_dim", [(1, 65536, 128), (3, 2 ** 17, 128), (40, 70000, 256), (1, 1, 1)])
+def test_tokens_launches_of_more_than_65535_column_blocks_keep_cuda_axis_1_within_65535(rows, heads, head_dim):
+    """CUDA caps grid axes 1 and 2 at 65535: the token-axis launches take every scale row on axis 0 and split the
+    column blocks into launches of at most 65535, each block in exactly one launch."""
+    from jfa.kernels.triton import mx_quant
+
+    launches = mx_quant.tokens_launches(rows, heads, head_dim)
+    assert all(grid[0] == rows and all(1 <= n <= 65535 for n in grid[1:]) for grid, _ in launches), launches
+    covered = [first + c for (_, blocks), first in launches for c in range(blocks)]
+    assert covered == list(range(-(-heads * head_dim // 128))), launches
+
+
+def test_tokens_launches_past_2_31_rows_raise_naming_x():
+    from jfa.kernels.triton import mx_quant
+
+    with pytest.raises(ValueError, match="x: "):
+        mx_quant.tokens_launches(2 ** 31, 2, 128)
+
+
+@pytest.mark.parametrize("axis", ["dim", "tokens"])
+def test_grid_past_2_31_programs_raises_before_allocating(axis, monkeypatch):
+    """The grid check runs before the outputs exist: a stride-0 view stands in for the huge tensor."""
+    from jfa.kernels.triton import mx_quant
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("allocated before the grid check")
+
+    monkeypatch.setattr(mx_quant, "_bytes", no_allocation)
+    monkeypatch.setattr(torch, "full", no_allocation)
+    with pytest.raises(ValueError, match="x: "):
+        if axis == "dim":
+            mx_quant.quantize_dim(torch.zeros(1, 1, 1).expand(2 ** 40, 2, 128), False)
+        else:
+            cu = torch.tensor([0, 1])
+            mx_quant.quantize_tokens(torch.zeros(1, 2, 128), cu, cu, 2 ** 31, False)
+
+
+@pytest.mark.parametrize("grid_y", [65535, 2], ids=["one-launch", "launches-split-the-column-blocks"])
+def test_tokens_rows_times_column_blocks_match_the_reference(grid_y, device, monkeypatch):
+    """Several scale rows (two sequences, a short tail block) times several 128-column blocks (3 x 100 columns,
+    the last block partial), in one launch or, with grid axis 1 capped below the block count (as past CUDA's
+    65535), in several."""
+    from jfa.kernels.triton import mx_quant
+
+    monkeypatch.setattr(mx_quant, "MAX_GRID_Y", grid_y)
+    rng = np.random.default_rng(11)
+    x = _heavy(rng, (70, 3, 100))
+    x[45, 2, 99] = np.nan
+    cu = torch.tensor([0, 40, 70], device=device)
+    for dtype in DTYPES.values():
+        for rule in RULES:
+            _check(torch.from_numpy(x).to(dtype).to(device), "tokens", rule, cu)
+
+
 @pytest.mark.parametrize("axis", ["dim", "tokens"])
 def test_strided_inputs(axis, device):
     """A slice of a fused [T, 3, H, D] projection, and a view whose head dim is not contiguous."""

@@ -29,6 +29,8 @@ install_bf16_dot_fix()
 BLOCK = 32
 DIM_ELEMENTS_PER_PROGRAM = 4096  # elements (tokens x padded head dim) one program of the D-axis kernel quantizes
 MAX_TOKEN_COLUMNS = 128  # (head, dim) columns one program of the token-axis kernel quantizes (x 32 tokens)
+MAX_GRID_PROGRAMS = 2 ** 31 - 1  # CUDA's grid axis 0
+MAX_GRID_Y = 65535  # CUDA's grid axes 1 and 2
 
 
 @triton.jit
@@ -90,36 +92,38 @@ def _quantize_tile(bits, AXIS: tl.constexpr, RCEIL: tl.constexpr):
 
 
 @triton.jit
-def mx_quant_dim_kernel(X, DATA, SCALES, num_tokens, num_heads, head_dim, stride_t, stride_h, stride_d,
+def mx_quant_dim_kernel(X, DATA, SCALES, num_tokens, num_heads, head_dim, token_blocks, stride_t, stride_h, stride_d,
                         SRC: tl.constexpr, RCEIL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Blocks along D: program (p, h) quantizes tokens ``p*ROWS ..`` of head h, a ``[ROWS, BLOCK_D]`` tile
-    (``BLOCK_D``: the head dim rounded up to a power of two >= 32; columns past it load as 0, so a short
-    tail block is a zero-filled one), with no integer division: rows and columns are the grid's. DATA is
-    contiguous ``[T, H, head_dim]`` uint8, SCALES contiguous ``[T, H, ceil(head_dim / 32)]`` uint8.
-    ``head_dim`` stays a runtime value: compiled as a constant, the H200 build for head dim 2 lost the second
-    element's magnitude (NOTES.md, session 25); tests/test_mx_quant.py's GPU layouts test catches it."""
-    t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    head = tl.program_id(1).to(tl.int64)
+    """Blocks along D on a 1-D grid of ``token_blocks * num_heads`` programs: program p quantizes tokens
+    ``(p % token_blocks)*ROWS ..`` of head ``p // token_blocks``, a ``[ROWS, BLOCK_D]`` tile (``BLOCK_D``: the
+    head dim rounded up to a power of two >= 32; columns past it load as 0, so a short tail block is a
+    zero-filled one). DATA is contiguous ``[T, H, head_dim]`` uint8, SCALES contiguous
+    ``[T, H, ceil(head_dim / 32)]`` uint8. ``head_dim`` is a runtime argument: a constexpr head dim
+    miscompiles the 2-element tile on sm_90 (NOTES.md session 25)."""
+    p = tl.program_id(0)
+    t = (p % token_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    head = (p // token_blocks).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
-    mask = (t < num_tokens)[:, None] & (d < head_dim)[None, :]
+    row_ok = (t < num_tokens)[:, None]
+    mask = row_ok & (d < head_dim)[None, :]
     src = X + t[:, None] * stride_t + head * stride_h + d[None, :] * stride_d
     bits = _fp32_bits(tl.load(src, mask=mask, other=0), SRC)
     codes, scales = _quantize_tile(tl.reshape(bits, [ROWS * (BLOCK_D // 32), 32]), 1, RCEIL)
     row = t * num_heads + head
     tl.store(DATA + row[:, None] * head_dim + d[None, :], tl.reshape(codes, [ROWS, BLOCK_D]), mask=mask)
-    dim_blocks = (head_dim + 31) // 32
+    dim_blocks = (head_dim + 31) // 32  # not an argument: Triton compiles an int argument equal to 1 as a constant
     blocks = tl.arange(0, BLOCK_D // 32)
     tl.store(SCALES + row[:, None] * dim_blocks + blocks[None, :], tl.reshape(scales, [ROWS, BLOCK_D // 32]),
-             mask=(t < num_tokens)[:, None] & (blocks < dim_blocks)[None, :])
+             mask=row_ok & (blocks < dim_blocks)[None, :])
 
 
 @triton.jit
-def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs, num_cols, head_dim,
+def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs, num_cols, head_dim, col_block0,
                            stride_t, stride_h, stride_d,
                            SRC: tl.constexpr, RCEIL: tl.constexpr, COLS: tl.constexpr):
     """Blocks along tokens: program (r, c) quantizes scale row r (block i of sequence ``ROW_SEQ[r]``,
-    ``i = r - BLOCK_OFFSETS[seq]``) for columns ``c*COLS ..`` of the flattened (head, d) pairs. Rows past
-    the real block count (``ROW_SEQ[r] == num_seqs``) are left as they are. DATA is contiguous
+    ``i = r - BLOCK_OFFSETS[seq]``) for columns ``(col_block0 + c)*COLS ..`` of the flattened (head, d) pairs.
+    Rows past the real block count (``ROW_SEQ[r] == num_seqs``) are left as they are. DATA is contiguous
     ``[T, H, D]``, SCALES contiguous ``[rows, H, D]``."""
     r = tl.program_id(0)
     seq = tl.load(ROW_SEQ + r)
@@ -129,7 +133,7 @@ def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs
     t0 = tl.load(CU + seq).to(tl.int64) + 32 * i
     t_end = tl.load(CU + seq + 1).to(tl.int64)
     t = t0 + tl.arange(0, 32)
-    col = tl.program_id(1).to(tl.int64) * COLS + tl.arange(0, COLS)
+    col = (tl.program_id(1) + col_block0).to(tl.int64) * COLS + tl.arange(0, COLS)
     col_mask = col < num_cols
     mask = (t < t_end)[:, None] & col_mask[None, :]
     src = X + t[:, None] * stride_t + ((col // head_dim) * stride_h + (col % head_dim) * stride_d)[None, :]
@@ -158,21 +162,58 @@ def _source(x: torch.Tensor):
     raise TypeError(f"x: dtype must be float16, bfloat16 or float32, got {x.dtype}")
 
 
+def _dim_tile(head_dim: int) -> tuple[int, int]:
+    """(ROWS, BLOCK_D) of the D-axis kernel: the head dim padded to a power of two >= 32, and as many tokens
+    as fit ``DIM_ELEMENTS_PER_PROGRAM`` (at least one)."""
+    block_d = max(BLOCK, triton.next_power_of_2(head_dim))
+    return max(1, DIM_ELEMENTS_PER_PROGRAM // block_d), block_d
+
+
+def dim_grid(num_tokens: int, num_heads: int, head_dim: int) -> tuple[int]:
+    """The D-axis kernel's 1-D grid, one program per (token block, head): the heads ride on axis 0 (up to
+    2^31 - 1 programs), never on axes 1 and 2 (65535 on CUDA). Raises ValueError naming ``x`` for a tensor
+    that would need more programs."""
+    programs = triton.cdiv(num_tokens, _dim_tile(head_dim)[0]) * num_heads
+    if programs > MAX_GRID_PROGRAMS:
+        raise ValueError(f"x: shape [{num_tokens}, {num_heads}, {head_dim}] needs {programs} programs of the D-axis "
+                         f"quantizer, over the grid's {MAX_GRID_PROGRAMS}; quantize it in chunks of tokens")
+    return (programs,)
+
+
 def quantize_dim(x: torch.Tensor, rceil: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks along D of ``x`` ``[T, H, D]`` (any strides; a short tail block is zero-filled). Returns
     (element bytes ``[T, H, D]``, scale bytes ``[T, H, ceil(D/32)]``), both contiguous uint8."""
     T, H, D = x.shape
+    grid = dim_grid(T, H, D)  # raises before the outputs are allocated
     dim_blocks = triton.cdiv(D, BLOCK)
     data = _bytes((T, H, D), 0x7F, x.device)
     scales = _bytes((T, H, dim_blocks), 0xFF, x.device)
     if T * H * dim_blocks == 0:
         return data, scales
     src, tag = _source(x)
-    block_d = max(BLOCK, triton.next_power_of_2(D))
-    rows = max(1, DIM_ELEMENTS_PER_PROGRAM // block_d)
-    mx_quant_dim_kernel[(triton.cdiv(T, rows), H)](src, data, scales, T, H, D, *x.stride(), SRC=tag, RCEIL=rceil,
-                                                   ROWS=rows, BLOCK_D=block_d)
+    rows, block_d = _dim_tile(D)
+    mx_quant_dim_kernel[grid](src, data, scales, T, H, D, triton.cdiv(T, rows), *x.stride(), SRC=tag, RCEIL=rceil,
+                              ROWS=rows, BLOCK_D=block_d)
     return data, scales
+
+
+def _token_cols(num_cols: int) -> int:
+    """COLS of the token-axis kernel: the flattened (head, d) columns one program quantizes (x 32 tokens), the
+    column count padded to a power of two, at most ``MAX_TOKEN_COLUMNS`` (1 for no columns)."""
+    return min(MAX_TOKEN_COLUMNS, triton.next_power_of_2(max(num_cols, 1)))
+
+
+def tokens_launches(rows: int, num_heads: int, head_dim: int) -> list[tuple[tuple[int, int], int]]:
+    """The token-axis kernel's launches, ``[(grid, first column block), ...]``: one program per scale row on
+    axis 0 (up to 2^31 - 1) and per column block on axis 1, at most ``MAX_GRID_Y`` (CUDA's 65535) blocks a
+    launch, so one launch unless the flattened (head, d) pairs need more. Raises ValueError naming ``x`` for a
+    tensor with more scale rows than axis 0 takes."""
+    if rows > MAX_GRID_PROGRAMS:
+        raise ValueError(f"x: {rows} scale rows of the token-axis quantizer, over the grid's {MAX_GRID_PROGRAMS}; "
+                         "quantize it in chunks of sequences")
+    num_cols = num_heads * head_dim
+    col_blocks = triton.cdiv(num_cols, _token_cols(num_cols))
+    return [((rows, min(MAX_GRID_Y, col_blocks - first)), first) for first in range(0, col_blocks, MAX_GRID_Y)]
 
 
 def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: torch.Tensor, rows: int, rceil: bool):
@@ -181,6 +222,7 @@ def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: to
     ``ceil(L_b / 32)``; ``rows``: at least ``block_offsets[B]``, which is never read on the host). Returns
     (element bytes ``[T, H, D]``, scale bytes ``[rows, H, D]`` whose rows past the real count hold 0xFF)."""
     T, H, D = x.shape
+    launches = tokens_launches(rows, H, D)  # raises before the outputs are allocated
     num_seqs = cu_seqlens.numel() - 1
     data = _bytes((T, H, D), 0x7F, x.device)
     scales = torch.full((rows, H, D), 0xFF, dtype=torch.uint8, device=x.device)
@@ -190,8 +232,7 @@ def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: to
     r = torch.arange(rows, device=x.device, dtype=block_offsets.dtype)
     row_seq = (torch.searchsorted(block_offsets, r, right=True) - 1).to(torch.int32)
     src, tag = _source(x)
-    cols = min(MAX_TOKEN_COLUMNS, triton.next_power_of_2(H * D))
-    grid = (rows, triton.cdiv(H * D, cols))
-    mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D,
-                                 *x.stride(), SRC=tag, RCEIL=rceil, COLS=cols)
+    for grid, first in launches:
+        mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D, first,
+                                     *x.stride(), SRC=tag, RCEIL=rceil, COLS=_token_cols(H * D))
     return data, scales

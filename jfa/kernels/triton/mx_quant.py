@@ -118,11 +118,11 @@ def mx_quant_dim_kernel(X, DATA, SCALES, num_tokens, num_heads, head_dim, token_
 
 
 @triton.jit
-def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs, num_cols, head_dim, col_block0,
+def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs, num_cols, head_dim,
                            stride_t, stride_h, stride_d,
-                           SRC: tl.constexpr, RCEIL: tl.constexpr, COLS: tl.constexpr):
+                           SRC: tl.constexpr, RCEIL: tl.constexpr, COLS: tl.constexpr, COL_BLOCK0: tl.constexpr):
     """Blocks along tokens: program (r, c) quantizes scale row r (block i of sequence ``ROW_SEQ[r]``,
-    ``i = r - BLOCK_OFFSETS[seq]``) for columns ``(col_block0 + c)*COLS ..`` of the flattened (head, d) pairs.
+    ``i = r - BLOCK_OFFSETS[seq]``) for columns ``(COL_BLOCK0 + c)*COLS ..`` of the flattened (head, d) pairs.
     Rows past the real block count (``ROW_SEQ[r] == num_seqs``) are left as they are. DATA is contiguous
     ``[T, H, D]``, SCALES contiguous ``[rows, H, D]``."""
     r = tl.program_id(0)
@@ -133,7 +133,7 @@ def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs
     t0 = tl.load(CU + seq).to(tl.int64) + 32 * i
     t_end = tl.load(CU + seq + 1).to(tl.int64)
     t = t0 + tl.arange(0, 32)
-    col = (tl.program_id(1) + col_block0).to(tl.int64) * COLS + tl.arange(0, COLS)
+    col = (tl.program_id(1) + COL_BLOCK0).to(tl.int64) * COLS + tl.arange(0, COLS)
     col_mask = col < num_cols
     mask = (t < t_end)[:, None] & col_mask[None, :]
     src = X + t[:, None] * stride_t + ((col // head_dim) * stride_h + (col % head_dim) * stride_d)[None, :]
@@ -233,6 +233,6 @@ def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: to
     row_seq = (torch.searchsorted(block_offsets, r, right=True) - 1).to(torch.int32)
     src, tag = _source(x)
     for grid, first in launches:
-        mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D, first,
-                                     *x.stride(), SRC=tag, RCEIL=rceil, COLS=_token_cols(H * D))
+        mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D,
+                                     *x.stride(), SRC=tag, RCEIL=rceil, COLS=_token_cols(H * D), COL_BLOCK0=first)
     return data, scales

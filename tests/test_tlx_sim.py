@@ -180,6 +180,35 @@ def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memo
     assert built and set(built) == {in_registers}, built
 
 
+# (case, JFA_TLX_VARIANT, whether the forward's consumers take their items decoded from the producer's ring)
+ITEM_DECODING = {"ring-causal": ("tlx-many-items-causal-bf16-D64", "", True),
+                 "ring-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", True),
+                 "decoded-by-each": ("tlx-many-items-bcastq-causal-bf16-D128", "item_ring=0", False),
+                 "window-decoded-by-each": ("window-causal-bf16-D128", "", False)}
+
+
+@pytest.mark.parametrize("name", ITEM_DECODING)
+def test_work_items_reach_the_consumers_through_the_ring_or_decoded_by_each(name, monkeypatch):
+    """The forward's consumers meet the oracle under a seeded schedule whether the producer hands them each
+    item decoded (what ships without a window) or every partition decodes it (the ablation, and windows),
+    and the launch compiled the path its variant and window name."""
+    case_name, switches, ring = ITEM_DECODING[name]
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    built = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
+            built.append(kwargs["ITEM_RING"])
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    with knobs.scope(tlx_variant=switches):
+        report, _ = _run_on_simulator(case, sim.Schedule.seeded(3), "fused-dq")
+    assert report.ok, str(report)
+    assert built and set(built) == {ring}, built
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)

@@ -80,6 +80,7 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
     variants = _selected({"shipped": V(), "dynamic scheduler": V(schedule="dynamic"),
                           "no LPT sort": V(longest_first=False), "not persistent": V(persistent=False),
                           "no pingpong": V(pingpong=False), "no loop peeling": V(peel=False),
+                          "no item ring": V(item_ring=False),
                           "Q the other way": None},
                          only, "shipped")
     table = {}

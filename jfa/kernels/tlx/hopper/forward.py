@@ -13,7 +13,11 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
   decreasing key length (longest first); items are dealt zig-zag (``common.device.static_item``).
   ``Variant(schedule="dynamic")`` instead has the producer take the next item from a global atomic
   counter, passed to the consumers through a shared-memory ring; the counter resets itself at the end
-  of each launch. Spare slots carry the sentinel sequence ``B`` and are skipped. ``profile=True``
+  of each launch. Spare slots carry the sentinel sequence ``B`` and are skipped. The producer decodes
+  each item (tile list, offsets, block-sparse list counts) and hands it to the consumers through a
+  shared-memory ring (``_publish_item``), so a consumer starts the next item after a few shared-memory
+  reads instead of dependent global loads; builds with a window (handing the band over spills) and the
+  dynamic schedule decode the item in every partition. ``profile=True``
   builds a variant that records SM, start and end of every item (``jfa.bench.timeline`` draws them).
 * Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues
   TMA loads of Q, K and V into multi-buffered shared memory, signalling mbarriers. Two consumer
@@ -122,6 +126,18 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
+# The item ring: the words of one work item as the producer hands it to the consumers (``_publish_item``).
+# OUT_ROW fits int32: an output of 2**31 rows of even 64 bf16 values would be 256 GiB.
+ITEM_FIELDS = tl.constexpr(10)
+F_ITEM = tl.constexpr(0)
+F_HEAD = tl.constexpr(1)
+F_M_START = tl.constexpr(2)
+F_LEN_Q = tl.constexpr(3)
+F_LEN_K = tl.constexpr(4)
+F_OUT_ROW = tl.constexpr(5)
+F_J0 = tl.constexpr(6)
+F_N_BLOCKS = tl.constexpr(7)
+F_N_BULK = tl.constexpr(8)  # one word per consumer
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
 
 
@@ -150,8 +166,9 @@ def config_for(head_dim: int, mx: str = "") -> HopperForwardConfig:
 def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
                TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Everything producer and consumers need about work item ``item``, computed identically by both
-    (they must agree on the K/V blocks, or the mbarrier phases and the pingpong drift).
+    """Everything producer and consumers need about work item ``item``: the producer decodes it, and the
+    consumers of a build without the item ring decode it too, identically (they must agree on the K/V
+    blocks, or the mbarrier phases and the pingpong drift).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi):
     the item's K/V blocks are j0 .. j0 + n_blocks - 1; with WINDOW, (lo, hi) is the band (row i sees key j
@@ -204,6 +221,82 @@ def _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N: tl.constexpr):
         if back < n_blocks:
             masked += tl.where((tl.load(KV_IDX + j0 + n_blocks - 1 - back) + 1) * BLOCK_N > bulk_end, 1, 0)
     return n_blocks - masked
+
+
+@triton.jit
+def _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, c: tl.constexpr, CAUSAL: tl.constexpr,
+                 WINDOW: tl.constexpr, SPARSE: tl.constexpr, PEEL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """How many of the item's first blocks consumer ``c``'s half sees whole (the branch-free bulk): below the
+    diagonal and inside Lk. 0 with a window (every block through the masked path) or without peeling."""
+    if not PEEL or WINDOW:
+        return 0
+    if CAUSAL:
+        bulk_end = tl.minimum(len_k, tl.maximum(m_start + c * BLOCK_M + causal_shift + 1, 0))
+    else:
+        bulk_end = len_k
+    if SPARSE:
+        return _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N)
+    return bulk_end // BLOCK_N
+
+
+@triton.jit
+def _put(ring, index, value):
+    tlx.local_store(ring[index], (tl.zeros([1], dtype=tl.int32) + value).to(tl.int32))
+
+
+@triton.jit
+def _get(ring, index):
+    return tl.max(tlx.local_load(ring[index]), 0)
+
+
+@triton.jit
+def _publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk0,
+                  n_bulk1):
+    """Producer: hand the consumers work item ``item`` decoded, as the CTA's ``count``-th (an item >= the
+    launch's count ends their loop). The consumers then read eight words of shared memory instead of the
+    tile list's and the offsets' dependent global loads at every item boundary. barrier_arrive syncs the
+    producer's warps before thread 0 arrives, so the stores are visible to whoever passes the full barrier."""
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(empties[buf], phase ^ 1)
+    base = buf * ITEM_FIELDS
+    _put(ring, base + F_ITEM, item)
+    _put(ring, base + F_HEAD, head)
+    _put(ring, base + F_M_START, m_start)
+    _put(ring, base + F_LEN_Q, len_q)
+    _put(ring, base + F_LEN_K, len_k)
+    _put(ring, base + F_OUT_ROW, out_row0)
+    _put(ring, base + F_J0, j0)
+    _put(ring, base + F_N_BLOCKS, n_blocks)
+    _put(ring, base + F_N_BULK, n_bulk0)
+    _put(ring, base + F_N_BULK + 1, n_bulk1)
+    tlx.barrier_arrive(fulls[buf], 1)
+
+
+@triton.jit
+def _peek_item(ring, fulls, count):
+    """Consumer: the ``count``-th item its producer published (waits for it; ``_take_item`` reads the rest)."""
+    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
+    tlx.barrier_wait(fulls[buf], phase)
+    return _get(ring, buf * ITEM_FIELDS + F_ITEM)
+
+
+@triton.jit
+def _take_item(ring, empties, count, cid: tl.constexpr):
+    """Consumer ``cid``: the rest of the ``count``-th published item (after ``_peek_item``), then its slot
+    handed back. Returns (head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk)."""
+    buf = count % ITEM_BUFFERS
+    base = buf * ITEM_FIELDS
+    head = _get(ring, base + F_HEAD)
+    m_start = _get(ring, base + F_M_START)
+    len_q = _get(ring, base + F_LEN_Q)
+    len_k = _get(ring, base + F_LEN_K)
+    out_row0 = _get(ring, base + F_OUT_ROW).to(tl.int64)
+    j0 = _get(ring, base + F_J0)
+    n_blocks = _get(ring, base + F_N_BLOCKS)
+    n_bulk = _get(ring, base + F_N_BULK + cid)
+    tlx.barrier_arrive(empties[buf], 1)
+    return head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk
 
 
 @triton.jit
@@ -330,15 +423,23 @@ def _smid():
 def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                   k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
                   num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
+                  ring, ring_fulls, ring_empties, count, ITEM_RING: tl.constexpr, PEEL: tl.constexpr,
                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
                   SPARSE: tl.constexpr, TILE_M: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                   NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one work item: TMA loads of both consumers' Q halves, then every K/V block the item
     needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, _o, _lq, k_row0, _lk, m_start, _cs, j0, n_blocks, _lo, _hi = _work_item(
+    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
         TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
+    if ITEM_RING:
+        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
+                      n_blocks,
+                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, SPARSE,
+                                   PEEL, BLOCK_M, BLOCK_N),
+                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, SPARSE,
+                                   PEEL, BLOCK_M, BLOCK_N))
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -419,7 +520,8 @@ def _store_token_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.cons
 @triton.jit
 def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles,
                      q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
-                     num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                     num_heads, num_seqs, len_q_bcast, band_lo, band_hi, ring, ring_fulls, ring_empties, count,
+                     ITEM_RING: tl.constexpr, PEEL: tl.constexpr,
                      CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
                      TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
@@ -429,9 +531,16 @@ def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tile
     Software-pipelined by hand: V(j) is loaded before K(j) is stored, K(j + 1) before V(j) is stored, so
     each tile's load latency hides behind the other's conversion. The operands are contiguous: a token's
     row stride is heads x HEAD_DIM bytes. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, _o, len_q, k_row0, len_k, m_start, _cs, j0, n_blocks, _lo, _hi = _work_item(
+    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
         TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, False, TILE_M, BLOCK_N)
+    if ITEM_RING:
+        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
+                      n_blocks,
+                      _bulk_blocks(TILES, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, False, PEEL,
+                                   BLOCK_M, BLOCK_N),
+                      _bulk_blocks(TILES, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, False, PEEL,
+                                   BLOCK_M, BLOCK_N))
     NB: tl.constexpr = HEAD_DIM // 32
     if n_blocks > 0:
         kv_head = head // GROUP
@@ -471,7 +580,8 @@ def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tile
 @triton.jit
 def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
-               col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               col_stride_k, col_stride_v, band_lo, band_hi, ring, ring_fulls, ring_empties, count,
+               ITEM_RING: tl.constexpr, PEEL: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
                TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
@@ -482,13 +592,14 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
         q_cnt, kv_cnt = _produce_item_mx(
             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls,
             q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-            len_q_bcast, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N,
+            len_q_bcast, band_lo, band_hi, ring, ring_fulls, ring_empties, count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N,
             NUM_BUFFERS_Q, NUM_BUFFERS_KV)
     else:
         q_cnt, kv_cnt = _produce_item(
             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
             k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs,
-            len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL, WINDOW, GROUP,
+            len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring, ring_fulls, ring_empties,
+            count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP,
             BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
     return q_cnt, kv_cnt
 
@@ -528,7 +639,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
                   PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr,
-                  Q_REGS: tl.constexpr):
+                  Q_REGS: tl.constexpr, ring, ring_empties, count, ITEM_RING: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
@@ -538,9 +649,14 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
     if PROFILE:
         started = _globaltimer()
-    head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
-        TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-        CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
+    if ITEM_RING:
+        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk = _take_item(ring, ring_empties, count, cid)
+        causal_shift = len_k - len_q
+        lo, hi = 0, 0  # (no window: its builds decode the item in every partition)
+    else:
+        head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
+            TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+            CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -552,17 +668,9 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                            v_fulls, v_empties, cid, PINGPONG, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # (every store below is masked)
     elif n_blocks > 0:
-        # blocks every row of this half fully sees: below the diagonal and inside Lk
-        if CAUSAL:
-            bulk_end = tl.minimum(len_k, tl.maximum(m_start + cid * BLOCK_M + causal_shift + 1, 0))
-        else:
-            bulk_end = len_k
-        if SPARSE:
-            n_bulk = _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N)
-        else:
-            n_bulk = bulk_end // BLOCK_N
-        if not PEEL or WINDOW:  # the ablation, and a window's band: every block through the masked path
-            n_bulk = 0
+        if not ITEM_RING:
+            n_bulk = _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, cid, CAUSAL, WINDOW, SPARSE,
+                                  PEEL, BLOCK_M, BLOCK_N)
 
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
@@ -658,7 +766,7 @@ def jagged_fwd_tlx_kernel(
     BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr, Q_REGS: tl.constexpr,
+    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, ITEM_RING: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
@@ -687,6 +795,11 @@ def jagged_fwd_tlx_kernel(
         item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
         item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
+    ring, ring_fulls, ring_empties = TILES, TILES, TILES  # (never read without ITEM_RING)
+    if ITEM_RING:  # the producer hands each item to the consumers decoded (``_publish_item``)
+        ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * ITEM_FIELDS)
+        ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
+        ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
@@ -701,13 +814,15 @@ def jagged_fwd_tlx_kernel(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                         k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                         TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
-                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, CAUSAL,
+                        num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
+                        ring, ring_fulls, ring_empties, rounds, False, PEEL, CAUSAL,
                         WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
                         NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
                     item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
             else:
+                count = 0
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
@@ -716,8 +831,12 @@ def jagged_fwd_tlx_kernel(
                             q_empties, k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                             TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                             num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
-                            band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M,
+                            band_hi, ring, ring_fulls, ring_empties, count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP,
+                            BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M,
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+                        count += 1
+                if ITEM_RING:  # the end of the consumers' loop
+                    _publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -737,9 +856,22 @@ def jagged_fwd_tlx_kernel(
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
                         stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PEEL, PROFILE, DTYPE, MX, Q_REGS)
+                        PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties, rounds, False)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
+            elif ITEM_RING:
+                count = 0
+                item = _peek_item(ring, ring_fulls, count)
+                while item < num_items:
+                    q_cnt, kv_cnt = _consume_item(
+                        item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
+                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
+                        stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
+                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
+                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties,
+                        count, True)
+                    count += 1
+                    item = _peek_item(ring, ring_fulls, count)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
@@ -749,7 +881,8 @@ def jagged_fwd_tlx_kernel(
                             k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE,
                             stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
                             band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS)
+                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring,
+                            ring_empties, rounds, False)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -777,6 +910,10 @@ class Variant:
     # the bulk loop's Q operand: None = the config's (``HopperForwardConfig.q_in_registers``), True registers,
     # False shared memory. bf16/fp16 builds only: the MX builds keep Q in shared memory
     q_regs: Optional[bool] = None
+    # the producer decodes each work item and hands it to the consumers through shared memory (False: every
+    # partition decodes it from the tile list and the offsets); on in the static schedule's builds without a
+    # window only (``_constexprs``)
+    item_ring: bool = True
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -795,7 +932,7 @@ class Variant:
         return make_variant(cls, switches, knobs.KNOBS["tlx_variant"].env)
 
     def name(self) -> str:
-        off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
+        off = [f for f in ("persistent", "longest_first", "pingpong", "peel", "item_ring") if not getattr(self, f)]
         q = "" if self.q_regs is None else (" +q_regs" if self.q_regs else " -q_regs")
         return self.schedule + "".join(f" -{f}" for f in off) + q
 
@@ -819,7 +956,8 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
-                     Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs))
+                     Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
+                     ITEM_RING=variant.item_ring and not variant.dynamic and not window)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants

@@ -407,21 +407,21 @@ def test_one_token_one_head_tiny_head_dim(head_dim, device):
 
 
 @pytest.mark.parametrize("tokens, heads, head_dim", [(1, 65536, 2), (300, 70000, 128), (5, 2 ** 24, 1)])
-def test_dim_grid_of_more_than_65535_heads_keeps_cuda_axes_1_and_2_within_65535(tokens, heads, head_dim):
+def test_dim_launch_of_more_than_65535_heads_keeps_cuda_axes_1_and_2_within_65535(tokens, heads, head_dim):
     """CUDA caps grid axes 1 and 2 at 65535: the D-axis launch puts its (token block, head) programs on axis 0,
     at least one per head."""
     from jfa.kernels.triton import mx_quant
 
-    grid = mx_quant.dim_grid(tokens, heads, head_dim)
+    grid = mx_quant.dim_launch(tokens, heads, head_dim).grid
     assert all(n <= 65535 for n in grid[1:]), grid
     assert heads <= grid[0] <= 2 ** 31 - 1, grid
 
 
-def test_dim_grid_past_2_31_programs_raises_naming_x():
+def test_dim_launch_past_2_31_programs_raises_naming_x():
     from jfa.kernels.triton import mx_quant
 
     with pytest.raises(ValueError, match="x: shape"):
-        mx_quant.dim_grid(2 ** 40, 2, 128)
+        mx_quant.dim_launch(2 ** 40, 2, 128)
 
 
 @pytest.mark.parametrize("rows, heads, head_dim", [(1, 65536, 128), (3, 2 ** 17, 128), (40, 70000, 256), (1, 1, 1)])
@@ -430,10 +430,10 @@ def test_tokens_launches_of_more_than_65535_column_blocks_keep_cuda_axis_1_withi
     column blocks into launches of at most 65535, each block in exactly one launch."""
     from jfa.kernels.triton import mx_quant
 
-    launches = mx_quant.tokens_launches(rows, heads, head_dim)
+    cols, launches = mx_quant.tokens_launches(rows, heads, head_dim)
     assert all(grid[0] == rows and all(1 <= n <= 65535 for n in grid[1:]) for grid, _ in launches), launches
     covered = [first + c for (_, blocks), first in launches for c in range(blocks)]
-    assert covered == list(range(-(-heads * head_dim // 128))), launches
+    assert covered == list(range(-(-heads * head_dim // cols))), launches
 
 
 def test_tokens_launches_past_2_31_rows_raise_naming_x():

@@ -17,6 +17,8 @@ subnormals in its bf16 -> fp32 cast); fp16 converts to fp32 exactly (its subnorm
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -124,7 +126,9 @@ def mx_quant_tokens_kernel(X, DATA, SCALES, CU, BLOCK_OFFSETS, ROW_SEQ, num_seqs
     """Blocks along tokens: program (r, c) quantizes scale row r (block i of sequence ``ROW_SEQ[r]``,
     ``i = r - BLOCK_OFFSETS[seq]``) for columns ``(COL_BLOCK0 + c)*COLS ..`` of the flattened (head, d) pairs.
     Rows past the real block count (``ROW_SEQ[r] == num_seqs``) are left as they are. DATA is contiguous
-    ``[T, H, D]``, SCALES contiguous ``[rows, H, D]``."""
+    ``[T, H, D]``, SCALES contiguous ``[rows, H, D]``. ``COL_BLOCK0`` is a constexpr: 0 for every tensor with
+    at most 65535 column blocks folds away, where a runtime first block, one integer add in front of the row's
+    dependent loads, costs these short programs 3-5% (``tokens_launches`` splits the larger ones)."""
     r = tl.program_id(0)
     seq = tl.load(ROW_SEQ + r)
     if seq >= num_seqs:
@@ -162,58 +166,67 @@ def _source(x: torch.Tensor):
     raise TypeError(f"x: dtype must be float16, bfloat16 or float32, got {x.dtype}")
 
 
-def _dim_tile(head_dim: int) -> tuple[int, int]:
-    """(ROWS, BLOCK_D) of the D-axis kernel: the head dim padded to a power of two >= 32, and as many tokens
-    as fit ``DIM_ELEMENTS_PER_PROGRAM`` (at least one)."""
+class DimLaunch(NamedTuple):
+    """One launch of the D-axis kernel: its 1-D grid and tile (``ROWS`` tokens x ``BLOCK_D`` columns)."""
+
+    grid: tuple
+    rows: int
+    block_d: int
+    token_blocks: int  # programs per head
+
+
+def dim_launch(num_tokens: int, num_heads: int, head_dim: int) -> DimLaunch:
+    """The D-axis kernel's launch, one program per (token block, head): the head dim padded to a power of two
+    >= 32, as many tokens a program as fit ``DIM_ELEMENTS_PER_PROGRAM`` (at least one), and the heads on grid
+    axis 0 (up to 2^31 - 1 programs), never on axes 1 and 2 (65535 on CUDA). Raises ValueError naming ``x``
+    for a tensor that would need more programs."""
     block_d = max(BLOCK, triton.next_power_of_2(head_dim))
-    return max(1, DIM_ELEMENTS_PER_PROGRAM // block_d), block_d
-
-
-def dim_grid(num_tokens: int, num_heads: int, head_dim: int) -> tuple[int]:
-    """The D-axis kernel's 1-D grid, one program per (token block, head): the heads ride on axis 0 (up to
-    2^31 - 1 programs), never on axes 1 and 2 (65535 on CUDA). Raises ValueError naming ``x`` for a tensor
-    that would need more programs."""
-    programs = triton.cdiv(num_tokens, _dim_tile(head_dim)[0]) * num_heads
+    rows = max(1, DIM_ELEMENTS_PER_PROGRAM // block_d)
+    token_blocks = triton.cdiv(num_tokens, rows)
+    programs = token_blocks * num_heads
     if programs > MAX_GRID_PROGRAMS:
         raise ValueError(f"x: shape [{num_tokens}, {num_heads}, {head_dim}] needs {programs} programs of the D-axis "
                          f"quantizer, over the grid's {MAX_GRID_PROGRAMS}; quantize it in chunks of tokens")
-    return (programs,)
+    return DimLaunch((programs,), rows, block_d, token_blocks)
 
 
 def quantize_dim(x: torch.Tensor, rceil: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks along D of ``x`` ``[T, H, D]`` (any strides; a short tail block is zero-filled). Returns
     (element bytes ``[T, H, D]``, scale bytes ``[T, H, ceil(D/32)]``), both contiguous uint8."""
     T, H, D = x.shape
-    grid = dim_grid(T, H, D)  # raises before the outputs are allocated
+    launch = dim_launch(T, H, D)  # raises before the outputs are allocated
     dim_blocks = triton.cdiv(D, BLOCK)
     data = _bytes((T, H, D), 0x7F, x.device)
     scales = _bytes((T, H, dim_blocks), 0xFF, x.device)
     if T * H * dim_blocks == 0:
         return data, scales
     src, tag = _source(x)
-    rows, block_d = _dim_tile(D)
-    mx_quant_dim_kernel[grid](src, data, scales, T, H, D, triton.cdiv(T, rows), *x.stride(), SRC=tag, RCEIL=rceil,
-                              ROWS=rows, BLOCK_D=block_d)
+    mx_quant_dim_kernel[launch.grid](src, data, scales, T, H, D, launch.token_blocks, *x.stride(), SRC=tag,
+                                     RCEIL=rceil, ROWS=launch.rows, BLOCK_D=launch.block_d)
     return data, scales
 
 
-def _token_cols(num_cols: int) -> int:
-    """COLS of the token-axis kernel: the flattened (head, d) columns one program quantizes (x 32 tokens), the
-    column count padded to a power of two, at most ``MAX_TOKEN_COLUMNS`` (1 for no columns)."""
-    return min(MAX_TOKEN_COLUMNS, triton.next_power_of_2(max(num_cols, 1)))
+class TokensLaunches(NamedTuple):
+    """The token-axis kernel's launches: ``COLS`` and, per launch, (grid, first column block)."""
+
+    cols: int
+    launches: list
 
 
-def tokens_launches(rows: int, num_heads: int, head_dim: int) -> list[tuple[tuple[int, int], int]]:
-    """The token-axis kernel's launches, ``[(grid, first column block), ...]``: one program per scale row on
-    axis 0 (up to 2^31 - 1) and per column block on axis 1, at most ``MAX_GRID_Y`` (CUDA's 65535) blocks a
+def tokens_launches(rows: int, num_heads: int, head_dim: int) -> TokensLaunches:
+    """The token-axis kernel's launches: ``COLS``, the flattened (head, d) columns one program quantizes (x 32
+    tokens: the column count padded to a power of two, at most ``MAX_TOKEN_COLUMNS``), one program per scale
+    row on axis 0 (up to 2^31 - 1) and per column block on axis 1, at most ``MAX_GRID_Y`` (CUDA's 65535) blocks a
     launch, so one launch unless the flattened (head, d) pairs need more. Raises ValueError naming ``x`` for a
     tensor with more scale rows than axis 0 takes."""
     if rows > MAX_GRID_PROGRAMS:
         raise ValueError(f"x: {rows} scale rows of the token-axis quantizer, over the grid's {MAX_GRID_PROGRAMS}; "
                          "quantize it in chunks of sequences")
     num_cols = num_heads * head_dim
-    col_blocks = triton.cdiv(num_cols, _token_cols(num_cols))
-    return [((rows, min(MAX_GRID_Y, col_blocks - first)), first) for first in range(0, col_blocks, MAX_GRID_Y)]
+    cols = min(MAX_TOKEN_COLUMNS, triton.next_power_of_2(max(num_cols, 1)))
+    col_blocks = triton.cdiv(num_cols, cols)
+    return TokensLaunches(cols, [((rows, min(MAX_GRID_Y, col_blocks - first)), first)
+                                 for first in range(0, col_blocks, MAX_GRID_Y)])
 
 
 def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: torch.Tensor, rows: int, rceil: bool):
@@ -232,7 +245,7 @@ def quantize_tokens(x: torch.Tensor, cu_seqlens: torch.Tensor, block_offsets: to
     r = torch.arange(rows, device=x.device, dtype=block_offsets.dtype)
     row_seq = (torch.searchsorted(block_offsets, r, right=True) - 1).to(torch.int32)
     src, tag = _source(x)
-    for grid, first in launches:
+    for grid, first in launches.launches:
         mx_quant_tokens_kernel[grid](src, data, scales, cu_seqlens, block_offsets, row_seq, num_seqs, H * D, D,
-                                     *x.stride(), SRC=tag, RCEIL=rceil, COLS=_token_cols(H * D), COL_BLOCK0=first)
+                                     *x.stride(), SRC=tag, RCEIL=rceil, COLS=launches.cols, COL_BLOCK0=first)
     return data, scales

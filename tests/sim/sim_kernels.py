@@ -14,6 +14,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
+from word_ring import WORD_RING_BUGS, word_ring_kernel
 
 HERE = os.path.abspath(__file__)
 
@@ -117,6 +118,18 @@ def run_ring(bug="none", n_tiles=5, block=16, d=32, num_buf=2, **launch_kw):
                         BUG=RING_BUGS[bug], **launch_kw)
     expected = x.view(n_tiles, block, d).sum(0)
     return (out - expected).abs().max().item(), report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A word ring (word_ring.py): generic stores handed to two consumer warpgroups by mbarriers alone.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def run_word_ring(bug="none", n_items=7, ctas=2, **launch_kw):
+    """(what each consumer of each CTA counted, LaunchReport): n_items everywhere when every word arrived."""
+    out = torch.full((ctas * 2,), -1, dtype=torch.int32)
+    report = sim.launch(word_ring_kernel, (ctas,), out, n_items, BUG=WORD_RING_BUGS[bug], **launch_kw)
+    return out.tolist(), report
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -3,7 +3,11 @@ reported as its own error, naming the kernel line at fault."""
 import pytest
 
 import jfa.sim as sim
-from sim_kernels import line_of, run_ring
+import os
+
+from sim_kernels import line_of, run_ring, run_word_ring
+
+WORD_RING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "word_ring.py")
 
 SCHEDULES = [sim.Schedule.deterministic(), sim.Schedule.seeded(1), sim.Schedule.seeded(2), sim.Schedule.seeded(3)]
 
@@ -103,3 +107,20 @@ def test_a_runaway_loop_ends_at_the_step_limit_naming_the_loop():
     with pytest.raises(sim.StepLimitError, match="step limit of 5000") as info:
         run_ring("runaway_loop", max_steps=5000)
     assert info.value.site.line in (line_of("ring-consumer-loop"), line_of("ring-spin-op"))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.describe())
+def test_words_handed_over_by_mbarriers_alone_arrive_whole(schedule):
+    """Generic shared-memory stores ordered before generic loads by an mbarrier arrive/wait pair (the
+    forward's item ring): every consumer sees every item's words, and the simulator reports no race."""
+    counted, report = run_word_ring("none", schedule=schedule)
+    assert counted == [7] * 4
+    assert report.ctas == 2
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s.describe())
+def test_a_word_slot_released_before_its_words_are_read_is_a_race(schedule):
+    with pytest.raises(sim.RaceError) as info:
+        run_word_ring("release_before_read", schedule=schedule)
+    assert f"word_ring.py:{line_of('word-read', WORD_RING)}" in str(info.value)
+    assert f"word_ring.py:{line_of('word-store', WORD_RING)}" in str(info.value)

@@ -254,7 +254,7 @@ def _get(ring, index):
 def _publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk0,
                   n_bulk1):
     """Producer: hand the consumers work item ``item`` decoded, as the CTA's ``count``-th (an item >= the
-    launch's count ends their loop). The consumers then read eight words of shared memory instead of the
+    launch's count ends their loop). The consumers then read nine words of shared memory instead of the
     tile list's and the offsets' dependent global loads at every item boundary. barrier_arrive syncs the
     producer's warps before thread 0 arrives, so the stores are visible to whoever passes the full barrier."""
     buf, phase = bufidx_phase(count, ITEM_BUFFERS)

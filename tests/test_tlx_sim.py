@@ -151,6 +151,24 @@ def test_schedules_meet_the_oracle_and_leave_the_counter_zero(name, monkeypatch)
             assert all(torch.equal(counter, torch.zeros(2, dtype=torch.int32)) for _, counter in launches), launches
 
 
+def _forward_builds(case_name, switches, constexpr, schedule, monkeypatch):
+    """(the report of the catalogue case ``case_name`` on the simulator under ``JFA_TLX_VARIANT=switches``, the
+    value of the forward's ``constexpr`` in each of its launches)."""
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    built = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
+            built.append(kwargs[constexpr])
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    with knobs.scope(tlx_variant=switches):
+        report, _ = _run_on_simulator(case, schedule, "fused-dq")
+    return report, built
+
+
 # (case, JFA_TLX_VARIANT): the bulk loop's Q operand, the config's and the other, at both head dims
 Q_OPERANDS = {"D64-shipped": ("tlx-long-items-causal-D64", "", True),
               "D64-shared-memory": ("tlx-long-items-causal-D64", "q_regs=0", False),
@@ -164,18 +182,7 @@ def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memo
     the oracle under a seeded schedule, and the forward launch compiled the operand its variant names (the
     Q buffer is then still held for the masked tail: the simulator reports a read after its release)."""
     case_name, switches, in_registers = Q_OPERANDS[name]
-    case = next(c for c in CATALOGUE if c.name == case_name)
-    built = []
-    real_launch = target.launch
-
-    def spy(kernel, grid, device, *args, **kwargs):
-        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
-            built.append(kwargs["Q_REGS"])
-        return real_launch(kernel, grid, device, *args, **kwargs)
-
-    monkeypatch.setattr(target, "launch", spy)
-    with knobs.scope(tlx_variant=switches):
-        report, _ = _run_on_simulator(case, sim.Schedule.seeded(2), "fused-dq")
+    report, built = _forward_builds(case_name, switches, "Q_REGS", sim.Schedule.seeded(2), monkeypatch)
     assert report.ok, str(report)
     assert built and set(built) == {in_registers}, built
 
@@ -193,18 +200,7 @@ def test_work_items_reach_the_consumers_through_the_ring_or_decoded_by_each(name
     item decoded (what ships without a window) or every partition decodes it (the ablation, and windows),
     and the launch compiled the path its variant and window name."""
     case_name, switches, ring = ITEM_DECODING[name]
-    case = next(c for c in CATALOGUE if c.name == case_name)
-    built = []
-    real_launch = target.launch
-
-    def spy(kernel, grid, device, *args, **kwargs):
-        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
-            built.append(kwargs["ITEM_RING"])
-        return real_launch(kernel, grid, device, *args, **kwargs)
-
-    monkeypatch.setattr(target, "launch", spy)
-    with knobs.scope(tlx_variant=switches):
-        report, _ = _run_on_simulator(case, sim.Schedule.seeded(3), "fused-dq")
+    report, built = _forward_builds(case_name, switches, "ITEM_RING", sim.Schedule.seeded(3), monkeypatch)
     assert report.ok, str(report)
     assert built and set(built) == {ring}, built
 

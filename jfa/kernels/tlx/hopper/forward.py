@@ -420,26 +420,13 @@ def _smid():
 
 
 @triton.jit
-def _produce_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
-                  k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
-                  num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
-                  ring, ring_fulls, ring_empties, count, ITEM_RING: tl.constexpr, PEEL: tl.constexpr,
-                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                  SPARSE: tl.constexpr, TILE_M: tl.constexpr,
+def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles,
+                  k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX,
+                  col_stride_q, col_stride_k, col_stride_v, GROUP: tl.constexpr, SPARSE: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                   NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
-    """Producer, one work item: TMA loads of both consumers' Q halves, then every K/V block the item
+    """Producer, one decoded work item: TMA loads of both consumers' Q halves, then every K/V block the item
     needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
-        TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-        CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
-    if ITEM_RING:
-        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
-                      n_blocks,
-                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, SPARSE,
-                                   PEEL, BLOCK_M, BLOCK_N),
-                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, SPARSE,
-                                   PEEL, BLOCK_M, BLOCK_N))
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -518,29 +505,16 @@ def _store_token_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.cons
 
 
 @triton.jit
-def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles,
-                     q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots,
-                     num_heads, num_seqs, len_q_bcast, band_lo, band_hi, ring, ring_fulls, ring_empties, count,
-                     ITEM_RING: tl.constexpr, PEEL: tl.constexpr,
-                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                     TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
-    """MX producer, one work item: the bf16 kernel's fills (same buffers, same barriers, same order), each
-    made from E4M3 bytes and scales loaded straight into registers (coalesced 16-byte loads; rows past the
+def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, Q8, K8, V8,
+                     QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
+                     v_empties, TILES, num_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """MX producer, one decoded work item: the bf16 kernel's fills (same buffers, same barriers, same order),
+    each made from E4M3 bytes and scales loaded straight into registers (coalesced 16-byte loads; rows past the
     sequence are masked, so nothing of another sequence is read) and dequantized into the bf16 buffer.
     Software-pipelined by hand: V(j) is loaded before K(j) is stored, K(j + 1) before V(j) is stored, so
     each tile's load latency hides behind the other's conversion. The operands are contiguous: a token's
     row stride is heads x HEAD_DIM bytes. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
-        TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-        CAUSAL, WINDOW, BROADCAST_Q, False, TILE_M, BLOCK_N)
-    if ITEM_RING:
-        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
-                      n_blocks,
-                      _bulk_blocks(TILES, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, False, PEEL,
-                                   BLOCK_M, BLOCK_N),
-                      _bulk_blocks(TILES, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, False, PEEL,
-                                   BLOCK_M, BLOCK_N))
     NB: tl.constexpr = HEAD_DIM // 32
     if n_blocks > 0:
         kv_head = head // GROUP
@@ -579,28 +553,37 @@ def _produce_item_mx(item, q_cnt, kv_cnt, Q8, K8, V8, QS, KS, VS, VB_OFF, q_tile
 
 @triton.jit
 def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
-               k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
-               col_stride_k, col_stride_v, band_lo, band_hi, ring, ring_fulls, ring_empties, count,
-               ITEM_RING: tl.constexpr, PEEL: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
-               TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
-               KV_BYTES: tl.constexpr):
-    """Producer, one work item: TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes)
-    loaded and dequantized. Returns the advanced (q_cnt, kv_cnt)."""
+               k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
+               num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring,
+               ring_fulls, ring_empties, count, ITEM_RING: tl.constexpr, PEEL: tl.constexpr, CAUSAL: tl.constexpr,
+               WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
+               MX: tl.constexpr, TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+               Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
+    """Producer, one work item: decodes it once, hands it to the consumers (ITEM_RING), then fills its
+    buffers by TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes) loaded and
+    dequantized. Returns the advanced (q_cnt, kv_cnt)."""
+    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
+        TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
+    if ITEM_RING:
+        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
+                      n_blocks,
+                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, SPARSE,
+                                   PEEL, BLOCK_M, BLOCK_N),
+                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, SPARSE,
+                                   PEEL, BLOCK_M, BLOCK_N))
     if MX != "":
         q_cnt, kv_cnt = _produce_item_mx(
-            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls,
-            q_empties, k_fulls, k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, num_slots, num_heads, num_seqs,
-            len_q_bcast, band_lo, band_hi, ring, ring_fulls, ring_empties, count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP, BROADCAST_Q, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N,
-            NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+            item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
+            QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
+            v_empties, TILES, num_heads, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
     else:
         q_cnt, kv_cnt = _produce_item(
-            item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
-            k_empties, v_fulls, v_empties, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads, num_seqs,
-            len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring, ring_fulls, ring_empties,
-            count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP,
-            BROADCAST_Q, SPARSE, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
+            head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
+            v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX, col_stride_q,
+            col_stride_k, col_stride_v, GROUP, SPARSE, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES,
+            KV_BYTES)
     return q_cnt, kv_cnt
 
 

@@ -68,7 +68,7 @@ from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import scaled_mma, target
-from jfa.kernels.tlx.common.device import bufidx_phase, item_slot_head, safe_sequence, static_item
+from jfa.kernels.tlx.common.device import bufidx_phase, mx_scale_rows, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
 from jfa.kernels.tlx.blackwell.forward import MX_RULES, _SCALE_LAYOUT, _dim_scales, _tma_ready, _token_scales
 from jfa.kernels.tlx.hopper.backward import (_aligned_column, _dkdv_item, _load_qdo_step, _send_staged_dq, _stage_dq,
@@ -676,13 +676,7 @@ def _scales_item(item, kv_cnt, qdo_cnt, ks_tiles, vs_tiles, qs_tiles, dos_tiles,
         tlx.local_store(vs_tiles[kv_buf], vs)
         tlx.fence_async_shared()  # generic-proxy stores, read by the tensor core (async proxy)
         tlx.barrier_arrive(kvs_fulls[kv_buf], 1)
-        slot, _h = item_slot_head(item, num_slots, num_heads, False)
-        seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
-        if BROADCAST_Q:
-            qb0 = tl.load(QB_OFF)
-        else:
-            qb0 = tl.load(QB_OFF + seq)
-        ob0 = tl.load(OB_OFF + seq)
+        qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, BROADCAST_Q)
         for s in tl.range(0, n_steps):
             m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
             qs = _dim_scales(QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, HEAD_DIM)

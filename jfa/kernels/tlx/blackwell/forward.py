@@ -72,7 +72,7 @@ from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import scaled_mma, target
-from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, static_item
+from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, online_softmax_step, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
 from jfa.kernels.triton.mx_attention import _ldexp, pow2_step, visible_keys, weight_blocks
 
@@ -342,36 +342,6 @@ def _mma_item(item, q_cnt, kv_cnt, s_cnt, pv_cnt, q_tiles, kv_tiles, p_tiles, s_
 
 # ---- softmax partitions -------------------------------------------------------------------------------
 @triton.jit
-def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, SCALE_NONNEG: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Online softmax of one block in base 2. Returns (p, m_new, l_new, alpha).
-
-    The bulk instantiation (MASKED=False) has no mask and folds the scale into the row max (max(S) * scale
-    for a non-negative scale, min(S) * scale otherwise). The masked one drops keys past the sequence end
-    (the next sequence's rows or TMA zero fill) and, if CAUSAL, past the diagonal; a row that has seen no
-    key yet keeps m = -inf and subtracts 0, so exp2 gives 0, not NaN."""
-    if MASKED:
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        visible = (offs_n < len_k)[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
-        s = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-    else:
-        if SCALE_NONNEG:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        else:
-            m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-        m_use = m_new
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_new = l_i * alpha + tl.sum(p, 1)
-    return p, m_new, l_new, alpha
-
-
-@triton.jit
 def _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED: tl.constexpr,
                        CAUSAL: tl.constexpr, RCEIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """MX softmax step of one block (docs/mxfp8.md section 2): logits ``qk * qk_scale``, the integer running
@@ -424,8 +394,8 @@ def _softmax_block(m_i, l_i, s_cnt, pv_cnt, s_tiles, p_tiles, ps_tiles, scale_ti
         p, p_scales, m_i, l_i, alpha = _mx_softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift,
                                                           qk_scale, MASKED, CAUSAL, MX == "rceil", BLOCK_M, BLOCK_N)
     else:
-        p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, MASKED,
-                                             CAUSAL, SCALE_NONNEG, BLOCK_N)
+        p, m_i, l_i, alpha = online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, 0, 0,
+                                                 MASKED, CAUSAL, False, SCALE_NONNEG, BLOCK_N)
         p = p.to(DTYPE)  # before the waits: 16-bit P halves what the warpgroup holds while it waits (fp32 spills)
     if not FIRST:  # O holds PV(j - 1) at the old maximum: the correction rescales it before PV(j)
         _send_scale(alpha, scale_tiles, scale_fulls, scale_empties, pv_cnt - 1, g)

@@ -114,3 +114,52 @@ def retire_counter(COUNTER, num_progs):
     if done == num_progs - 1:
         tl.store(COUNTER, 0)
         tl.store(COUNTER + 1, 0)
+
+
+@triton.jit
+def online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi, MASKED: tl.constexpr,
+                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SCALE_NONNEG: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Online softmax of one K/V block in base 2 (bf16/fp16 builds). Returns (p, m_new, l_new, alpha).
+
+    The bulk instantiation (MASKED=False) has no mask at all and folds the scale into the row max (max(S) *
+    scale for a non-negative scale, min(S) * scale otherwise: one FMA per element). The masked one drops keys
+    past the sequence end (rows of the next sequence or TMA zero fill) and, if CAUSAL, past the diagonal, or
+    with WINDOW outside the band ``lo <= j - i <= hi``; a row that has seen no key yet keeps m = -inf and
+    subtracts 0, so exp2 gives 0, not NaN."""
+    if MASKED:
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        visible = (offs_n < len_k)[None, :]
+        if WINDOW:
+            offset = offs_n[None, :] - offs_m[:, None]
+            visible = visible & (offset >= lo) & (offset <= hi)
+        elif CAUSAL:
+            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
+        s = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        if SCALE_NONNEG:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, m_new, l_new, alpha
+
+
+@triton.jit
+def mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, BROADCAST_Q: tl.constexpr):
+    """The first token-axis scale rows of an MX backward item's sequence: Q's (``QB_OFF``; the one broadcast
+    query block's under BROADCAST_Q) and dO's (``OB_OFF``). Returns (qb0, ob0)."""
+    slot, _h = item_slot_head(item, num_slots, num_heads, False)
+    seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
+    if BROADCAST_Q:
+        qb0 = tl.load(QB_OFF)
+    else:
+        qb0 = tl.load(QB_OFF + seq)
+    ob0 = tl.load(OB_OFF + seq)
+    return qb0, ob0

@@ -79,7 +79,7 @@ from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, item_slot_head,
-                                           receive_item, retire_counter, safe_sequence, static_item)
+                                           mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile, _store_dim_tile, _store_token_tile
@@ -503,13 +503,7 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
     SUB: tl.constexpr = TILE_N // BLOCK_M
     CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
     stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
-    slot, _h = item_slot_head(item, num_slots, num_heads, False)
-    seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
-    if BROADCAST_Q:
-        qb0 = tl.load(QB_OFF)
-    else:
-        qb0 = tl.load(QB_OFF + seq)
-    ob0 = tl.load(OB_OFF + seq)
+    qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, BROADCAST_Q)
     kv_head = head // GROUP
     num_kv_heads = num_heads // GROUP
     n_masked = n_lead + num_q_tiles - bulk_end

@@ -75,8 +75,8 @@ from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.cache import IdentityCache
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
-                                           retire_counter, static_item)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence,
+                                           online_softmax_step, receive_item, retire_counter, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
@@ -336,16 +336,11 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
                     BLOCK_N: tl.constexpr, MX: tl.constexpr):
     """Online softmax of one K/V block in base 2. Returns (p, m_new, l_new, alpha).
 
-    The bulk instantiation (MASKED=False) has no mask at all and folds the scale into one FMA per
-    element (the row max of S * scale is max(S) * scale for a non-negative scale). The tail masks keys
-    past the sequence end (rows of the next sequence or TMA zero fill) and, if CAUSAL, past the
-    diagonal, or with WINDOW outside the band; a row that has seen no key yet keeps m = -inf and subtracts
-    0 so exp2 gives 0, not NaN.
-
-    MX ("floor" or "rceil", the rule P is quantized with): the portable MXFP8 kernel's step exactly
-    (``jfa.kernels.triton.mx_attention``): logits ``qk * qk_scale``, an integer running maximum, P MX-quantized
-    in its 32-key blocks (``quantized_weights``) and power-of-two rescales, so P's bytes do not depend on
-    BLOCK_N."""
+    bf16/fp16 (MX ""): ``online_softmax_step``, the step every TLX forward shares (bulk without a mask, the
+    tail masking the sequence end and the causal diagonal or the WINDOW band). MX ("floor" or "rceil", the
+    rule P is quantized with): the portable MXFP8 kernel's step exactly (``jfa.kernels.triton.mx_attention``):
+    logits ``qk * qk_scale``, an integer running maximum, P MX-quantized in its 32-key blocks
+    (``quantized_weights``) and power-of-two rescales, so P's bytes do not depend on BLOCK_N."""
     if MX != "":
         s = qk * qk_scale
         if MASKED:
@@ -354,28 +349,10 @@ def _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale
             s = tl.where(visible, s, float("-inf"))
         p, m_new = quantized_weights(s, m_i, MX == "rceil", qk.shape[0], BLOCK_N)
         alpha = pow2_step(m_i, tl.where(m_new == float("-inf"), 0.0, m_new))
+        l_new = l_i * alpha + tl.sum(p, 1)
     else:
-        if MASKED:
-            offs_n = n_start + tl.arange(0, BLOCK_N)
-            visible = (offs_n < len_k)[None, :]
-            if WINDOW:
-                offset = offs_n[None, :] - offs_m[:, None]
-                visible = visible & (offset >= lo) & (offset <= hi)
-            elif CAUSAL:
-                visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
-            s = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
-        else:
-            if SCALE_NONNEG:
-                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            else:
-                m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-            m_use = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-    l_new = l_i * alpha + tl.sum(p, 1)
+        p, m_new, l_new, alpha = online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale,
+                                                     lo, hi, MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N)
     return p, m_new, l_new, alpha
 
 

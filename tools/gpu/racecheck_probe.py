@@ -9,6 +9,9 @@ nothing else in the kernel) on the GPU; the simulator judges the correct ring ra
 Hazards on the correct ring mean racecheck does not model mbarrier ordering for generic accesses (the forward's
 item ring and the dynamic schedule's item ring are then reported for the same reason). Prints what each
 consumer counted (every item's words whole: the item count everywhere).
+
+Outcome (H200, 2026-12-03, NOTES.md session 28): both rings are reported (the correct one 4 errors, 124 + 18
+hazards; the early release 2 errors, 172 + 9), so racecheck cannot tell them apart.
 """
 import importlib.util
 import os

@@ -10,6 +10,10 @@ median wall time of a call and the functions with the most cumulative and own ti
 ``--compare-plans`` measures instead, per problem and pass, the host time with call plans (``jfa.plans``)
 and without them, interleaved in one process (rounds of ``--calls`` calls, alternating; the minimum
 round's mean per call of each, since this host's medians drift by up to 1.6x between runs).
+
+``--compare-impls jfa-tlx,fa4-varlen,torch-varlen`` measures, the same way, the host time of each named
+implementation (``jfa.bench.impls``) in one process; ``--compare-impls jfa-tlx`` alone is jfa's host time in a
+process that holds nothing else (this host's times move by up to 2x with what the process has loaded).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from jfa.bench.impls import JfaImpl
+from jfa.bench.impls import JfaImpl, get_impl
 from jfa.bench.runner import launcher_inputs
 from jfa.bench.suites import get_suite
 
@@ -89,6 +93,25 @@ def _compare_plans(fn: Callable[[], object], calls: int, rounds: int) -> dict:
     return best
 
 
+def _compare_impls(fns: dict, calls: int, rounds: int) -> dict:
+    """Host us per call of each of ``fns`` (name -> callable): the minimum over ``rounds`` rounds of ``calls``
+    calls each, the callables taking turns within a round, the GPU kept busy by a sleep kernel queued before
+    each."""
+    best = {name: float("inf") for name in fns}
+    for fn in fns.values():
+        fn()  # compiled, caches filled
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES // 4)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
 def _text(name: str, result: dict) -> str:
     out = io.StringIO()
     out.write(f"## {name}: {result['plain_us']:.0f} us per call unprofiled, {result['wall_us']:.0f} us under "
@@ -113,7 +136,10 @@ def main(argv=None) -> int:
                              "the comparison for what the direct launch saves")
     parser.add_argument("--compare-plans", action="store_true",
                         help="host time with and without call plans, interleaved (no cProfile)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of --calls calls each (--compare-plans)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="rounds of --calls calls each (--compare-plans, --compare-impls)")
+    parser.add_argument("--compare-impls", default=None,
+                        help="comma-separated implementations (jfa.bench.impls) whose host time to measure side by side")
     args = parser.parse_args(argv)
     if args.triton_launch:
         from jfa.kernels import launch
@@ -125,6 +151,21 @@ def main(argv=None) -> int:
         batch, _ = launcher_inputs(problem)
         out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
         grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
+        if args.compare_impls:
+            preps = {name: get_impl(name).prepare(batch, grad) for name in args.compare_impls.split(",")}
+            for name in ("fwd", "fwd+bwd"):
+                fns = {impl_name: getattr(p, "fwd" if name == "fwd" else "fwd_bwd") for impl_name, p in preps.items()}
+                fns = {k: fn for k, fn in fns.items() if fn is not None}
+                if name.split("+")[-1] in args.passes and fns:
+                    result = results[f"{problem.name} {name}"] = _compare_impls(fns, args.calls, args.rounds)
+                    print(f"{problem.name} {name}: " + ", ".join(f"{k} {v:.0f} us" for k, v in result.items()),
+                          flush=True)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "compare_impls.json"), "w") as f:
+                    json.dump(results, f, indent=1)
+            del preps
+            continue
         prepared = impl.prepare(batch, grad)
         if args.compare_plans:
             for name, fn in (("fwd", prepared.fwd), ("fwd+bwd", prepared.fwd_bwd)):

@@ -74,6 +74,19 @@ def _plans_enabled(enabled: bool) -> None:
     api.call_key = plans.call_key if enabled else (lambda *args, **kwargs: None)
 
 
+def _round_us(fn: Callable[[], object], calls: int) -> float:
+    """Host us per call of one round of ``calls`` calls of ``fn``, issued while a sleep kernel queued ahead keeps
+    the GPU busy; the GPU is idle again when it returns."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES // 4)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
 def _compare_plans(fn: Callable[[], object], calls: int, rounds: int) -> dict:
     """Host us per call of ``fn`` with and without call plans: the minimum over ``rounds`` interleaved rounds
     of ``calls`` calls each, the GPU kept busy by a sleep kernel queued before each round."""
@@ -82,13 +95,7 @@ def _compare_plans(fn: Callable[[], object], calls: int, rounds: int) -> dict:
         for name, enabled in (("planned_us", True), ("unplanned_us", False)):
             _plans_enabled(enabled)
             fn()  # (a plan made, or the unplanned path warm)
-            torch.cuda.synchronize()
-            torch.cuda._sleep(SLEEP_CYCLES // 4)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-            torch.cuda.synchronize()
+            best[name] = min(best[name], _round_us(fn, calls))
     _plans_enabled(True)
     return best
 
@@ -102,13 +109,7 @@ def _compare_impls(fns: dict, calls: int, rounds: int) -> dict:
         fn()  # compiled, caches filled
     for _ in range(rounds):
         for name, fn in fns.items():
-            torch.cuda.synchronize()
-            torch.cuda._sleep(SLEEP_CYCLES // 4)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
+            best[name] = min(best[name], _round_us(fn, calls))
     return best
 
 

@@ -1,6 +1,6 @@
 """The TLX kernels' ablation study on a GPU: each reported switch off in turn, against what ships.
 
-    python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong, peeling, Q operand
+    python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong, peeling, Q operand, LLVM setting
     python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile switches
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
 
@@ -70,6 +70,14 @@ def _selected(columns: dict, only: str, keep: str) -> dict:
     return {n: c for n, c in columns.items() if n == keep or not wanted or any(w in n for w in wanted)}
 
 
+def _with_llvm(kernel, o0: bool, fn: Callable):
+    """``fn()`` with ``kernel``'s LLVM IR left unoptimised to ptxas (``o0``) or optimised by LLVM (not ``o0``),
+    overriding its config (``knobs.tlx_llvm_o0``; the setting is part of the compile cache key: a build of its
+    own)."""
+    with knobs.scope(tlx_llvm_o0=kernel.fn.__name__ if o0 else "0"):
+        return fn()
+
+
 def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1) -> dict:
     """TFLOP/s of the TLX forward with each ablation switch off, and of the portable forward."""
     from jfa.bench.suites import flops
@@ -81,16 +89,22 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
                           "no LPT sort": V(longest_first=False), "not persistent": V(persistent=False),
                           "no pingpong": V(pingpong=False), "no loop peeling": V(peel=False),
                           "no item ring": V(item_ring=False),
-                          "Q the other way": None},
+                          "Q the other way": None, "LLVM the other way": "llvm"},
                          only, "shipped")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):
         args = (b.q, b.k, b.v, b.cu_q, b.cu_k)
         # the bulk loop's Q operand from where this head dim's config does not take it (registers or shared memory)
         other_q = V(q_regs=not tlx_forward.config_for(problem.D).q_in_registers)
-        built = {name: other_q if variant is None else variant for name, variant in variants.items()}
+        built = {name: other_q if variant is None else V() if variant == "llvm" else variant
+                 for name, variant in variants.items()}
         columns: dict[str, Callable] = {name: (lambda variant=variant: tlx_forward.jagged_forward_tlx(
             *args, variant=variant, **kwargs)) for name, variant in built.items()}
+        if "LLVM the other way" in columns:  # what ships, with LLVM's optimisation as its config does not ask
+            o0 = not tlx_forward.config_for(problem.D).llvm_o0
+            columns["LLVM the other way"] = lambda o0=o0: _with_llvm(
+                tlx_forward.jagged_fwd_tlx_kernel, o0, lambda: tlx_forward.jagged_forward_tlx(*args, variant=V(),
+                                                                                               **kwargs))
         columns["portable"] = lambda: jagged_forward(*args, **kwargs)
         ref = columns["shipped"]()
         row = _time_columns(columns, flops(problem, b.lengths_q, b.lengths_k, "fwd"), rep, rounds)

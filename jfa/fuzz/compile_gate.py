@@ -548,6 +548,7 @@ def tlx_launch_binding(target: Target) -> dict:
     binary measured here."""
     import torch
 
+    from jfa import knobs
     from jfa.kernels.schedule import build_tile_list
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
@@ -580,7 +581,8 @@ def tlx_launch_binding(target: Target) -> dict:
                                                    len_q_bcast=len_q, window=target.window_size(),
                                                    variant=_variant(target), profile=target.profile, lists=lists,
                                                    mx=mx)
-    with _offline_launches() as seen:
+    with knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), tlx_forward.compiled_as_configured(cfg), \
+            _offline_launches() as seen:
         tlx_forward.jagged_fwd_tlx_kernel.run(*args, grid=(1,), warmup=True, **kwargs)
     return seen[tlx_forward.jagged_fwd_tlx_kernel.fn.__name__]
 
@@ -760,13 +762,18 @@ def _check_tlx(target: Target) -> Result:
     spec = tlx_forward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                     broadcast_q=target.broadcast_q, window=target.window, group=target.group,
                                     variant=variant, profile=target.profile, sparse=target.sparse, mx=target.mx)
-    compiled, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS)
+    cfg = tlx_forward.config_for(target.head_dim, target.mx)
+    compiled, result, expected = _compile_tlx(target, spec, tlx_forward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
     if target.mx:  # the MX producer reads E4M3 bytes with coalesced 16-byte loads, not TMA
         del expected["TMA loads (cp.async.bulk.tensor)"]
         _vector_loads(compiled, result, expected)
     expected["pingpong named barriers 9 and 10 (none without pingpong)"] = \
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])
-    expected.update(_binds_as_compiled(tlx_launch_binding(target), spec, result))
+    launch = tlx_launch_binding(target)
+    expected.update(_binds_as_compiled(launch, spec, result))
+    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
+    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
+        o0 is not None and (o0.group(1) == tlx_forward.jagged_fwd_tlx_kernel.fn.__name__) == cfg.llvm_o0
     return _finish(result, expected)
 
 

@@ -256,10 +256,7 @@ def block_sparse_forward(q, k, v, cu_q, cu_k, lists: BlockLists, *, causal: bool
     blocks (rows: ``total_q``, or ``B * Lq`` for a broadcast Q). A row that sees no listed key gets
     out = 0, lse = -inf."""
     head_dim, num_heads = q.shape[-1], q.shape[1]
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q)
     if rows == 0 or lists.num_q_slots == 0:
         return out, lse
     bs = lists.block_size

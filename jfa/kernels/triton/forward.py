@@ -17,7 +17,7 @@ import triton.language as tl
 
 from jfa.kernels import alloc
 from jfa.kernels.bands import band_offsets, window_band
-from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.triton._interpreter import install_bf16_dot_fix
 from jfa.kernels.triton.configs import configs_for, padded_head_dim
 
@@ -202,10 +202,7 @@ def jagged_forward(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     head_dim = q.shape[-1]
     num_heads = q.shape[1]
     cfg = configs_for(head_dim, q.dtype).forward
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q)
     if rows == 0 or num_heads == 0:
         return out, lse
     tiles = build_tile_list(out_cu, rows, cfg.block_m, work_offsets=cu_k)

@@ -635,10 +635,7 @@ def mx_forward(q: jmx.MXTensor, k: jmx.MXTensor, v: jmx.MXTensor, cu_q, cu_k, *,
     if tuple(v.shape) != tuple(k.shape) or k.shape[2] != head_dim or num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"q, k, v: incompatible shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     cfg = _check_config(config or mx_configs(head_dim)).forward
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else total_q
-    out = alloc.empty((rows, num_heads, head_dim), out_dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q, out_dtype)
     if rows == 0 or num_heads == 0:
         return out, lse
     tiles = build_tile_list(out_cu, rows, cfg.block_m, work_offsets=cu_k)

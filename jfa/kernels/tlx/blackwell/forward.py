@@ -69,7 +69,7 @@ import triton.language as tl
 
 from jfa.kernels import alloc
 from jfa.kernels.bands import window_band
-from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import scaled_mma, target
 from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, online_softmax_step, static_item
@@ -908,21 +908,16 @@ def jagged_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale
     """Launch the forward; same contract as ``jfa.kernels.tlx.hopper.forward.jagged_forward_tlx``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a broadcast
     Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no."""
-    head_dim, num_heads = q.shape[-1], q.shape[1]
+    head_dim = q.shape[-1]
     ok, reason = supports(q, head_dim, q.dtype, k=k, v=v, window=window)
     if not ok:
         raise ValueError(f"jagged_forward_blackwell: {reason}")
     causal = window_band(causal, tuple(window))[0]
     cfg = config_for(head_dim)
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q)
     if rows == 0 or k.shape[0] == 0:
         # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
+        return alloc.unseen(out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_GROUPS * cfg.block_m, work_offsets=cu_k)
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, causal=causal,
                                                softmax_scale=softmax_scale, broadcast_q=broadcast_q,
@@ -973,17 +968,12 @@ def mx_forward_blackwell(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: fl
     if not ok:
         raise ValueError(f"mx_forward_blackwell: {reason}")
     causal = window_band(causal, tuple(window))[0]
-    head_dim, num_heads = q.shape[-1], q.shape[1]
+    head_dim = q.shape[-1]
     cfg = config_for(head_dim, rule)
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), out_dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q, out_dtype)
     if rows == 0 or k.shape[0] == 0:
         # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
+        return alloc.unseen(out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_GROUPS * cfg.block_m, work_offsets=cu_k)
     data = [_tma_ready(t.data) for t in (q, k, v)]
     scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(), jmx.token_block_offsets(cu_k))

@@ -73,7 +73,7 @@ from jfa import knobs
 from jfa.kernels import alloc
 from jfa.kernels.bands import band_offsets, window_band
 from jfa.kernels.cache import IdentityCache
-from jfa.kernels.schedule import build_tile_list, output_offsets
+from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence,
@@ -1084,15 +1084,10 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     if not ok:
         raise ValueError(f"jagged_forward_tlx: {reason}")
     cfg = config_for(head_dim)
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q)
     if rows == 0 or k.shape[0] == 0:
         # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return (out, lse, None) if profile else (out, lse)
+        return (*alloc.unseen(out, lse), None) if profile else alloc.unseen(out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
     counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)
@@ -1148,16 +1143,11 @@ def mx_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, b
     ok, reason = mx_supports(q, k, v, window)
     if not ok:
         raise ValueError(f"mx_forward_tlx: {reason}")
-    head_dim, num_heads = q.shape[-1], q.shape[1]
+    head_dim = q.shape[-1]
     cfg = config_for(head_dim, rule)
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), out_dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q, out_dtype)
     if rows == 0 or k.shape[0] == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
+        return alloc.unseen(out, lse)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m, work_offsets=cu_k)
     data = [t.data.contiguous().view(torch.uint8) for t in (q, k, v)]
     scales = (rule, q.scales.contiguous(), k.scales.contiguous(), v.scales.contiguous(),
@@ -1223,15 +1213,10 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
     ok, reason = sparse_supports(q, k, v, lists.block_size)
     if not ok:
         raise ValueError(f"block_sparse_forward_tlx: {reason}")
-    head_dim, num_heads = q.shape[-1], q.shape[1]
-    out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
-    rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
-    out = alloc.empty((rows, num_heads, head_dim), q.dtype, q.device)
-    lse = alloc.empty((rows, num_heads), torch.float32, q.device)
+    head_dim = q.shape[-1]
+    out_cu, rows, out, lse = alloc.forward_outputs(q, cu_q, num_seqs, len_q_bcast, broadcast_q)
     if rows == 0 or k.shape[0] == 0 or lists.num_q_slots == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
+        return alloc.unseen(out, lse)
     tiles = sparse_tiles(lists, out_cu, rows)
     variant = variant_from_knobs()
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles,

@@ -1,6 +1,7 @@
 """The TLX kernels' ablation study on a GPU: each reported switch off in turn, against what ships.
 
-    python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong, peeling, Q operand, LLVM setting
+    python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong,
+                                                    # peeling, Q operand, LLVM setting
     python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile switches
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
 

@@ -118,9 +118,9 @@ _CONFIGS: dict[int, HopperForwardConfig] = {
     # stages are 32 KB each: 2 stages (128 KB) + 2x2 Q buffers (64 KB) + 2x8 KB epilogue scratch = 208 KB
     # of 227 KB; a third stage (+64 KB) cannot fit, even with single Q buffers. consumer_regs 240
     # (producer 32: 256 * 240 + 128 * 32 = 65536): at 232 the causal broadcast-Q build spills.
-    # llvm_o0: LLVM's loop-invariant code motion keeps the epilogue's shared-memory addresses live through the
-    # whole item; left to ptxas, the build is 3.6% faster on the longtail gem shape and 3.9% on the broadcast-Q
-    # one, within 1% elsewhere (NOTES.md session 29); at D 64 the O0 build measured no better.
+    # llvm_o0: with its LLVM IR left to ptxas the build ran 1.7-3.6% faster on the longtail gem shape and
+    # 3.0-3.9% on the broadcast-Q one, the others within the runs' spread (three interleaved A/B runs, NOTES.md
+    # session 29); at D 64 the O0 build was slower (0.6-1.7%), so D 64 keeps LLVM's optimisation.
     128: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=2, consumer_regs=240,
                              llvm_o0=True),
 }
@@ -1028,7 +1028,7 @@ class _PlannedForward:
     """The forward of one call structure (``jfa.plans``), its launch prepared: a call allocates the
     outputs, re-bases the kept descriptors on its q, k, v and launches."""
 
-    __slots__ = ("launch", "grid", "out_shape", "lse_shape", "descriptors", "dynamic", "llvm_o0")
+    __slots__ = ("launch", "grid", "out_shape", "lse_shape", "descriptors", "dynamic", "cfg")
 
     # the kernel parameters a planned call replaces: the inputs' descriptors and the outputs, and for the
     # dynamic schedule the current stream's work counter (the static schedules never read it)
@@ -1036,8 +1036,8 @@ class _PlannedForward:
     REPLACED_DYNAMIC = REPLACED + ("COUNTER",)
 
     def __init__(self, launch, grid: int, out: torch.Tensor, lse: torch.Tensor, descriptors: tuple, dynamic: bool,
-                 llvm_o0: bool):
-        self.launch, self.grid, self.descriptors, self.dynamic, self.llvm_o0 = launch, grid, descriptors, dynamic, llvm_o0
+                 cfg: HopperForwardConfig):
+        self.launch, self.grid, self.descriptors, self.dynamic, self.cfg = launch, grid, descriptors, dynamic, cfg
         self.out_shape, self.lse_shape = out.shape, lse.shape
 
     @classmethod
@@ -1054,7 +1054,7 @@ class _PlannedForward:
         replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), out, lse)
         if self.dynamic:
             replacements += (work_counter(q.device),)
-        with pipeline.build_llvm_o0(jagged_fwd_tlx_kernel.fn.__name__, self.llvm_o0):
+        with compiled_as_configured(self.cfg):
             ran = self.launch.run((self.grid,), replacements + extra)
         if not ran:
             return None
@@ -1107,7 +1107,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
             prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs,
                                       _PlannedForward.replaced(dynamic))
             if prepared is not None:
-                plan.memo["tlx_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic, cfg.llvm_o0)
+                plan.memo["tlx_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic, cfg)
     if not profile:
         return out, lse
     seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()
@@ -1233,6 +1233,5 @@ def block_sparse_forward_tlx(q, k, v, cu_q, cu_k, lists, *, causal: bool, softma
             prepared = target.prepare(jagged_fwd_tlx_kernel, q.device, args, kwargs,
                                       _PlannedForward.replaced(dynamic, ("KV_IDX",)))
             if prepared is not None:
-                plan.memo["tlx_sparse_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic,
-                                                                  cfg.llvm_o0)
+                plan.memo["tlx_sparse_forward"] = _PlannedForward(prepared, grid, out, lse, args[:3], dynamic, cfg)
     return out, lse

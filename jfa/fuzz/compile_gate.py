@@ -751,10 +751,7 @@ def _check_tlx(target: Target) -> Result:
             (result.details["global_atomics"] > 0) == dynamic
         launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
-        # the gate compiled with LLVM's optimisation skipped exactly where the config asks (llvm_o0)
-        o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
-        expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
-            o0 is not None and (o0.group(1) == tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__) == cfg.llvm_o0
+        expected.update(_compiles_with_llvm_setting(launch, tlx_backward.jagged_dkdv_tlx_kernel, cfg.llvm_o0))
         return _finish(result, expected)
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
@@ -771,10 +768,16 @@ def _check_tlx(target: Target) -> Result:
         result.details["named_barriers"] == ([9, 10] if variant.pingpong else [])
     launch = tlx_launch_binding(target)
     expected.update(_binds_as_compiled(launch, spec, result))
-    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
-    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
-        o0 is not None and (o0.group(1) == tlx_forward.jagged_fwd_tlx_kernel.fn.__name__) == cfg.llvm_o0
+    expected.update(_compiles_with_llvm_setting(launch, tlx_forward.jagged_fwd_tlx_kernel, cfg.llvm_o0))
     return _finish(result, expected)
+
+
+def _compiles_with_llvm_setting(launch: dict, kernel, llvm_o0: bool) -> dict:
+    """The check that a launch's cache key carries the LLVM setting the gate compiled ``kernel`` with: the
+    ``jfa-llvm-o0-<kernel name>`` marker present, naming ``kernel`` exactly when its config asks for O0."""
+    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
+    return {"a launch compiles with the gate's LLVM setting (cache key)":
+            o0 is not None and (o0.group(1) == kernel.fn.__name__) == llvm_o0}
 
 
 def _vector_loads(compiled, result: Result, expected: dict) -> None:
@@ -876,9 +879,7 @@ def _check_blackwell_dkdv(target: Target) -> Result:
         return _finish(result, expected)
     launch = blackwell_mx_dkdv_launch_binding(target) if target.mx else blackwell_dkdv_launch_binding(target)
     expected.update(_binds_as_compiled(launch, spec, result))
-    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
-    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
-        o0 is not None and (o0.group(1) == bwb.jagged_dkdv_blackwell_kernel.fn.__name__) == cfg.llvm_o0
+    expected.update(_compiles_with_llvm_setting(launch, bwb.jagged_dkdv_blackwell_kernel, cfg.llvm_o0))
     return _finish(result, expected)
 
 
@@ -959,9 +960,7 @@ def _check_blackwell(target: Target) -> Result:
     expected["a launch's grid fits its schedule (CLC: one CTA per work item; static: one per SM)"] = \
         launch["grid_fits_schedule"]
     expected.update(_binds_as_compiled(launch, spec, result))
-    o0 = re.search(r"jfa-llvm-o0-([\w+]*)", launch["key"])
-    expected["a launch compiles with the gate's LLVM setting (cache key)"] = \
-        o0 is not None and (o0.group(1) == bw.jagged_fwd_blackwell_kernel.fn.__name__) == cfg.llvm_o0
+    expected.update(_compiles_with_llvm_setting(launch, bw.jagged_fwd_blackwell_kernel, cfg.llvm_o0))
     return _finish(result, expected)
 
 

@@ -71,14 +71,6 @@ def _selected(columns: dict, only: str, keep: str) -> dict:
     return {n: c for n, c in columns.items() if n == keep or not wanted or any(w in n for w in wanted)}
 
 
-def _with_llvm(kernel, o0: bool, fn: Callable):
-    """``fn()`` with ``kernel``'s LLVM IR left unoptimised to ptxas (``o0``) or optimised by LLVM (not ``o0``),
-    overriding its config (``knobs.tlx_llvm_o0``; the setting is part of the compile cache key: a build of its
-    own)."""
-    with knobs.scope(tlx_llvm_o0=kernel.fn.__name__ if o0 else "0"):
-        return fn()
-
-
 def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1) -> dict:
     """TFLOP/s of the TLX forward with each ablation switch off, and of the portable forward."""
     from jfa.bench.suites import flops
@@ -86,26 +78,33 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
     from jfa.kernels.triton.forward import jagged_forward
 
     V = tlx_forward.Variant
-    variants = _selected({"shipped": V(), "dynamic scheduler": V(schedule="dynamic"),
-                          "no LPT sort": V(longest_first=False), "not persistent": V(persistent=False),
-                          "no pingpong": V(pingpong=False), "no loop peeling": V(peel=False),
-                          "no item ring": V(item_ring=False),
-                          "Q the other way": None, "LLVM the other way": "llvm"},
-                         only, "shipped")
+    kernel_name = tlx_forward.jagged_fwd_tlx_kernel.fn.__name__
+
+    def fixed(variant):
+        return lambda cfg: (variant, {})
+
+    # name -> (head dim's config -> (variant, knob settings around the launch)); the knobs are part of the
+    # compile cache key, so every column's build lives in this process
+    columns_spec = _selected({
+        "shipped": fixed(V()), "dynamic scheduler": fixed(V(schedule="dynamic")),
+        "no LPT sort": fixed(V(longest_first=False)), "not persistent": fixed(V(persistent=False)),
+        "no pingpong": fixed(V(pingpong=False)), "no loop peeling": fixed(V(peel=False)),
+        "no item ring": fixed(V(item_ring=False)),
+        # the bulk loop's Q operand from where the config does not take it (registers or shared memory)
+        "Q the other way": lambda cfg: (V(q_regs=not cfg.q_in_registers), {}),
+        # LLVM optimising the IR where the config leaves it to ptxas, and the other way round
+        "LLVM the other way": lambda cfg: (V(), {"tlx_llvm_o0": "0" if cfg.llvm_o0 else kernel_name}),
+    }, only, "shipped")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):
         args = (b.q, b.k, b.v, b.cu_q, b.cu_k)
-        # the bulk loop's Q operand from where this head dim's config does not take it (registers or shared memory)
-        other_q = V(q_regs=not tlx_forward.config_for(problem.D).q_in_registers)
-        built = {name: other_q if variant is None else V() if variant == "llvm" else variant
-                 for name, variant in variants.items()}
-        columns: dict[str, Callable] = {name: (lambda variant=variant: tlx_forward.jagged_forward_tlx(
-            *args, variant=variant, **kwargs)) for name, variant in built.items()}
-        if "LLVM the other way" in columns:  # what ships, with LLVM's optimisation as its config does not ask
-            o0 = not tlx_forward.config_for(problem.D).llvm_o0
-            columns["LLVM the other way"] = lambda o0=o0: _with_llvm(
-                tlx_forward.jagged_fwd_tlx_kernel, o0, lambda: tlx_forward.jagged_forward_tlx(*args, variant=V(),
-                                                                                               **kwargs))
+        cfg = tlx_forward.config_for(problem.D)
+
+        def launch(variant, settings):
+            with knobs.scope(**settings):
+                return tlx_forward.jagged_forward_tlx(*args, variant=variant, **kwargs)
+
+        columns: dict[str, Callable] = {name: (lambda vs=spec(cfg): launch(*vs)) for name, spec in columns_spec.items()}
         columns["portable"] = lambda: jagged_forward(*args, **kwargs)
         ref = columns["shipped"]()
         row = _time_columns(columns, flops(problem, b.lengths_q, b.lengths_k, "fwd"), rep, rounds)

@@ -240,7 +240,9 @@ def test_at_least_twelve_tlx_mutants_cover_both_kernels():
 SLOW_ON_SIMULATOR = frozenset({"tlx-sparse-bulk-miscounted", "tlx-sparse-bwd-diagonal-unmasked",
                                "tlx-wrong-sequence-offsets", "tlx-bwd-window-first-tile-late",
                                "tlx-fwd-gqa-key-head-of-query-head", "tlx-fwd-window-band-off-by-one",
-                               "tlx-bwd-gqa-group-not-summed", "tlx-dynamic-item-ring-wrong-phase"})
+                               "tlx-bwd-gqa-group-not-summed", "tlx-dynamic-item-ring-wrong-phase",
+                               # 16-37 s (2026-12-03); the suite keeps the ring's tlx-fwd-item-ring-read-early
+                               "tlx-fwd-item-ring-consumer-bulk-swapped"})
 
 
 @pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name, marks=pytest.mark.slow) if m.name in SLOW_ON_SIMULATOR

@@ -1,6 +1,7 @@
 """The TLX MXFP8 forward on the GPU beside the portable MXFP8 forward and jfa's bf16 TLX forward, on the gem
 shapes: agreement of the two MX kernels (the same semantics, docs/mxfp8.md section 2) and forward times,
-one process, the same quantized inputs. A lab tool for the TLX MX kernel's first runs (not a test: the
+one process, the same quantized inputs, the columns timed in turns; the TLX MX forward also with its LLVM setting
+the other way (``tlx_mx_llvm_other_way_ms``). A lab tool for the TLX MX kernel's first runs (not a test: the
 tests judge it by the bounds).
 
     python -m jfa.bench.mx_forward --out DIR [--rule floor] [--repeats 3]
@@ -20,7 +21,8 @@ import jfa
 from jfa import mx as jmx
 from jfa.bench.runner import launcher_inputs, time_ms
 from jfa.bench.suites import get_suite
-from jfa.kernels.tlx.hopper.forward import mx_forward_tlx
+from jfa import knobs
+from jfa.kernels.tlx.hopper.forward import config_for, jagged_fwd_tlx_kernel, mx_forward_tlx
 from jfa.kernels.triton.mx_attention import mx_forward
 
 
@@ -54,6 +56,14 @@ def main(argv=None) -> int:
         try:
             tlx = lambda: mx_forward_tlx(qm, km, vm, cu_q, batch.cu_k, **common)  # noqa: E731
             portable = lambda: mx_forward(qm, km, vm, cu_q, batch.cu_k, **common)  # noqa: E731
+
+            def tlx_llvm_other_way():
+                """The TLX MX forward with LLVM optimising its IR where the config leaves it to ptxas, and the
+                other way round (the knob is part of the compile cache key: a build of its own)."""
+                o0 = not config_for(qm.data.shape[-1], mx=args.rule).llvm_o0
+                with knobs.scope(tlx_llvm_o0=jagged_fwd_tlx_kernel.fn.__name__ if o0 else "0"):
+                    return tlx()
+
             bf16 = lambda: jfa.jagged_attention(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k,  # noqa: E731
                                                 batch.max_q, batch.max_k, causal=problem.causal,
                                                 broadcast_q=problem.broadcast_q, backend="tlx")
@@ -61,8 +71,13 @@ def main(argv=None) -> int:
             ref, ref_lse = portable()
             torch.cuda.synchronize()
             row.update(_agreement(out, ref, lse, ref_lse))
-            for name, fn in (("tlx_mx_ms", tlx), ("portable_mx_ms", portable), ("tlx_bf16_ms", bf16)):
-                row[name] = statistics.median(time_ms(fn, 5, args.rep) for _ in range(args.repeats))
+            columns = {"tlx_mx_ms": tlx, "tlx_mx_llvm_other_way_ms": tlx_llvm_other_way, "portable_mx_ms": portable,
+                       "tlx_bf16_ms": bf16}
+            times = {name: [] for name in columns}
+            for _ in range(args.repeats):  # the columns take turns: a drift of the clock hits all of them
+                for name, fn in columns.items():
+                    times[name].append(time_ms(fn, 5, args.rep))
+            row.update({name: statistics.median(ms) for name, ms in times.items()})
             row["mx_vs_bf16"] = row["tlx_bf16_ms"] / row["tlx_mx_ms"]
         except Exception as exc:  # noqa: BLE001 - one shape's failure is reported, the others still run
             row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"

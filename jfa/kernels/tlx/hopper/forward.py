@@ -152,10 +152,12 @@ SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the s
 # registers (the next K or V tile in flight while one is converted), so producer and consumers split the
 # registers evenly at D 128 (256 * 168 + 128 * 168 <= 65536: the consumers' S is 64x64 fp32, 32 regs/thread);
 # at D 64 the tiles are half as large. Shared memory: the bf16 kernel's buffers only (D 128: Q 2x2x16 KB +
-# K/V 2 stages x 2 x 16 KB = 128 KB).
+# K/V 2 stages x 2 x 16 KB = 128 KB). llvm_o0 at D 128: with its LLVM IR left to ptxas the build ran 3-9% faster
+# on every D 128 gem shape (interleaved in one process, NOTES.md session 30); at D 64 1.9% slower.
 _MX_CONFIGS: dict[int, HopperForwardConfig] = {
     64: HopperForwardConfig(block_m=64, block_n=64, num_buffers_q=2, num_buffers_kv=3, consumer_regs=184),
-    128: HopperForwardConfig(block_m=64, block_n=64, num_buffers_q=2, num_buffers_kv=2, consumer_regs=176),
+    128: HopperForwardConfig(block_m=64, block_n=64, num_buffers_q=2, num_buffers_kv=2, consumer_regs=176,
+                             llvm_o0=True),
 }
 MX_RULES = ("floor", "rceil")
 

@@ -1090,3 +1090,13 @@ def test_the_sparse_table_shows_each_rows_forward_host_time():
                             fwd_host_us=812.4),
                        dict(problem="t", keep=0.5, impl="flex-blockmask", status="ok", fwd_ms=1.0, bwd_ms=2.0)])
     assert "| 812 | ok" in md and "| - | ok" in md
+
+
+def test_a_lab_tool_times_its_columns_in_turns(monkeypatch):
+    """``runner.times_in_turns``: each round times every column once, in order, so that a drift of the machine
+    lands on all columns alike; each column's list holds one time per round."""
+    timed = []
+    monkeypatch.setattr(runner, "time_ms", lambda fn, warmup, rep: float(len(timed.append(fn()) or timed)))
+    times = runner.times_in_turns({"a": lambda: "a", "b": lambda: "b"}, 3, 5, 10)
+    assert timed == ["a", "b"] * 3
+    assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}

@@ -19,7 +19,6 @@ from jfa.fuzz.catalog import blackwell_cases
 from jfa.fuzz.rule import forward_verdicts, run_forward_launcher
 from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.blackwell import forward as bw
-from jfa.kernels.tlx.common import target
 
 KERNEL = "jagged_fwd_blackwell_kernel"
 SM_COUNT = 2

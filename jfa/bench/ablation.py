@@ -51,12 +51,9 @@ def _max_abs_diff(got, ref) -> float:
 def _time_columns(columns: dict, work: float, rep: int, rounds: int) -> dict:
     """{name: {"tflops", "ms", ["tflops_range"]}} of each callable in ``columns``, taking turns ``rounds``
     times."""
-    import triton
+    from jfa.bench.runner import times_in_turns
 
-    times = {name: [] for name in columns}
-    for _ in range(rounds):
-        for name, fn in columns.items():
-            times[name].append(triton.testing.do_bench(fn, warmup=25, rep=rep))
+    times = times_in_turns(columns, rounds, 25, rep)
     out = {}
     for name, ms_list in times.items():
         ms = statistics.median(ms_list)

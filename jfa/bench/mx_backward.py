@@ -25,7 +25,7 @@ import statistics
 import torch
 
 from jfa import mx as jmx
-from jfa.bench.runner import launcher_inputs, time_ms
+from jfa.bench.runner import launcher_inputs, times_in_turns
 from jfa.bench.suites import get_suite
 from jfa.kernels.tlx.hopper.backward import jagged_backward_tlx, mx_backward_tlx
 from jfa.kernels.tlx.hopper.forward import jagged_forward_tlx, mx_forward_tlx
@@ -103,8 +103,8 @@ def main(argv=None) -> int:
                     timed.append((label + "_ms", variant))
                 except Exception as exc:  # noqa: BLE001 - a config that does not build is reported
                     row[label + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            for name, fn in timed:
-                row[name] = statistics.median(time_ms(fn, 5, args.rep) for _ in range(args.repeats))
+            times = times_in_turns(dict(timed), args.repeats, 5, args.rep)
+            row.update({name: statistics.median(ms) for name, ms in times.items()})
             row["mx_vs_bf16"] = row["tlx_bf16_ms"] / row["tlx_mx_ms"]
             if args.out:
                 os.makedirs(args.out, exist_ok=True)

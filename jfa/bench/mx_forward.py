@@ -19,7 +19,7 @@ import torch
 
 import jfa
 from jfa import mx as jmx
-from jfa.bench.runner import launcher_inputs, time_ms
+from jfa.bench.runner import launcher_inputs, times_in_turns
 from jfa.bench.suites import get_suite
 from jfa import knobs
 from jfa.kernels.tlx.hopper.forward import config_for, jagged_fwd_tlx_kernel, mx_forward_tlx
@@ -73,10 +73,7 @@ def main(argv=None) -> int:
             row.update(_agreement(out, ref, lse, ref_lse))
             columns = {"tlx_mx_ms": tlx, "tlx_mx_llvm_other_way_ms": tlx_llvm_other_way, "portable_mx_ms": portable,
                        "tlx_bf16_ms": bf16}
-            times = {name: [] for name in columns}
-            for _ in range(args.repeats):  # the columns take turns: a drift of the clock hits all of them
-                for name, fn in columns.items():
-                    times[name].append(time_ms(fn, 5, args.rep))
+            times = times_in_turns(columns, args.repeats, 5, args.rep)
             row.update({name: statistics.median(ms) for name, ms in times.items()})
             row["mx_vs_bf16"] = row["tlx_bf16_ms"] / row["tlx_mx_ms"]
         except Exception as exc:  # noqa: BLE001 - one shape's failure is reported, the others still run

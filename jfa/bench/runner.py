@@ -209,6 +209,16 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def times_in_turns(columns: dict, rounds: int, warmup: int, rep: int) -> dict:
+    """{name: [ms of each round]} of each callable in ``columns``, the columns taking turns ``rounds`` times
+    (a drift of the clocks or of the machine hits every column alike)."""
+    times = {name: [] for name in columns}
+    for _ in range(rounds):
+        for name, fn in columns.items():
+            times[name].append(time_ms(fn, warmup, rep))
+    return times
+
+
 def _on_cuda(device) -> bool:
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
 

@@ -151,7 +151,7 @@ class Tcgen05Mma(AsyncOp):
         vc[agent] = clock
         sh = self.acc.alloc.shadows[self.acc.index]
         sh.loads.remove(self)
-        rec = cta.smem.write(self.acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
+        cta.smem.write(self.acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
                              "tcgen05 MMA", self.site, landing=self)
         self.acc.write(out.astype(np.float32))
         if self.peer is not None:  # the partner's rows of A times the same B, into its own accumulator

@@ -152,7 +152,7 @@ class Tcgen05Mma(AsyncOp):
         sh = self.acc.alloc.shadows[self.acc.index]
         sh.loads.remove(self)
         cta.smem.write(self.acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
-                             "tcgen05 MMA", self.site, landing=self)
+                       "tcgen05 MMA", self.site, landing=self)
         self.acc.write(out.astype(np.float32))
         if self.peer is not None:  # the partner's rows of A times the same B, into its own accumulator
             out_p = _matmul(to_f32(np.array(self.peer_a.read()), self.peer_a.dtype), b)

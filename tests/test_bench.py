@@ -1100,3 +1100,18 @@ def test_a_lab_tool_times_its_columns_in_turns(monkeypatch):
     times = runner.times_in_turns({"a": lambda: "a", "b": lambda: "b"}, 3, 5, 10)
     assert timed == ["a", "b"] * 3
     assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["config-o0", "config-o2"])
+def test_the_llvm_other_way_column_compiles_the_opposite_of_the_config(configured):
+    """``runner.llvm_the_other_way``: inside its knob settings a build of the kernel skips LLVM's optimisation
+    exactly when its config does not ask for that (the config's own request is overridden)."""
+    from jfa import knobs
+    from jfa.kernels.tlx import pipeline
+    from jfa.kernels.tlx.hopper.forward import jagged_fwd_tlx_kernel
+
+    name = jagged_fwd_tlx_kernel.fn.__name__
+    with pipeline.build_llvm_o0(name, configured):
+        assert pipeline.llvm_o0(name) == configured
+        with knobs.scope(**runner.llvm_the_other_way(jagged_fwd_tlx_kernel, configured)):
+            assert pipeline.llvm_o0(name) == (not configured)

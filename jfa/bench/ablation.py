@@ -70,13 +70,12 @@ def _selected(columns: dict, only: str, keep: str) -> dict:
 
 def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1) -> dict:
     """TFLOP/s of the TLX forward with each ablation switch off, and of the portable forward."""
+    from jfa.bench.runner import llvm_the_other_way
     from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import forward as tlx_forward
     from jfa.kernels.triton.forward import jagged_forward
 
     V = tlx_forward.Variant
-    kernel_name = tlx_forward.jagged_fwd_tlx_kernel.fn.__name__
-
     def fixed(variant):
         return lambda cfg: (variant, {})
 
@@ -90,7 +89,7 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
         # the bulk loop's Q operand from where the config does not take it (registers or shared memory)
         "Q the other way": lambda cfg: (V(q_regs=not cfg.q_in_registers), {}),
         # LLVM optimising the IR where the config leaves it to ptxas, and the other way round
-        "LLVM the other way": lambda cfg: (V(), {"tlx_llvm_o0": "0" if cfg.llvm_o0 else kernel_name}),
+        "LLVM the other way": lambda cfg: (V(), llvm_the_other_way(tlx_forward.jagged_fwd_tlx_kernel, cfg.llvm_o0)),
     }, only, "shipped")
     table = {}
     for problem, b, kwargs in _suite_inputs(suite, tlx_forward.SUPPORTED_HEAD_DIMS):

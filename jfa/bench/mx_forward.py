@@ -18,10 +18,10 @@ import statistics
 import torch
 
 import jfa
-from jfa import mx as jmx
-from jfa.bench.runner import launcher_inputs, times_in_turns
-from jfa.bench.suites import get_suite
 from jfa import knobs
+from jfa import mx as jmx
+from jfa.bench.runner import launcher_inputs, llvm_the_other_way, times_in_turns
+from jfa.bench.suites import get_suite
 from jfa.kernels.tlx.hopper.forward import config_for, jagged_fwd_tlx_kernel, mx_forward_tlx
 from jfa.kernels.triton.mx_attention import mx_forward
 
@@ -58,10 +58,9 @@ def main(argv=None) -> int:
             portable = lambda: mx_forward(qm, km, vm, cu_q, batch.cu_k, **common)  # noqa: E731
 
             def tlx_llvm_other_way():
-                """The TLX MX forward with LLVM optimising its IR where the config leaves it to ptxas, and the
-                other way round (the knob is part of the compile cache key: a build of its own)."""
-                o0 = not config_for(qm.data.shape[-1], mx=args.rule).llvm_o0
-                with knobs.scope(tlx_llvm_o0=jagged_fwd_tlx_kernel.fn.__name__ if o0 else "0"):
+                """The TLX MX forward compiled with its LLVM setting the other way from its config's."""
+                cfg = config_for(qm.data.shape[-1], mx=args.rule)
+                with knobs.scope(**llvm_the_other_way(jagged_fwd_tlx_kernel, cfg.llvm_o0)):
                     return tlx()
 
             bf16 = lambda: jfa.jagged_attention(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k,  # noqa: E731

@@ -209,6 +209,13 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def llvm_the_other_way(kernel, llvm_o0: bool) -> dict:
+    """Knob settings (for ``knobs.scope``) that compile the TLX ``kernel`` with LLVM's optimisation the other way
+    from its config's ``llvm_o0``: optimised where the config leaves the IR to ptxas, and the other way round (the
+    knob is part of the compile cache key: a build of its own beside the shipped one)."""
+    return {"tlx_llvm_o0": "0" if llvm_o0 else kernel.fn.__name__}
+
+
 def times_in_turns(columns: dict, rounds: int, warmup: int, rep: int) -> dict:
     """{name: [ms of each round]} of each callable in ``columns``, the columns taking turns ``rounds`` times
     (a drift of the clocks or of the machine hits every column alike)."""

@@ -110,7 +110,7 @@ def dout_in_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"dout_layout: unknown layout {layout!r}, expected one of {DOUT_LAYOUTS}")
 
 
-VALUE_RECIPES = ("normal", "near-ties", "constant-keys", "dominant-key", "denormal")
+VALUE_RECIPES = ("normal", "near-ties", "constant-keys", "dominant-key", "rising-keys", "denormal")
 
 
 def _values(recipe: str, randn, rows: int, H: int, D: int, dtype: torch.dtype):
@@ -121,6 +121,9 @@ def _values(recipe: str, randn, rows: int, H: int, D: int, dtype: torch.dtype):
     - constant-keys: every key equal, so each softmax row is exactly uniform;
     - dominant-key: every 7th key points along a direction all queries share, so it takes almost
       all the probability mass;
+    - rising-keys: the keys climb along a direction all queries share, one step every 96 tokens (~3-4 in
+      base 2 at D 64-128), so every row's running maximum grows block after block and the online
+      softmax's rescale of its accumulator matters at every step;
     - denormal: everything scaled into t's subnormal range.
     """
     q, k, v = randn(rows, H, D), randn(rows, H, D), randn(rows, H, D)
@@ -131,6 +134,10 @@ def _values(recipe: str, randn, rows: int, H: int, D: int, dtype: torch.dtype):
     elif recipe == "dominant-key":
         q = 0.5 * q + 2.0
         k[::7] = 4.0
+    elif recipe == "rising-keys":
+        q = 0.5 * q + 1.0
+        steps = torch.arange(rows, dtype=torch.float32).div(96, rounding_mode="floor")
+        k = k + 0.25 * steps[:, None, None]
     elif recipe == "denormal":
         tiny = torch.finfo(dtype).tiny
         q, k, v = q * tiny / 4, k * tiny / 4, v * tiny / 4

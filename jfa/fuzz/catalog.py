@@ -193,7 +193,7 @@ def tlx_cases(scale: str = "gpu") -> list:
     # dQ: with 132 CTAs each runs three items, one of them keyless with an odd step count
     out.append(Case((130, 130), (130, 130), heads=6 if sim else 132, head_dim=128, dtype="bf16", causal=True,
                     name="tlx-keyless-between-items-causal-D128"))
-    for values in ("near-ties", "dominant-key", "constant-keys"):
+    for values in ("near-ties", "dominant-key", "constant-keys", "rising-keys"):
         out.append(Case((300, 77, 513), (300, 513, 77), heads=2, head_dim=128, dtype="bf16", causal=True,
                         values=values, name=f"tlx-values-{values}"))
     # block-sparse: the TLX build's block is one work item's rows (128)

@@ -44,13 +44,14 @@ BLOCK_SPARSE = "jfa.kernels.triton.block_sparse"
 TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
+TLX_MX_TILES = "jfa.kernels.tlx.hopper.mx_tiles"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
-MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_FORWARD,
-           TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
-TLX_MODULES = (TLX_COMMON, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
+MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_MX_TILES,
+           TLX_FORWARD, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
+TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
 class MutantError(RuntimeError):
@@ -299,20 +300,20 @@ MX_MUTANTS: tuple = (
 # The TLX MXFP8 forward's own code (its producer: loads, dequantization, fences); killed by its simulator
 # tests (tests/test_mx_kernels.py, test_simulator_kills), which run it against the MX oracle.
 TLX_MX_MUTANTS: tuple = (
-    Mutant("tlx-mx-fence-dropped", TLX_FORWARD,
+    Mutant("tlx-mx-fence-dropped", TLX_MX_TILES,
            "    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))\n    tlx.fence_async_shared()\n\n\n"
-           "@triton.jit\ndef _store_token_tile",
+           "@triton.jit\ndef store_token_tile",
            "    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))\n\n\n"
-           "@triton.jit\ndef _store_token_tile",
+           "@triton.jit\ndef store_token_tile",
            "the dequantized Q/K tiles are stored without the proxy fence: wgmma may read them before the stores land"),
-    Mutant("tlx-mx-v-rows-unmasked", TLX_FORWARD,
+    Mutant("tlx-mx-v-rows-unmasked", TLX_MX_TILES,
            "codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols, mask=(keys < len_k)[:, None],\n"
            "                    other=0)",
            "codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols)",
            "V rows past the sequence are read: the next sequence's, or past the tensor"),
     Mutant("tlx-mx-k-scales-of-query-head", TLX_FORWARD,
-           "_store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)",
-           "_store_dim_tile(k_tiles[kv_buf], k_codes, tl.flip(k_scales, 1), BLOCK_N, HEAD_DIM)",
+           "store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)",
+           "store_dim_tile(k_tiles[kv_buf], k_codes, tl.flip(k_scales, 1), BLOCK_N, HEAD_DIM)",
            "K's scales applied to the wrong 32-element blocks of D"),
 )
 
@@ -328,8 +329,8 @@ TLX_MX_BACKWARD_MUTANTS: tuple = (
            "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), q_tile, dk)",
            "dK multiplies Q^(dim), the S operand, instead of Q quantized along queries"),
     Mutant("tlx-mx-bwd-do-scales-of-sequence-0", TLX_BACKWARD,
-           "_load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0,",
-           "_load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, 0,",
+           "load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0,",
+           "load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, 0,",
            "dO^(queries) dequantized with the first sequence's scale rows (its block offsets dropped)"),
     Mutant("tlx-mx-bwd-ds-not-quantized", TLX_BACKWARD,
            "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), qt_tile, dk)",

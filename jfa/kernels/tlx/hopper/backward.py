@@ -82,7 +82,7 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.tlx.hopper.forward import _load_dim_tile, _load_token_tile, _store_dim_tile, _store_token_tile
+from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import _mx_round, dequantize
 from jfa.plans import gradient_key
@@ -467,13 +467,13 @@ def _rows_of(tile, r0, ROWS: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.con
 def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.constexpr, CHUNK: tl.constexpr,
               HEAD_DIM: tl.constexpr):
     """MX producer: ``tile`` (bf16 ``[ROWS, HEAD_DIM]``) = packed rows ``row0 ..`` of head ``head`` (of ``heads``) of
-    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (the forward's ``_load_dim_tile``
-    and ``_store_dim_tile``'s dequantization, stored here: a call taking a slice of one buffer and a whole
+    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (``mx_tiles.load_dim_tile``
+    and ``store_dim_tile``'s dequantization, stored here: a call taking a slice of one buffer and a whole
     buffer of the same shape does not compile; registers); rows from ``rows_valid`` on (past the sequence)
     are 0."""
     NB: tl.constexpr = HEAD_DIM // 32
     for c in tl.static_range(ROWS // CHUNK):
-        codes, scales = _load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
+        codes, scales = load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
                                        head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
         x = dequantize(tl.reshape(codes, [CHUNK, NB, 32]), scales[:, :, None])
         tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
@@ -491,7 +491,7 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
                           NUM_BUFFERS_QDO: tl.constexpr):
     """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
     loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
-    and dequantized into its bf16 buffer (the forward's ``_load_*_tile``/``_store_*_tile``): K and V along D
+    and dequantized into its bf16 buffer (``mx_tiles``): K and V along D
     (S^T, dP^T); per step Q and dO along D and along the sequence's 32-row query blocks (Q^(queries) of a
     broadcast Q: the shared q's own blocks; dO^(queries): the output rows' blocks), all four loaded before the
     wait for the slot, and the row statistics by TMA on the slot's full barrier, whose expect-bytes arrival
@@ -519,19 +519,19 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
         # latency per step, not four
-        q_codes, q_scales = _load_dim_tile(Q8, QS, q_row0 + m_start, len_q - m_start, head * HEAD_DIM, head * NB,
+        q_codes, q_scales = load_dim_tile(Q8, QS, q_row0 + m_start, len_q - m_start, head * HEAD_DIM, head * NB,
                                            num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
-        qt_codes, qt_scales = _load_token_tile(QT, QTS, q_row0, m_start, len_q, qb0, head * HEAD_DIM,
+        qt_codes, qt_scales = load_token_tile(QT, QTS, q_row0, m_start, len_q, qb0, head * HEAD_DIM,
                                                num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
-        do_codes, do_scales = _load_dim_tile(DO8, DOS, out_row0 + m_start, len_q - m_start, head * HEAD_DIM,
+        do_codes, do_scales = load_dim_tile(DO8, DOS, out_row0 + m_start, len_q - m_start, head * HEAD_DIM,
                                              head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
-        dot_codes, dot_scales = _load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0, head * HEAD_DIM,
+        dot_codes, dot_scales = load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0, head * HEAD_DIM,
                                                  num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        _store_dim_tile(q_tiles[buf], q_codes, q_scales, BLOCK_M, HEAD_DIM)
-        _store_token_tile(qt_tiles[buf], qt_codes, qt_scales, BLOCK_M, HEAD_DIM)
-        _store_dim_tile(do_tiles[buf], do_codes, do_scales, BLOCK_M, HEAD_DIM)
-        _store_token_tile(dot_tiles[buf], dot_codes, dot_scales, BLOCK_M, HEAD_DIM)
+        store_dim_tile(q_tiles[buf], q_codes, q_scales, BLOCK_M, HEAD_DIM)
+        store_token_tile(qt_tiles[buf], qt_codes, qt_scales, BLOCK_M, HEAD_DIM)
+        store_dim_tile(do_tiles[buf], do_codes, do_scales, BLOCK_M, HEAD_DIM)
+        store_token_tile(dot_tiles[buf], dot_codes, dot_scales, BLOCK_M, HEAD_DIM)
         tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * BLOCK_M * 4)  # (the arrival: after every fenced store)
         stats_col = stats_col0 + m_start
         tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])

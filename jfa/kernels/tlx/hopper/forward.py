@@ -80,7 +80,8 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            online_softmax_step, receive_item, retire_counter, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.triton.mx_attention import dequantize, pow2_step, quantized_weights, visible_keys
+from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
+from jfa.kernels.triton.mx_attention import pow2_step, quantized_weights, visible_keys
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -438,58 +439,6 @@ def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, de
 
 
 @triton.jit
-def _load_dim_tile(DATA, SCALES, row0, rows_valid, col, scale_col, stride_t, scale_stride,
-                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """MX producer: (E4M3 bytes ``[ROWS, HEAD_DIM]`` of rows ``row0 ..`` of a D-axis operand at column ``col``,
-    their scales ``[ROWS, HEAD_DIM // 32]``), plain vector loads (16 bytes a thread); rows from ``rows_valid``
-    on (past the sequence) read nothing and hold zeros."""
-    NB: tl.constexpr = HEAD_DIM // 32
-    rows = tl.arange(0, ROWS)
-    ok = (rows < rows_valid)[:, None]
-    r = (row0 + rows).to(tl.int64)[:, None]
-    codes = tl.load(DATA + r * stride_t + col + tl.arange(0, HEAD_DIM)[None, :], mask=ok, other=0)
-    scales = tl.load(SCALES + r * scale_stride + scale_col + tl.arange(0, NB)[None, :], mask=ok, other=127)
-    return codes, scales
-
-
-@triton.jit
-def _load_token_tile(DATA, SCALES, row0, n_start, len_k, scale_row0, col, stride_t, ROWS: tl.constexpr,
-                     HEAD_DIM: tl.constexpr):
-    """MX producer: (E4M3 bytes ``[ROWS, HEAD_DIM]`` of keys ``n_start ..`` of the token-axis V (packed rows
-    ``row0 + n_start ..``), their scales ``[ROWS // 32, HEAD_DIM]``: the sequence's 32-key blocks from its first
-    scale row ``scale_row0``; n_start is a multiple of 32). Keys from ``len_k`` on read nothing and hold
-    zeros; data and scales share their strides."""
-    keys = n_start + tl.arange(0, ROWS)
-    cols = col + tl.arange(0, HEAD_DIM)[None, :]
-    codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols, mask=(keys < len_k)[:, None],
-                    other=0)
-    blocks = n_start // 32 + tl.arange(0, ROWS // 32)
-    scales = tl.load(SCALES + (scale_row0 + blocks).to(tl.int64)[:, None] * stride_t + cols,
-                     mask=(blocks * 32 < len_k)[:, None], other=127)
-    return codes, scales
-
-
-@triton.jit
-def _store_dim_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """MX producer: ``tile`` (bf16) = ``codes`` dequantized with their D-axis ``scales`` (one per 32 elements),
-    exact in bf16 down to 2^-126 (as the portable kernel's bf16 dots); then fenced for the consumers' wgmma
-    (a generic-proxy store read by the async proxy)."""
-    NB: tl.constexpr = HEAD_DIM // 32
-    x = dequantize(tl.reshape(codes, [ROWS, NB, 32]), scales[:, :, None])
-    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))
-    tlx.fence_async_shared()
-
-
-@triton.jit
-def _store_token_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """MX producer: ``tile`` (bf16) = ``codes`` dequantized with their token-axis ``scales`` (one per 32 keys
-    and column), then fenced for the consumers' wgmma."""
-    x = dequantize(tl.reshape(codes, [ROWS // 32, 32, HEAD_DIM]), scales[:, None, :])
-    tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))
-    tlx.fence_async_shared()
-
-
-@triton.jit
 def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, Q8, K8, V8,
                      QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
                      v_empties, TILES, num_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -506,30 +455,30 @@ def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_bl
         num_kv_heads = num_heads // GROUP
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         for c in tl.static_range(_CONSUMERS):
-            codes, scales = _load_dim_tile(Q8, QS, q_row0 + m_start + c * BLOCK_M, len_q - m_start - c * BLOCK_M,
+            codes, scales = load_dim_tile(Q8, QS, q_row0 + m_start + c * BLOCK_M, len_q - m_start - c * BLOCK_M,
                                            head * HEAD_DIM, head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M,
                                            HEAD_DIM)
             tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
-            _store_dim_tile(q_tiles[c * NUM_BUFFERS_Q + q_buf], codes, scales, BLOCK_M, HEAD_DIM)
+            store_dim_tile(q_tiles[c * NUM_BUFFERS_Q + q_buf], codes, scales, BLOCK_M, HEAD_DIM)
             tlx.barrier_arrive(q_fulls[c * NUM_BUFFERS_Q + q_buf], 1)
         scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
-        k_codes, k_scales = _load_dim_tile(K8, KS, k_row0 + j0 * BLOCK_N, len_k - j0 * BLOCK_N, kv_head * HEAD_DIM,
+        k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + j0 * BLOCK_N, len_k - j0 * BLOCK_N, kv_head * HEAD_DIM,
                                            kv_head * NB, num_kv_heads * HEAD_DIM, num_kv_heads * NB, BLOCK_N, HEAD_DIM)
         for j in tl.range(0, n_blocks):
             n_start = (j0 + j) * BLOCK_N
             kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-            v_codes, v_scales = _load_token_tile(V8, VS, k_row0, n_start, len_k, scale_row0, kv_head * HEAD_DIM,
+            v_codes, v_scales = load_token_tile(V8, VS, k_row0, n_start, len_k, scale_row0, kv_head * HEAD_DIM,
                                                  num_kv_heads * HEAD_DIM, BLOCK_N, HEAD_DIM)
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
-            _store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)
+            store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)
             tlx.barrier_arrive(k_fulls[kv_buf], 1)
             # the next block's K (none past the item's last block: its rows are all masked)
-            k_codes, k_scales = _load_dim_tile(K8, KS, k_row0 + n_start + BLOCK_N,
+            k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + n_start + BLOCK_N,
                                                tl.where(j + 1 < n_blocks, len_k - n_start - BLOCK_N, 0),
                                                kv_head * HEAD_DIM, kv_head * NB, num_kv_heads * HEAD_DIM,
                                                num_kv_heads * NB, BLOCK_N, HEAD_DIM)
             tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
-            _store_token_tile(v_tiles[kv_buf], v_codes, v_scales, BLOCK_N, HEAD_DIM)
+            store_token_tile(v_tiles[kv_buf], v_codes, v_scales, BLOCK_N, HEAD_DIM)
             tlx.barrier_arrive(v_fulls[kv_buf], 1)
             kv_cnt += 1
         q_cnt += 1

@@ -474,7 +474,7 @@ def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.conste
     NB: tl.constexpr = HEAD_DIM // 32
     for c in tl.static_range(ROWS // CHUNK):
         codes, scales = load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
-                                       head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
+                                      head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
         x = dequantize(tl.reshape(codes, [CHUNK, NB, 32]), scales[:, :, None])
         tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
                         tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
@@ -520,13 +520,13 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
         # latency per step, not four
         q_codes, q_scales = load_dim_tile(Q8, QS, q_row0 + m_start, len_q - m_start, head * HEAD_DIM, head * NB,
-                                           num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
+                                          num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
         qt_codes, qt_scales = load_token_tile(QT, QTS, q_row0, m_start, len_q, qb0, head * HEAD_DIM,
-                                               num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
+                                              num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
         do_codes, do_scales = load_dim_tile(DO8, DOS, out_row0 + m_start, len_q - m_start, head * HEAD_DIM,
-                                             head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
+                                            head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
         dot_codes, dot_scales = load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0, head * HEAD_DIM,
-                                                 num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
+                                                num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
         tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
         store_dim_tile(q_tiles[buf], q_codes, q_scales, BLOCK_M, HEAD_DIM)
         store_token_tile(qt_tiles[buf], qt_codes, qt_scales, BLOCK_M, HEAD_DIM)

@@ -456,27 +456,27 @@ def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_bl
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         for c in tl.static_range(_CONSUMERS):
             codes, scales = load_dim_tile(Q8, QS, q_row0 + m_start + c * BLOCK_M, len_q - m_start - c * BLOCK_M,
-                                           head * HEAD_DIM, head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M,
-                                           HEAD_DIM)
+                                          head * HEAD_DIM, head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M,
+                                          HEAD_DIM)
             tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
             store_dim_tile(q_tiles[c * NUM_BUFFERS_Q + q_buf], codes, scales, BLOCK_M, HEAD_DIM)
             tlx.barrier_arrive(q_fulls[c * NUM_BUFFERS_Q + q_buf], 1)
         scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
         k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + j0 * BLOCK_N, len_k - j0 * BLOCK_N, kv_head * HEAD_DIM,
-                                           kv_head * NB, num_kv_heads * HEAD_DIM, num_kv_heads * NB, BLOCK_N, HEAD_DIM)
+                                          kv_head * NB, num_kv_heads * HEAD_DIM, num_kv_heads * NB, BLOCK_N, HEAD_DIM)
         for j in tl.range(0, n_blocks):
             n_start = (j0 + j) * BLOCK_N
             kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
             v_codes, v_scales = load_token_tile(V8, VS, k_row0, n_start, len_k, scale_row0, kv_head * HEAD_DIM,
-                                                 num_kv_heads * HEAD_DIM, BLOCK_N, HEAD_DIM)
+                                                num_kv_heads * HEAD_DIM, BLOCK_N, HEAD_DIM)
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
             store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)
             tlx.barrier_arrive(k_fulls[kv_buf], 1)
             # the next block's K (none past the item's last block: its rows are all masked)
             k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + n_start + BLOCK_N,
-                                               tl.where(j + 1 < n_blocks, len_k - n_start - BLOCK_N, 0),
-                                               kv_head * HEAD_DIM, kv_head * NB, num_kv_heads * HEAD_DIM,
-                                               num_kv_heads * NB, BLOCK_N, HEAD_DIM)
+                                              tl.where(j + 1 < n_blocks, len_k - n_start - BLOCK_N, 0),
+                                              kv_head * HEAD_DIM, kv_head * NB, num_kv_heads * HEAD_DIM,
+                                              num_kv_heads * NB, BLOCK_N, HEAD_DIM)
             tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
             store_token_tile(v_tiles[kv_buf], v_codes, v_scales, BLOCK_N, HEAD_DIM)
             tlx.barrier_arrive(v_fulls[kv_buf], 1)

@@ -57,10 +57,11 @@ def main(argv=None) -> int:
             tlx = lambda: mx_forward_tlx(qm, km, vm, cu_q, batch.cu_k, **common)  # noqa: E731
             portable = lambda: mx_forward(qm, km, vm, cu_q, batch.cu_k, **common)  # noqa: E731
 
+            other_way = llvm_the_other_way(jagged_fwd_tlx_kernel, config_for(qm.data.shape[-1], mx=args.rule).llvm_o0)
+
             def tlx_llvm_other_way():
                 """The TLX MX forward compiled with its LLVM setting the other way from its config's."""
-                cfg = config_for(qm.data.shape[-1], mx=args.rule)
-                with knobs.scope(**llvm_the_other_way(jagged_fwd_tlx_kernel, cfg.llvm_o0)):
+                with knobs.scope(**other_way):
                     return tlx()
 
             bf16 = lambda: jfa.jagged_attention(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k,  # noqa: E731

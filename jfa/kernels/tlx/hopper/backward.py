@@ -82,9 +82,10 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
+from jfa.kernels.tlx.hopper.mx_tiles import (fill_dim_tile, load_dim_tile, load_token_tile, store_dim_tile,
+                                            store_token_tile)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
-from jfa.kernels.triton.mx_attention import _mx_round, dequantize
+from jfa.kernels.triton.mx_attention import _mx_round
 from jfa.plans import gradient_key
 
 DQ_MODES = ("none", "producer", "halves")  # HopperDkDvConfig.dq
@@ -454,34 +455,6 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
-def _rows_of(tile, r0, ROWS: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows ``r0 .. r0 + CHUNK`` of a ``[ROWS, HEAD_DIM]`` shared-memory tile (the tile itself if CHUNK = ROWS)."""
-    if ROWS == CHUNK:
-        part = tile
-    else:
-        part = tlx.local_slice(tile, [r0, 0], [CHUNK, HEAD_DIM])
-    return part
-
-
-@triton.jit
-def _fill_dim(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.constexpr, CHUNK: tl.constexpr,
-              HEAD_DIM: tl.constexpr):
-    """MX producer: ``tile`` (bf16 ``[ROWS, HEAD_DIM]``) = packed rows ``row0 ..`` of head ``head`` (of ``heads``) of
-    a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (``mx_tiles.load_dim_tile``
-    and ``store_dim_tile``'s dequantization, stored here: a call taking a slice of one buffer and a whole
-    buffer of the same shape does not compile; registers); rows from ``rows_valid`` on (past the sequence)
-    are 0."""
-    NB: tl.constexpr = HEAD_DIM // 32
-    for c in tl.static_range(ROWS // CHUNK):
-        codes, scales = load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
-                                      head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
-        x = dequantize(tl.reshape(codes, [CHUNK, NB, 32]), scales[:, :, None])
-        tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
-                        tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
-    tlx.fence_async_shared()  # generic-proxy stores read by the consumers' wgmma (async proxy)
-
-
-@triton.jit
 def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
                           DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
                           delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
@@ -510,8 +483,10 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
     for c in tl.static_range(_CONSUMERS):
         tlx.barrier_wait(kv_empties[c], (kv_cnt & 1) ^ 1)
         rows = n_start + c * BLOCK_N
-        _fill_dim(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
-        _fill_dim(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK, HEAD_DIM)
+        fill_dim_tile(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
+                      HEAD_DIM)
+        fill_dim_tile(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
+                      HEAD_DIM)
         tlx.barrier_arrive(kv_fulls[c], 1)
     NB: tl.constexpr = HEAD_DIM // 32
     for j in tl.range(0, num_q_tiles - first):

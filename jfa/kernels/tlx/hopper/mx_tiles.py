@@ -1,5 +1,6 @@
 """The MXFP8 producers' tiles (Hopper TLX forward and dK/dV kernels): E4M3 codes and their E8M0 scales loaded
-from global memory into registers, and dequantized into a bf16 shared-memory buffer fenced for wgmma.
+from global memory into registers, and dequantized into a bf16 shared-memory buffer fenced for wgmma (whole, or
+CHUNK rows at a time: ``fill_dim_tile``).
 
 Hopper has no block-scaled MMA, so an MX build's producer turns each operand tile into the bf16 tile the
 consumers' wgmma reads, exactly (``jfa.kernels.triton.mx_attention.dequantize``, the portable kernel's values).
@@ -63,3 +64,31 @@ def store_token_tile(tile, codes, scales, ROWS: tl.constexpr, HEAD_DIM: tl.const
     x = dequantize(tl.reshape(codes, [ROWS // 32, 32, HEAD_DIM]), scales[:, None, :])
     tlx.local_store(tile, tl.reshape(x, [ROWS, HEAD_DIM]).to(tl.bfloat16))
     tlx.fence_async_shared()
+
+
+@triton.jit
+def _rows_of(tile, r0, ROWS: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows ``r0 .. r0 + CHUNK`` of a ``[ROWS, HEAD_DIM]`` shared-memory tile (the tile itself if CHUNK = ROWS)."""
+    if ROWS == CHUNK:
+        part = tile
+    else:
+        part = tlx.local_slice(tile, [r0, 0], [CHUNK, HEAD_DIM])
+    return part
+
+
+@triton.jit
+def fill_dim_tile(tile, DATA, SCALES, row0, rows_valid, head, heads, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                  HEAD_DIM: tl.constexpr):
+    """MX producer (dK/dV kernel): ``tile`` (bf16 ``[ROWS, HEAD_DIM]``) = packed rows ``row0 ..`` of head ``head``
+    (of ``heads``) of a D-axis MX operand, dequantized and fenced for wgmma, CHUNK rows at a time (registers):
+    ``load_dim_tile`` and ``store_dim_tile``'s dequantization, stored here because a call taking a slice of one
+    buffer and a whole buffer of the same shape does not compile. Rows from ``rows_valid`` on (past the
+    sequence) are 0."""
+    NB: tl.constexpr = HEAD_DIM // 32
+    for c in tl.static_range(ROWS // CHUNK):
+        codes, scales = load_dim_tile(DATA, SCALES, row0 + c * CHUNK, rows_valid - c * CHUNK, head * HEAD_DIM,
+                                      head * NB, heads * HEAD_DIM, heads * NB, CHUNK, HEAD_DIM)
+        x = dequantize(tl.reshape(codes, [CHUNK, NB, 32]), scales[:, :, None])
+        tlx.local_store(_rows_of(tile, c * CHUNK, ROWS, CHUNK, HEAD_DIM),
+                        tl.reshape(x, [CHUNK, HEAD_DIM]).to(tl.bfloat16))
+    tlx.fence_async_shared()  # generic-proxy stores read by the consumers' wgmma (async proxy)

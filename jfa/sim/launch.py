@@ -20,6 +20,7 @@ Concurrency between clusters is not modelled.
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -487,7 +488,15 @@ class Launch:
 
     def _inline_asm(self, asm, constraints, values, types, is_pure, pack):
         """The inline-asm reads a profiling build uses, as scalars: %globaltimer (ns) and %smid (the CTA's
-        index); any other asm is refused."""
+        index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32`` of two fp32
+        elements, round to nearest even like the cast); any other asm is refused."""
+        pair = re.fullmatch(r"cvt\.rn\.(bf16|f16)x2\.f32 \$0, \$2, \$1;", asm.strip())
+        if pair and pack == 2 and len(values) == 1 and len(types) == 1:
+            dst = types[0].scalar if hasattr(types[0], "scalar") else types[0]
+            if str(values[0].dtype.scalar) != "fp32" or str(dst) != {"bf16": "bf16", "f16": "fp16"}[pair.group(1)]:
+                raise UnsupportedError(f"inline asm {asm!r} on {values[0].dtype} -> {dst}: it converts fp32 to "
+                                       f"{pair.group(1)}", site=source.capture(2))
+            return _AsmCall([_interp.interpreter_builder.cast_impl(values[0], types[0])])
         if values or len(types) != 1:
             raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
         if "%globaltimer" in asm:

@@ -14,6 +14,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
+from jfa.kernels.tlx.common.device import to_16bit_pairs
 from word_ring import WORD_RING_BUGS, word_ring_kernel
 
 HERE = os.path.abspath(__file__)
@@ -289,6 +290,18 @@ def masked_gather_kernel(X, OUT, row, n_rows, D: tl.constexpr):
     offs = tl.arange(0, D)
     x = tl.load(X + row * D + offs, mask=(offs < D) & (row < n_rows), other=0.0)
     tl.store(OUT + offs, x)
+
+
+@triton.jit
+def pair_cast_kernel(X, OUT, N: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
+    """OUT = X (fp32) cast to DTYPE by ``to_16bit_pairs`` (ASM ""), or by the inline asm ASM itself."""
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    if ASM == "":
+        y = to_16bit_pairs(x, DTYPE)
+    else:
+        y = tl.inline_asm_elementwise(ASM, "=r,r,r", [x], dtype=DTYPE, is_pure=True, pack=2)  # <raw-asm>
+    tl.store(OUT + offs, y)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -184,3 +184,43 @@ def test_a_load_masked_off_entirely_reads_nothing_even_past_every_tensor():
     assert (out == 0).all()
     with pytest.raises(sim.OutOfBoundsError, match="tl.load"):
         sim.launch(masked_gather_kernel, (1,), x, out, 1000, 1001, D=32)
+
+
+def _cast_inputs():
+    """fp32 values where rounding to 16 bits is hard: ties to even both ways, the largest finite values and
+    past them, subnormals of both formats, signed zeros, infinities, NaN, and random values."""
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x477FF000, 0x477FEFFF, 0x00000001,
+                         0x33800000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x387FC000, 0xB3C00000],
+                        dtype=torch.int64).to(torch.int32)
+    special = bits.view(torch.float32)
+    rand = torch.randn(256 - special.numel(), generator=torch.Generator().manual_seed(0)) * 1e3
+    return torch.cat([special, rand])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_paired_16_bit_conversion_is_the_cast_bit_for_bit(dtype):
+    """``to_16bit_pairs`` (two fp32 values per cvt.rn.*x2.f32) simulates as the cast, each element in its
+    own place: round to nearest even, overflow to infinity, NaN stays NaN."""
+    from sim_kernels import pair_cast_kernel
+
+    x = _cast_inputs()
+    out = torch.zeros(x.numel(), dtype=dtype)
+    sim.launch(pair_cast_kernel, (1,), x, out, N=x.numel(), DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else
+               tl.float16, ASM="")
+    expected = x.to(dtype)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert torch.equal(out.view(torch.int16)[~expected.isnan()], expected.view(torch.int16)[~expected.isnan()])
+
+
+@pytest.mark.parametrize("asm", ["cvt.rn.bf16x2.f32 $0, $2, $1;", "cvt.rz.f16x2.f32 $0, $2, $1;",
+                                 "cvt.rn.f16x2.f32 $0, $1, $2;"], ids=["format-mismatch", "round-to-zero", "swapped"])
+def test_a_conversion_asm_the_simulator_cannot_model_is_refused(asm):
+    """Only the paired conversion ``to_16bit_pairs`` emits is simulated: another rounding, the other operand
+    order, or a format other than the result's is refused at its line, not computed as a cast."""
+    from sim_kernels import pair_cast_kernel
+
+    x = _cast_inputs()
+    with pytest.raises(sim.UnsupportedError, match="inline asm") as info:
+        sim.launch(pair_cast_kernel, (1,), x, torch.zeros(x.numel(), dtype=torch.float16), N=x.numel(),
+                   DTYPE=tl.float16, ASM=asm)
+    assert info.value.site.line == line_of("raw-asm")

@@ -117,6 +117,19 @@ def retire_counter(COUNTER, num_progs):
 
 
 @triton.jit
+def to_16bit_pairs(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` cast to DTYPE (bf16 or fp16), round to nearest even: bitwise ``x.to(DTYPE)``. Two elements
+    per ``cvt.rn.*x2.f32``, which writes the packed register a wgmma A operand reads from registers; the
+    cast's one-element conversions need a byte permute (PRMT) per pair to build that register."""
+    if DTYPE == tl.bfloat16:
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.float16,
+                                         is_pure=True, pack=2)
+
+
+@triton.jit
 def online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi, MASKED: tl.constexpr,
                         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SCALE_NONNEG: tl.constexpr,
                         BLOCK_N: tl.constexpr):

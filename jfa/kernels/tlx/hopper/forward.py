@@ -77,7 +77,8 @@ from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence,
-                                           online_softmax_step, receive_item, retire_counter, static_item)
+                                           online_softmax_step, receive_item, retire_counter, static_item,
+                                           to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
@@ -389,7 +390,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
     # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
-    p = p.to(DTYPE)
+    p = to_16bit_pairs(p, DTYPE)
     acc = acc * alpha[:, None]
     return acc, p, m_i, l_i
 
@@ -607,7 +608,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
                                                   offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
                                                   WINDOW, SCALE_NONNEG, BLOCK_N, MX)
-        p = p.to(DTYPE)
+        p = to_16bit_pairs(p, DTYPE)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
         # builds run out of registers and spill

@@ -79,7 +79,8 @@ from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, item_slot_head,
-                                           mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item)
+                                           mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item,
+                                           to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.mx_tiles import (fill_dim_tile, load_dim_tile, load_token_tile, store_dim_tile,
@@ -600,7 +601,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
     if MX != "":
         dv = tlx.async_dot(_mx_round(p_t, MX == "rceil", BLOCK_N, BLOCK_M).to(DTYPE), dot_tile, dv)
     else:
-        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
+        dv = tlx.async_dot(to_16bit_pairs(p_t, DTYPE), do_tile, dv)
     ds_t = p_t * (dp_t - delta)
     if DQ != DQ_NONE and MASKED:
         # dQ sums over this tile's keys and lands in other rows' dQ: query rows past the sequence must
@@ -609,12 +610,13 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         # foreign row need not be finite: select, do not multiply (on P^T, not the mask: registers).
         ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
     if DQ == DQ_HALVES:
-        dk = _dq_halves(dk, ds_t.to(DTYPE), q_tile, k_tiles, ds_tiles, ds_tiles[ds_buf * _CONSUMERS + cid], ds_buf,
-                        ds_phase, ds_fulls[ds_buf], ds_empties[ds_buf], dq_stage, sm_scale, cid, BLOCK_N, HEAD_DIM)
+        dk = _dq_halves(dk, to_16bit_pairs(ds_t, DTYPE), q_tile, k_tiles, ds_tiles, ds_tiles[ds_buf * _CONSUMERS + cid],
+                        ds_buf, ds_phase, ds_fulls[ds_buf], ds_empties[ds_buf], dq_stage, sm_scale, cid, BLOCK_N, HEAD_DIM)
         dv = tlx.async_dot_wait(0, dv)
     elif DQ == DQ_PRODUCER:
-        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
-        _hand_over_ds(ds_tiles[ds_buf * _CONSUMERS + cid], ds_t.to(DTYPE), ds_fulls[ds_buf])
+        ds16 = to_16bit_pairs(ds_t, DTYPE)
+        dk = tlx.async_dot(ds16, q_tile, dk)
+        _hand_over_ds(ds_tiles[ds_buf * _CONSUMERS + cid], ds16, ds_fulls[ds_buf])
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
     elif MX != "":
@@ -622,7 +624,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
     else:
-        dk = tlx.async_dot(ds_t.to(DTYPE), q_tile, dk)
+        dk = tlx.async_dot(to_16bit_pairs(ds_t, DTYPE), q_tile, dk)
         dv = tlx.async_dot_wait(1, dv)
         dk = tlx.async_dot_wait(0, dk)
     return dk, dv

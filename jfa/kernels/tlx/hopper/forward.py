@@ -371,7 +371,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
              n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
              SCALE_NONNEG: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-             DTYPE: tl.constexpr, MX: tl.constexpr):
+             DTYPE: tl.constexpr, MX: tl.constexpr, PAIRED_P: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
     k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
@@ -390,9 +390,19 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
     # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
-    p = to_16bit_pairs(p, DTYPE)
+    p = _p_to_16bit(p, DTYPE, PAIRED_P)
     acc = acc * alpha[:, None]
     return acc, p, m_i, l_i
+
+
+@triton.jit
+def _p_to_16bit(p, DTYPE: tl.constexpr, PAIRED: tl.constexpr):
+    """P in DTYPE, for the PV wgmma's register operand: two values per conversion (``to_16bit_pairs``: no
+    byte permutes) where PAIRED, one at a time otherwise (the same bits)."""
+    if PAIRED:
+        return to_16bit_pairs(p, DTYPE)
+    else:
+        return p.to(DTYPE)
 
 
 @triton.jit
@@ -565,6 +575,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 
     Q_REGS: the bulk loop's QK^T takes Q from registers (loaded once per item; an RS wgmma), the peeled
     block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
+    # P converted in pairs, except in the D 64 block-sparse builds, where the pairs spill 8 bytes
+    PAIRED_P: tl.constexpr = not (SPARSE and HEAD_DIM == 64)
     if PROFILE:
         started = _globaltimer()
     if ITEM_RING:
@@ -608,7 +620,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
                                                   offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
                                                   WINDOW, SCALE_NONNEG, BLOCK_N, MX)
-        p = to_16bit_pairs(p, DTYPE)
+        p = _p_to_16bit(p, DTYPE, PAIRED_P)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
         # builds run out of registers and spill
@@ -623,7 +635,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
+                                        PAIRED_P)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
@@ -631,7 +644,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
+                                        PAIRED_P)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
         tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)

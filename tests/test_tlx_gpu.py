@@ -255,6 +255,21 @@ def test_timeline_records_every_item_once(schedule):
     assert timeline.seq.numel() == rec.shape[0]
 
 
+def test_the_step_trace_logs_cta_0s_steps_in_cycle_order():
+    """The profiling build with ``trace_steps`` computes what the plain build does and logs CTA 0's steps of
+    both consumers, each row's SM clock stamps in order, the consumers' rows for the same steps."""
+    q, k, v, cu = packed([4096] * 4)
+    out, lse, timeline = run(q, k, v, cu, profile=True, trace_steps=64)
+    plain_out, plain_lse = run(q, k, v, cu)
+    assert torch.equal(out, plain_out) and torch.equal(lse, plain_lse)
+    steps = timeline.steps.cpu()
+    logged = (steps >= 0).all(-1)
+    assert torch.equal(logged, (steps >= 0).any(-1)) and torch.equal(logged[0], logged[1])
+    assert logged[0].sum() >= 60, logged  # 32 blocks an item: one peeled block in each of the first two
+    stamps = steps[logged]
+    assert (stamps[:, 1:] >= stamps[:, :-1]).all(), stamps
+
+
 def test_d128_fused_backward_runs_the_build_compiled_without_llvm_optimisation(monkeypatch):
     """The D 128 fused backward's launcher asks for its build's LLVM IR to skip LLVM's optimisation
     (HopperDkDvConfig.llvm_o0): after one backward the dK/dV kernel's cache holds a build under that

@@ -284,3 +284,34 @@ def test_grouped_heads_at_d128_take_the_portable_dq_pass():
                                          causal=True, softmax_scale=0.1, broadcast_q=False, num_seqs=2,
                                          dq_accum=tlx_backward.DqAccumulator(q), outputs=(out, dout, None))
     assert session.kernels() == ["jagged_dkdv_tlx_kernel"], session.kernels()
+
+
+def test_the_step_trace_logs_both_consumers_steps_in_order_and_computes_the_same():
+    """A profiling launch with ``trace_steps`` logs CTA 0's bulk and tail K/V steps of both consumers, each
+    row's stamps in order (start <= QK^T issued <= QK^T done <= PV done), the first item's peeled block
+    unlogged; its output equals the plain build's, and every item is still recorded once."""
+    g = torch.Generator().manual_seed(5)
+    lengths = [384, 256]  # full 128-row tiles: both consumers run every step
+    q, k, v = (torch.randn(sum(lengths), 1, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    cu = offsets(lengths, torch.int32, "cpu")
+    kwargs = dict(causal=False, softmax_scale=0.125, broadcast_q=False, num_seqs=len(lengths))
+    with sim.simulated(arch=(9, 0), sm_count=1, schedule=sim.Schedule.seeded(3)):
+        out, lse, timeline = tlx_forward.jagged_forward_tlx(q, k, v, cu, cu, profile=True, trace_steps=8, **kwargs)
+        plain_out, plain_lse = tlx_forward.jagged_forward_tlx(q, k, v, cu, cu, **kwargs)
+    assert torch.equal(out, plain_out) and torch.equal(lse, plain_lse)
+    assert (timeline.records[:, 0] >= 0).all() and timeline.records.shape[0] == timeline.seq.numel()
+    steps = timeline.steps
+    logged = (steps >= 0).all(-1)
+    assert steps.shape == (2, 8, 4) and torch.equal(logged, (steps >= 0).any(-1))  # a row is whole or -1
+    assert torch.equal(logged[0], logged[1]) and not logged[:, 0].any()  # block 0 of the first item is peeled
+    assert logged[0].sum() >= 4, steps
+    stamps = steps[logged]
+    assert (stamps[:, 1:] >= stamps[:, :-1]).all(), stamps
+
+
+def test_a_step_trace_needs_the_profiling_build():
+    q = torch.zeros(4, 1, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="trace_steps=4 .* needs profile=True"):
+        tlx_forward.jagged_forward_tlx(q, q, q, cu, cu, causal=False, softmax_scale=1.0, broadcast_q=False,
+                                       num_seqs=1, trace_steps=4)

@@ -9,6 +9,12 @@ before the last SM finishes.
     python -m jfa.bench.timeline --shape longtail-B256-L4096-H4-D128 --out DIR
 
 Needs a Hopper GPU. Writes ``timeline-<shape>.png`` and ``timeline-<shape>.json``.
+
+``--steps N`` instead looks inside one SM: the profiling build also logs CTA 0's first N K/V steps of both
+consumers (four SM clock stamps a step, ``Timeline.steps``), and the summary is how long each phase of a
+consumer's step takes and how far apart the two consumers issue their QK^T (``step_phases``):
+
+    python -m jfa.bench.timeline --shape full-B8-L4096-H16-D128 --steps 256 --out DIR
 """
 from __future__ import annotations
 
@@ -63,6 +69,47 @@ def stats(records: np.ndarray) -> dict:
             "first_sm_done_us": round(float(ends[0]), 1), "median_sm_done_us": round(float(np.median(ends)), 1)}
 
 
+def step_phases(steps: np.ndarray) -> dict:
+    """Median SM cycles of the phases of a consumer's K/V step, from ``Timeline.steps`` ([consumer, step,
+    (start, QK^T issued, QK^T done, PV done)], -1 where no step was logged). Per consumer: "turn and K wait"
+    (start to issued: the K buffer's wait, the pingpong turn and the QK^T issue), "QK^T" (issued to done),
+    "softmax and PV wait" (QK^T done to PV(j - 1) done), "to the next step" (PV done to the next step's start:
+    the rescale, P's conversion, the loop; consecutive steps only) and "period" (start to the next start);
+    and "turn offset": consumer 1's QK^T issue after consumer 0's, steps both logged. ``n`` counts the steps
+    each median is of."""
+    steps = np.asarray(steps, dtype=np.int64)
+    logged = (steps >= 0).all(-1)
+    out = {}
+    for cid in range(steps.shape[0]):
+        rows = steps[cid][logged[cid]]
+        nxt = logged[cid][1:] & logged[cid][:-1]
+        starts, ends = steps[cid][1:][nxt, 0], steps[cid][:-1][nxt]
+        phases = {"turn and K wait": rows[:, 1] - rows[:, 0], "QK^T": rows[:, 2] - rows[:, 1],
+                  "softmax and PV wait": rows[:, 3] - rows[:, 2], "to the next step": starts - ends[:, 3],
+                  "period": starts - ends[:, 0]}
+        out[f"consumer {cid}"] = {name: (float(np.median(v)) if v.size else None) for name, v in phases.items()}
+        out[f"consumer {cid}"]["n"] = int(rows.shape[0])
+    both = logged.all(0)
+    offset = steps[1][both, 1] - steps[0][both, 1] if steps.shape[0] > 1 else np.zeros(0)
+    out["turn offset"] = float(np.median(offset)) if offset.size else None
+    return out
+
+
+def record_steps(problem, steps: int) -> np.ndarray:
+    """CTA 0's first ``steps`` K/V steps of ``problem`` with the shipped build (after a warm-up run)."""
+    import torch
+
+    from jfa.bench.runner import launcher_inputs
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    b, kwargs = launcher_inputs(problem)
+    for _ in range(2):  # the first run compiles and warms up
+        _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, profile=True,
+                                                        trace_steps=steps, **kwargs)
+    torch.cuda.synchronize()
+    return timeline.steps.cpu().numpy()
+
+
 def record(problem, variants: dict) -> dict:
     """Run ``problem`` once per variant (after a warm-up run) with the profiling build."""
     import torch
@@ -114,6 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", action="append", help="shape name(s) of the suite (default: longtail, uniform)")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated labels of: "
                         + ", ".join(SCHEDULES))
+    parser.add_argument("--steps", type=int, default=0, help="instead: log CTA 0's first STEPS K/V steps and "
+                        "summarise their phases (step_phases)")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
 
@@ -135,6 +184,12 @@ def main(argv=None) -> int:
     for name in shapes:
         if name not in problems:
             parser.error(f"--shape: {name!r} is not in suite {args.suite} ({list(problems)})")
+        if args.steps:
+            steps = record_steps(problems[name], args.steps)
+            phases = step_phases(steps)
+            (out_dir / f"steps-{name}.json").write_text(json.dumps({"phases": phases, "steps": steps.tolist()}) + "\n")
+            print(f"{name}: {json.dumps(phases)}")
+            continue
         recs = record(problems[name], {label: SCHEDULES[label] for label in wanted})
         summary = {label: stats(r) for label, r in recs.items()}
         (out_dir / f"timeline-{name}.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -487,8 +487,8 @@ class Launch:
         return op
 
     def _inline_asm(self, asm, constraints, values, types, is_pure, pack):
-        """The inline-asm reads a profiling build uses, as scalars: %globaltimer (ns) and %smid (the CTA's
-        index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32`` of two fp32
+        """The inline-asm reads a profiling build uses, as scalars: %globaltimer and %clock64 (both host ns)
+        and %smid (the CTA's index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32`` of two fp32
         elements, round to nearest even like the cast); any other asm is refused."""
         pair = re.fullmatch(r"cvt\.rn\.(bf16|f16)x2\.f32 \$0, \$2, \$1;", asm.strip())
         if pair and pack == 2 and len(values) == 1 and len(types) == 1:
@@ -499,7 +499,7 @@ class Launch:
             return _AsmCall([_interp.interpreter_builder.cast_impl(values[0], types[0])])
         if values or len(types) != 1:
             raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
-        if "%globaltimer" in asm:
+        if "%globaltimer" in asm or "%clock64" in asm:  # (no cycles here: a monotone clock stands in)
             v = time.monotonic_ns()
         elif "%smid" in asm:
             v = self.cta.index[0]

@@ -371,22 +371,32 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
              n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
              SCALE_NONNEG: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-             DTYPE: tl.constexpr, MX: tl.constexpr, PAIRED_P: tl.constexpr):
+             DTYPE: tl.constexpr, MX: tl.constexpr, PAIRED_P: tl.constexpr, STEP_LOG, pid,
+             TRACE_STEPS: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
-    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer."""
+    PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer. TRACE_STEPS > 0 (a
+    profiling build): CTA 0 logs the step's clock stamps (``_log_step``)."""
+    if TRACE_STEPS > 0:
+        t_start = _clock()
     k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[k_buf], k_phase)
     qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG)
+    if TRACE_STEPS > 0:
+        t_issued = _clock()
 
     v_buf, v_phase = bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
     acc = tlx.async_dot(p, v_tiles[v_buf], acc)
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
+    if TRACE_STEPS > 0:
+        t_qk = _clock()
     tlx.barrier_arrive(k_empties[k_buf], 1)
     p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
                                          MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N, MX)
     acc = tlx.async_dot_wait(0, acc)
+    if TRACE_STEPS > 0:
+        _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_qk, _clock())
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
     # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
@@ -414,6 +424,25 @@ def _globaltimer():
 @triton.jit
 def _smid():
     return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _clock():
+    """The SM's cycle counter: one clock for the warps of a CTA, not comparable across SMs."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexpr, t_start, t_issued, t_qk, t_pv):
+    """CTA 0's K/V steps 0 .. TRACE_STEPS - 1 (its block count ``kv_cnt``, the same in both consumers): row
+    ``CID * TRACE_STEPS + kv_cnt`` of STEP_LOG gets the step's start, its QK^T issued (the turn passed), QK^T
+    done, PV(j - 1) done, in SM cycles. An item's peeled first block is no such step (its row stays -1)."""
+    if (pid == 0) & (kv_cnt < TRACE_STEPS):
+        row = STEP_LOG + (CID * TRACE_STEPS + kv_cnt) * 4  # (small: kv_cnt < TRACE_STEPS)
+        tl.store(row, t_start)
+        tl.store(row + 1, t_issued)
+        tl.store(row + 2, t_qk)
+        tl.store(row + 3, t_pv)
 
 
 @triton.jit
@@ -567,7 +596,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                   SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
                   PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr,
-                  Q_REGS: tl.constexpr, ring, ring_empties, count, ITEM_RING: tl.constexpr):
+                  Q_REGS: tl.constexpr, ring, ring_empties, count, ITEM_RING: tl.constexpr, STEP_LOG,
+                  TRACE_STEPS: tl.constexpr):
     """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
@@ -635,8 +665,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
-                                        PAIRED_P)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX, PAIRED_P,
+                                        STEP_LOG, pid, TRACE_STEPS)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
@@ -644,8 +674,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
-                                        PAIRED_P)
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX, PAIRED_P,
+                                        STEP_LOG, pid, TRACE_STEPS)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back
         tlx.barrier_arrive(q_empties[cid * NUM_BUFFERS_Q + q_buf], 1)
@@ -698,7 +728,7 @@ def jagged_fwd_tlx_kernel(
     BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, ITEM_RING: tl.constexpr,
+    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, ITEM_RING: tl.constexpr, TRACE_STEPS: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
@@ -732,6 +762,9 @@ def jagged_fwd_tlx_kernel(
         ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * ITEM_FIELDS)
         ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
+    step_log = TIMELINE  # (never written without TRACE_STEPS)
+    if TRACE_STEPS > 0:  # the step rows follow the item records
+        step_log = TIMELINE + num_items.to(tl.int64) * 4
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
@@ -788,7 +821,7 @@ def jagged_fwd_tlx_kernel(
                         v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
                         stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties, rounds, False)
+                        PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties, rounds, False, step_log, TRACE_STEPS)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             elif ITEM_RING:
@@ -801,7 +834,7 @@ def jagged_fwd_tlx_kernel(
                         stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
                         HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
                         NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties,
-                        count, True)
+                        count, True, step_log, TRACE_STEPS)
                     count += 1
                     item = _peek_item(ring, ring_fulls, count)
             else:
@@ -814,7 +847,7 @@ def jagged_fwd_tlx_kernel(
                             stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
                             band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
                             NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring,
-                            ring_empties, rounds, False)
+                            ring_empties, rounds, False, step_log, TRACE_STEPS)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -880,7 +913,7 @@ def variant_from_knobs() -> Variant:
 
 def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadcast_q: bool,
                 scale_nonneg: bool, window: bool = False, group: int = 1, variant: Variant = SHIPPED,
-                profile: bool = False, sparse: bool = False, mx: str = "") -> dict:
+                profile: bool = False, sparse: bool = False, mx: str = "", trace_steps: int = 0) -> dict:
     """The compile-time arguments of one launch (shared by the launcher and the offline compile gate).
     Without a window the band offsets are constexpr None: the build takes no band parameters at all."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
@@ -889,7 +922,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
                      Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
-                     ITEM_RING=variant.item_ring and not variant.dynamic and not window)
+                     ITEM_RING=variant.item_ring and not variant.dynamic and not window, TRACE_STEPS=trace_steps)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants
@@ -930,7 +963,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
 def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, *, causal: bool,
                      softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
                      window=(-1, -1), variant: Variant = SHIPPED, profile: bool = False,
-                     lists=None, mx=None) -> tuple[tuple, dict, int]:
+                     lists=None, mx=None, trace_steps: int = 0) -> tuple[tuple, dict, int]:
     """(positional args, keyword args, number of work items) of one launch. Touches no GPU, so the
     offline gate can bind them to the kernel on a CPU machine and check that a launch specialises to the
     very signature ``compile_spec`` compiles. ``window``: the API's ``window_size`` (causal folded in).
@@ -957,7 +990,7 @@ def kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline, 
             len_q_bcast, softmax_scale)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, scale_nonneg=softmax_scale >= 0,
                             window=banded, group=num_heads // k.shape[1], variant=variant, profile=profile,
-                            sparse=lists is not None, mx=rule)
+                            sparse=lists is not None, mx=rule, trace_steps=trace_steps)
     # the band offsets are positional (None without a window, which the binder makes constexpr)
     args += (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))
     kwargs = {**constants, **_launch_options()}
@@ -979,7 +1012,9 @@ def _unused_timeline(device: torch.device) -> torch.Tensor:
 class Timeline:
     """What a profiling launch recorded: one row per work item (SM, start ns, end ns, CTA), -1 where an
     item was never run; ``seq``/``tile`` name the item's tile (``seq == num_seqs``: a spare slot),
-    ``kv_len`` its key length; ``grid`` the CTAs launched."""
+    ``kv_len`` its key length; ``grid`` the CTAs launched. ``steps`` (a launch with ``trace_steps``): CTA 0's
+    K/V steps, [consumer, step, (start, QK^T issued, QK^T done, PV done)] in SM cycles, -1 where no bulk or
+    tail step ran (``_log_step``)."""
 
     records: torch.Tensor  # int64 [num_items, 4]
     seq: torch.Tensor
@@ -988,6 +1023,7 @@ class Timeline:
     num_heads: int
     grid: int
     variant: Variant
+    steps: Optional[torch.Tensor] = None  # int64 [2, trace_steps, 4]
 
 
 class _PlannedForward:
@@ -1029,7 +1065,7 @@ class _PlannedForward:
 
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
                        num_seqs: int, len_q_bcast: int = 0, variant: Optional[Variant] = None,
-                       profile: bool = False, window=(-1, -1), plan=None):
+                       profile: bool = False, window=(-1, -1), plan=None, trace_steps: int = 0):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
@@ -1037,8 +1073,14 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     ``window``: as the API's ``window_size``; ``k``/``v`` may have fewer heads (a divisor of q's).
     ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
-    kernel ran). ``plan``: the call's plan (``jfa.plans``): the first call keeps its prepared launch there,
-    later ones (same structure, validated by the plan's key) reuse it."""
+    kernel ran); ``trace_steps`` > 0 (with ``profile``) also logs CTA 0's first K/V steps (``Timeline.steps``).
+    ``plan``: the call's plan (``jfa.plans``): the first call keeps its prepared launch there, later ones
+    (same structure, validated by the plan's key) reuse it."""
+    if trace_steps and not profile:
+        raise ValueError(f"jagged_forward_tlx: trace_steps={trace_steps} logs into the profiling build's timeline: "
+                         "it needs profile=True")
+    if not isinstance(trace_steps, int) or trace_steps < 0:
+        raise ValueError(f"jagged_forward_tlx: trace_steps must be an int >= 0, got {trace_steps!r}")
     planned = plan.memo.get("tlx_forward") if plan is not None and not profile else None
     if planned is not None:
         result = planned(q, k, v)
@@ -1058,13 +1100,13 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
                             work_offsets=cu_k if variant.longest_first else None)
     counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)
     num_items = tiles.num_slots * num_heads
-    timeline = (torch.full((num_items, 4), -1, dtype=torch.int64, device=q.device) if profile
-                else _unused_timeline(q.device))
+    timeline = (torch.full((num_items + NUM_CONSUMERS * trace_steps, 4), -1, dtype=torch.int64, device=q.device)
+                if profile else _unused_timeline(q.device))
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                causal=causal, softmax_scale=softmax_scale,
                                                broadcast_q=broadcast_q, num_seqs=num_seqs,
                                                len_q_bcast=len_q_bcast, window=window, variant=variant,
-                                               profile=profile)
+                                               profile=profile, trace_steps=trace_steps)
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     with compiled_as_configured(cfg):
         target.launch(jagged_fwd_tlx_kernel, (grid,), q.device, *args, **kwargs)
@@ -1079,7 +1121,9 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()
     kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
     expand = lambda t: t.repeat_interleave(num_heads)  # noqa: E731 - items are (slot, head), head fastest
-    return out, lse, Timeline(timeline, expand(seq), expand(tile), expand(kv), num_heads, grid, variant)
+    steps = timeline[num_items:].view(NUM_CONSUMERS, trace_steps, 4) if trace_steps else None
+    return out, lse, Timeline(timeline[:num_items], expand(seq), expand(tile), expand(kv), num_heads, grid, variant,
+                              steps)
 
 
 def mx_supports(q, k, v, window=(-1, -1)) -> tuple[bool, str]:

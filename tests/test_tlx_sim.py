@@ -286,7 +286,9 @@ def test_grouped_heads_at_d128_take_the_portable_dq_pass():
     assert session.kernels() == ["jagged_dkdv_tlx_kernel"], session.kernels()
 
 
-def test_the_step_trace_logs_both_consumers_steps_in_order_and_computes_the_same():
+@pytest.mark.parametrize("schedule", [sim.Schedule.deterministic(), sim.Schedule.seeded(3)], ids=["deterministic",
+                                                                                                    "seeded-3"])
+def test_the_step_trace_logs_both_consumers_steps_in_order_and_computes_the_same(schedule):
     """A profiling launch with ``trace_steps`` logs CTA 0's bulk and tail K/V steps of both consumers, each
     row's stamps in order (start <= QK^T issued <= QK^T done <= PV done), the first item's peeled block
     unlogged; its output equals the plain build's, and every item is still recorded once."""
@@ -295,7 +297,7 @@ def test_the_step_trace_logs_both_consumers_steps_in_order_and_computes_the_same
     q, k, v = (torch.randn(sum(lengths), 1, 64, generator=g).to(torch.bfloat16) for _ in range(3))
     cu = offsets(lengths, torch.int32, "cpu")
     kwargs = dict(causal=False, softmax_scale=0.125, broadcast_q=False, num_seqs=len(lengths))
-    with sim.simulated(arch=(9, 0), sm_count=1, schedule=sim.Schedule.seeded(3)):
+    with sim.simulated(arch=(9, 0), sm_count=1, schedule=schedule):
         out, lse, timeline = tlx_forward.jagged_forward_tlx(q, k, v, cu, cu, profile=True, trace_steps=8, **kwargs)
         plain_out, plain_lse = tlx_forward.jagged_forward_tlx(q, k, v, cu, cu, **kwargs)
     assert torch.equal(out, plain_out) and torch.equal(lse, plain_lse)

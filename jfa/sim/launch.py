@@ -488,8 +488,8 @@ class Launch:
 
     def _inline_asm(self, asm, constraints, values, types, is_pure, pack):
         """The inline-asm reads a profiling build uses, as scalars: %globaltimer and %clock64 (both host ns)
-        and %smid (the CTA's index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32`` of two fp32
-        elements, round to nearest even like the cast); any other asm is refused."""
+        and %smid (the CTA's index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32``
+        of two fp32 elements, round to nearest even like the cast); any other asm is refused."""
         pair = re.fullmatch(r"cvt\.rn\.(bf16|f16)x2\.f32 \$0, \$2, \$1;", asm.strip())
         if pair and pack == 2 and len(values) == 1 and len(types) == 1:
             dst = types[0].scalar if hasattr(types[0], "scalar") else types[0]

@@ -1076,11 +1076,11 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     kernel ran); ``trace_steps`` > 0 (with ``profile``) also logs CTA 0's first K/V steps (``Timeline.steps``).
     ``plan``: the call's plan (``jfa.plans``): the first call keeps its prepared launch there, later ones
     (same structure, validated by the plan's key) reuse it."""
+    if not isinstance(trace_steps, int) or trace_steps < 0:
+        raise ValueError(f"jagged_forward_tlx: trace_steps must be an int >= 0, got {trace_steps!r}")
     if trace_steps and not profile:
         raise ValueError(f"jagged_forward_tlx: trace_steps={trace_steps} logs into the profiling build's timeline: "
                          "it needs profile=True")
-    if not isinstance(trace_steps, int) or trace_steps < 0:
-        raise ValueError(f"jagged_forward_tlx: trace_steps must be an int >= 0, got {trace_steps!r}")
     planned = plan.memo.get("tlx_forward") if plan is not None and not profile else None
     if planned is not None:
         result = planned(q, k, v)

@@ -1122,15 +1122,15 @@ def test_step_phases_are_the_medians_of_each_consumers_stamps():
     and "period" only across consecutive logged steps) and the turn offset off the steps both logged."""
     from jfa.bench.timeline import step_phases
 
-    def step(start, issued, qk, pv):
-        return [start, issued, qk, pv]
+    def step(start, turn_passed, v_ready, done):
+        return [start, turn_passed, v_ready, done]
 
     unlogged = [-1, -1, -1, -1]
     c0 = [unlogged, step(100, 110, 150, 300), step(320, 330, 370, 520), unlogged, step(900, 905, 945, 1100)]
     c1 = [unlogged, step(150, 170, 210, 360), step(380, 400, 440, 590), step(600, 620, 660, 810), unlogged]
     phases = step_phases(np.array([c0, c1]))
-    assert phases["consumer 0"] == {"turn and K wait": 10, "QK^T": 40, "softmax and PV wait": 150,
+    assert phases["consumer 0"] == {"K, turn and QK^T": 10, "V wait": 40, "softmax under PV": 150,
                                     "to the next step": 20, "period": 220, "n": 3}
-    assert phases["consumer 1"] == {"turn and K wait": 20, "QK^T": 40, "softmax and PV wait": 150,
+    assert phases["consumer 1"] == {"K, turn and QK^T": 20, "V wait": 40, "softmax under PV": 150,
                                     "to the next step": 15, "period": 225, "n": 3}
     assert phases["turn offset"] == 65  # steps 1 and 2: 170 - 110 and 400 - 330

@@ -258,7 +258,7 @@ def test_timeline_records_every_item_once(schedule):
 def test_the_step_trace_logs_cta_0s_steps_in_cycle_order():
     """The profiling build with ``trace_steps`` computes what the plain build does and logs CTA 0's steps of
     both consumers, each row's SM clock stamps in order, the consumers' rows for the same steps."""
-    q, k, v, cu = packed([4096] * 4)
+    q, k, v, cu = packed([4096] * 8)  # 512 items: the zig-zag deals CTA 0 at least two (with 4 sequences, one)
     out, lse, timeline = run(q, k, v, cu, profile=True, trace_steps=64)
     plain_out, plain_lse = run(q, k, v, cu)
     assert torch.equal(out, plain_out) and torch.equal(lse, plain_lse)

@@ -290,7 +290,7 @@ def test_grouped_heads_at_d128_take_the_portable_dq_pass():
                                                                                                     "seeded-3"])
 def test_the_step_trace_logs_both_consumers_steps_in_order_and_computes_the_same(schedule):
     """A profiling launch with ``trace_steps`` logs CTA 0's bulk and tail K/V steps of both consumers, each
-    row's stamps in order (start <= QK^T issued <= QK^T done <= PV done), the first item's peeled block
+    row's stamps in order (start <= turn passed <= V ready <= done), the first item's peeled block
     unlogged; its output equals the plain build's, and every item is still recorded once."""
     g = torch.Generator().manual_seed(5)
     lengths = [384, 256]  # full 128-row tiles: both consumers run every step

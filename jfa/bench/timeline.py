@@ -12,7 +12,7 @@ Needs a Hopper GPU. Writes ``timeline-<shape>.png`` and ``timeline-<shape>.json`
 
 ``--steps N`` instead looks inside one SM: the profiling build also logs CTA 0's first N K/V steps of both
 consumers (four SM clock stamps a step, ``Timeline.steps``), and the summary is how long each phase of a
-consumer's step takes and how far apart the two consumers issue their QK^T (``step_phases``):
+consumer's step takes and how far apart the two consumers pass the pingpong turn (``step_phases``):
 
     python -m jfa.bench.timeline --shape full-B8-L4096-H16-D128 --steps 256 --out DIR
 """
@@ -71,12 +71,12 @@ def stats(records: np.ndarray) -> dict:
 
 def step_phases(steps: np.ndarray) -> dict:
     """Median SM cycles of the phases of a consumer's K/V step, from ``Timeline.steps`` ([consumer, step,
-    (start, QK^T issued, QK^T done, PV done)], -1 where no step was logged). Per consumer: "turn and K wait"
-    (start to issued: the K buffer's wait, the pingpong turn and the QK^T issue), "QK^T" (issued to done),
-    "softmax and PV wait" (QK^T done to PV(j - 1) done), "to the next step" (PV done to the next step's start:
-    the rescale, P's conversion, the loop; consecutive steps only) and "period" (start to the next start);
-    and "turn offset": consumer 1's QK^T issue after consumer 0's, steps both logged. ``n`` counts the steps
-    each median is of."""
+    (start, turn passed, V ready, done)], -1 where no step was logged). Per consumer: "K, turn and QK^T" (start
+    to the turn passed: the K buffer's wait, the pingpong turn, the QK^T issue and, in the shipped builds, its
+    completion), "V wait" (to V(j - 1) ready), "softmax under PV" (V ready to done: PV(j - 1) issued among the
+    softmax's instructions, then retired), "to the next step" (done to the next step's start: the rescale, P's
+    conversion, the loop; consecutive steps only) and "period" (start to the next start); and "turn offset":
+    consumer 1's turn passed after consumer 0's, steps both logged. ``n`` counts the steps each median is of."""
     steps = np.asarray(steps, dtype=np.int64)
     logged = (steps >= 0).all(-1)
     out = {}
@@ -84,8 +84,8 @@ def step_phases(steps: np.ndarray) -> dict:
         rows = steps[cid][logged[cid]]
         nxt = logged[cid][1:] & logged[cid][:-1]
         starts, ends = steps[cid][1:][nxt, 0], steps[cid][:-1][nxt]
-        phases = {"turn and K wait": rows[:, 1] - rows[:, 0], "QK^T": rows[:, 2] - rows[:, 1],
-                  "softmax and PV wait": rows[:, 3] - rows[:, 2], "to the next step": starts - ends[:, 3],
+        phases = {"K, turn and QK^T": rows[:, 1] - rows[:, 0], "V wait": rows[:, 2] - rows[:, 1],
+                  "softmax under PV": rows[:, 3] - rows[:, 2], "to the next step": starts - ends[:, 3],
                   "period": starts - ends[:, 0]}
         out[f"consumer {cid}"] = {name: (float(np.median(v)) if v.size else None) for name, v in phases.items()}
         out[f"consumer {cid}"]["n"] = int(rows.shape[0])

@@ -386,17 +386,17 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
 
     v_buf, v_phase = bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
+    if TRACE_STEPS > 0:
+        t_v = _clock()
     acc = tlx.async_dot(p, v_tiles[v_buf], acc)
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
-    if TRACE_STEPS > 0:
-        t_qk = _clock()
     tlx.barrier_arrive(k_empties[k_buf], 1)
     p, m_i, l_i, alpha = _softmax_update(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
                                          MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N, MX)
     acc = tlx.async_dot_wait(0, acc)
     if TRACE_STEPS > 0:
-        _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_qk, _clock())
+        _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_v, _clock())
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
     # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
@@ -433,16 +433,19 @@ def _clock():
 
 
 @triton.jit
-def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexpr, t_start, t_issued, t_qk, t_pv):
+def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexpr, t_start, t_issued, t_v, t_done):
     """CTA 0's K/V steps 0 .. TRACE_STEPS - 1 (its block count ``kv_cnt``, the same in both consumers): row
-    ``CID * TRACE_STEPS + kv_cnt`` of STEP_LOG gets the step's start, its QK^T issued (the turn passed), QK^T
-    done, PV(j - 1) done, in SM cycles. An item's peeled first block is no such step (its row stays -1)."""
+    ``CID * TRACE_STEPS + kv_cnt`` of STEP_LOG gets, in SM cycles, the step's start, the turn passed (QK^T
+    issued; the generic pipeliner's wait after each wgmma makes it QK^T done too), V(j - 1) ready (PV about to
+    issue), and the step done (softmax computed, PV retired). No stamp sits between the PV issue and its wait:
+    one there would hold the softmax behind PV (ptxas interleaves the two), so the traced build runs the
+    shipped schedule. An item's peeled first block is no such step (its row stays -1)."""
     if (pid == 0) & (kv_cnt < TRACE_STEPS):
         row = STEP_LOG + (CID * TRACE_STEPS + kv_cnt) * 4  # (small: kv_cnt < TRACE_STEPS)
         tl.store(row, t_start)
         tl.store(row + 1, t_issued)
-        tl.store(row + 2, t_qk)
-        tl.store(row + 3, t_pv)
+        tl.store(row + 2, t_v)
+        tl.store(row + 3, t_done)
 
 
 @triton.jit
@@ -1013,8 +1016,8 @@ class Timeline:
     """What a profiling launch recorded: one row per work item (SM, start ns, end ns, CTA), -1 where an
     item was never run; ``seq``/``tile`` name the item's tile (``seq == num_seqs``: a spare slot),
     ``kv_len`` its key length; ``grid`` the CTAs launched. ``steps`` (a launch with ``trace_steps``): CTA 0's
-    K/V steps, [consumer, step, (start, QK^T issued, QK^T done, PV done)] in SM cycles, -1 where no bulk or
-    tail step ran (``_log_step``)."""
+    K/V steps, [consumer, step, (start, turn passed, V ready, done)] in SM cycles, -1 where no bulk or tail step
+    ran (``_log_step``)."""
 
     records: torch.Tensor  # int64 [num_items, 4]
     seq: torch.Tensor

@@ -110,10 +110,11 @@ _CONFIGS: dict[int, HopperForwardConfig] = {
     # and O (64x64) 32, well under the budget. K/V stages are 16 KB each: 3 stages (96 KB) + 2x2 Q
     # buffers (32 KB) + 2x8 KB epilogue scratch = 144 KB, the third stage giving the producer a block of
     # slack on short sequences. block_n 128: one K/V block feeds two 64-row consumers, half the barrier
-    # traffic per FLOP of 64. consumer_regs 232, the producer keeps 40 (128 * 40 + 256 * 232 <= 65536).
+    # traffic per FLOP of 64. consumer_regs 240 (256 * 240 + 128 * 32 = 65536; setmaxnreg gives the producer
+    # 24): at 232 the block-sparse builds spill 8 B of stack with P converted in pairs.
     # Q in registers for the bulk loop's QK^T (+32 regs/thread, within the budget at D 64): +4% on the D 64
     # gem shape (NOTES.md, session 21); at D 128 the same costs 1-5% (and spills where the whole item keeps it).
-    64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=232,
+    64: HopperForwardConfig(block_m=64, block_n=128, num_buffers_q=2, num_buffers_kv=3, consumer_regs=240,
                             q_in_registers=True),
     # D 128: 64 rows per consumer, 128-key blocks. S and O (64x128 fp32) take 64 regs/thread each and P
     # (16-bit) 32 more while PV runs; 128 rows per consumer would double S and O and cannot fit. K/V
@@ -371,7 +372,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
              n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi,
              CID: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
              SCALE_NONNEG: tl.constexpr, PINGPONG: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-             DTYPE: tl.constexpr, MX: tl.constexpr, PAIRED_P: tl.constexpr, STEP_LOG, pid,
+             DTYPE: tl.constexpr, MX: tl.constexpr, STEP_LOG, pid,
              TRACE_STEPS: tl.constexpr):
     """One pipelined K/V block: issue QK^T(j), issue PV(j - 1) with the previous P, softmax(j) while
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer. TRACE_STEPS > 0 (a
@@ -398,21 +399,12 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     if TRACE_STEPS > 0:
         _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_v, _clock())
     tlx.barrier_arrive(v_empties[v_buf], 1)
-    # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills).
+    # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills), two values
+    # per conversion straight into the packed registers the PV wgmma reads (no byte permutes).
     # Converted after the PV wait: converting while PV is in flight makes ptxas serialize wgmma (C7513).
-    p = _p_to_16bit(p, DTYPE, PAIRED_P)
+    p = to_16bit_pairs(p, DTYPE)
     acc = acc * alpha[:, None]
     return acc, p, m_i, l_i
-
-
-@triton.jit
-def _p_to_16bit(p, DTYPE: tl.constexpr, PAIRED: tl.constexpr):
-    """P in DTYPE, for the PV wgmma's register operand: two values per conversion (``to_16bit_pairs``: no
-    byte permutes) where PAIRED, one at a time otherwise (the same bits)."""
-    if PAIRED:
-        return to_16bit_pairs(p, DTYPE)
-    else:
-        return p.to(DTYPE)
 
 
 @triton.jit
@@ -608,8 +600,6 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
 
     Q_REGS: the bulk loop's QK^T takes Q from registers (loaded once per item; an RS wgmma), the peeled
     block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
-    # P converted in pairs, except in the D 64 block-sparse builds, where the pairs spill 8 bytes
-    PAIRED_P: tl.constexpr = not (SPARSE and HEAD_DIM == 64)
     if PROFILE:
         started = _globaltimer()
     if ITEM_RING:
@@ -653,7 +643,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
             p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
                                                   offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
                                                   WINDOW, SCALE_NONNEG, BLOCK_N, MX)
-        p = _p_to_16bit(p, DTYPE, PAIRED_P)
+        p = to_16bit_pairs(p, DTYPE)
         kv_cnt += 1
         # the accumulator is created only now, after the first softmax: created before it, the D 128
         # builds run out of registers and spill
@@ -668,7 +658,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX, PAIRED_P,
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
                                         STEP_LOG, pid, TRACE_STEPS)
             kv_cnt += 1
         # tail: causal diagonal and the sequence's last partial block
@@ -677,7 +667,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                         k_empties, v_fulls, v_empties, kv_cnt,
                                         _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
-                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX, PAIRED_P,
+                                        SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
                                         STEP_LOG, pid, TRACE_STEPS)
             kv_cnt += 1
         # every QK^T of this item has completed: hand the Q buffer back

@@ -71,10 +71,8 @@ def test_tlx_kernels_meet_the_oracle(case, dq, monkeypatch, record_property):
     tlx = "tlx-hopper-block-sparse" if case.sparse else "tlx-hopper"
     assert (report.kernel, report.backward_kernel) == (tlx, tlx), report.ran
     if case.lengths_k and case.lengths_q and sum(case.lengths_k) and sum(case.lengths_q):
-        # the fused dQ runs where the knob asks for it and its build takes the call's head grouping
-        grouped = bool(case.kv_heads) and case.kv_heads != case.heads
-        fused = dq == "fused-dq" and (not grouped or tlx_backward.config_for(case.head_dim, fused_dq=True).grouped)
-        assert launches and all(launch == fused for launch in launches), launches
+        # the fused dQ runs where the knob asks for it, grouped heads included
+        assert launches and all(launch == (dq == "fused-dq") for launch in launches), launches
     record_property("verdicts", str({v.name: [v.error, v.allowed] for v in report.verdicts}))
     assert report.ok, str(report)
 

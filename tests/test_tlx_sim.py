@@ -269,21 +269,24 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkey
         assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"
 
 
-def test_grouped_heads_at_d128_take_the_portable_dq_pass():
-    """The fused-dQ build at D 128 takes no grouped key/value heads (its shared memory is full): the TLX
-    backward then runs the dK/dV kernel without it and the portable dQ pass, and a direct call with the
-    fused accumulator is refused by name."""
+def test_grouped_heads_at_d128_take_the_fused_dq_build(monkeypatch):
+    """Grouped key/value heads take the fused-dQ build at D 128 (an item runs its key/value head's query heads
+    in turn, dK and dV stored once per key/value head): the dK/dV kernel alone runs, never the portable dQ
+    pass (the catalogue's grouped cases judge its gradients by the oracle rule)."""
+    from jfa.kernels.triton import backward as portable
+
+    def portable_dq_pass(*args, **kwargs):
+        raise AssertionError("the portable dQ pass ran for grouped heads at D 128")
+
+    monkeypatch.setattr(portable, "jagged_backward", portable_dq_pass)
     q, _, _, cu = _packed([70, 130], heads=4, head_dim=128)
     _, k, v, _ = _packed([70, 130], heads=2, head_dim=128, seed=1)
     out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2]), torch.randn_like(q)
     with sim.simulated(sm_count=2) as session:
-        tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, causal=True, softmax_scale=0.1,
-                                         broadcast_q=False, num_seqs=2)
-        with pytest.raises(ValueError, match="fused-dQ build at head_dim 128 takes no grouped"):
-            tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None, torch.empty_like(k), torch.empty_like(v), cu, cu,
-                                         causal=True, softmax_scale=0.1, broadcast_q=False, num_seqs=2,
-                                         dq_accum=tlx_backward.DqAccumulator(q), outputs=(out, dout, None))
+        dq, dk, dv = tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, causal=True,
+                                                      softmax_scale=0.1, broadcast_q=False, num_seqs=2)
     assert session.kernels() == ["jagged_dkdv_tlx_kernel"], session.kernels()
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
 @pytest.mark.parametrize("schedule", [sim.Schedule.deterministic(), sim.Schedule.seeded(3)], ids=["deterministic",

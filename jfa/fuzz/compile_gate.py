@@ -202,8 +202,13 @@ def tlx_backward_targets() -> list:
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
                                       False, True, backend="tlx", variant=variant))
     targets += _window_and_group_targets("dkdv", "")
-    # the fused dQ takes grouped heads at D 64 only (HopperDkDvConfig.grouped)
     targets += _window_and_group_targets("dkdv", "fused-dq", gqa_head_dim=64)
+    # grouped heads with the fused dQ at D 128 too (the halves' build): causal, and a group of 8 with a
+    # broadcast Q (an item's steps run over its group's query heads)
+    targets += [Target("tlx-dkdv-bf16-D128-causal-gqa4[fused-dq]", "dkdv", "bf16", 128, True, False, backend="tlx",
+                       variant="fused-dq", group=4),
+                Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq]", "dkdv", "bf16", 128, False, True, backend="tlx",
+                       variant="fused-dq", group=8)]
     targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
     return targets
 
@@ -499,7 +504,7 @@ def _launch_inputs(target: Target):
     from jfa.kernels.schedule import virtual_cu_seqlens
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[target.dtype]
-    heads, lengths = 4, [300, 0, 700]
+    heads, lengths = max(4, target.group), [300, 0, 700]
     if target.group > 1:  # packed [T, H + 2 H_kv, D] projection
         kv_heads = heads // target.group
         fused = torch.zeros(sum(lengths), heads + 2 * kv_heads, target.head_dim, dtype=dtype)

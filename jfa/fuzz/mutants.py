@@ -261,7 +261,7 @@ MUTANTS: tuple = (
            "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)",
            "with dQ halves a K half is read by both consumers, but one arrival hands it back"),
     Mutant("tlx-bwd-dk-store-mask-dropped", TLX_BACKWARD,
-           "(dk * sm_scale).to(DK.dtype.element_ty),\n             mask=row_ok[:, None])",
+           "(dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])",
            "(dk * sm_scale).to(DK.dtype.element_ty))",
            "dK of key rows past the sequence stored: into the next sequence's rows, or past the tensor"),
     Mutant("tlx-bwd-causal-first-tile-skipped", TLX_BACKWARD,
@@ -277,9 +277,10 @@ MUTANTS: tuple = (
            "masked = masked | (m_start + causal_shift < n_start)",
            "block-sparse dK/dV: a step on the causal diagonal runs the unmasked step"),
     Mutant("tlx-bwd-gqa-group-not-summed", TLX_BACKWARD,
-           "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))",
-           "dk_out.copy_(dk.view(rows, kv_heads, group, head_dim)[:, :, 0])",
-           "grouped-query dK keeps the first query head's partial instead of the group's sum"),
+           "dK and dV summed in the accumulators\n        for g in tl.range(0, GROUP):\n",
+           "dK and dV summed in the accumulators\n        for g in tl.range(0, GROUP):\n"
+           "            dk = dk * 0.0\n",
+           "grouped-query dK keeps the group's last query head instead of the group's sum"),
 )
 
 # MXFP8 kernels: judged by the MX bounds (jfa.fuzz.mx), not the bf16 rule, so killed by the MX fuzzer

@@ -41,11 +41,10 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
   sequence, and for key rows past it where dQ sums over them; such key rows are never stored. (The
   statistics are laid out with each sequence on an aligned column: ``row_stats.aligned_columns``.)
 
-* Grouped-query attention: items are (key tile, query head) as without groups; the K/V tiles are the
-  query head's key/value head, dK and dV fp32 partials per query head, summed over each group by the
-  launcher (``HopperDkDvConfig.grouped``: the fused dQ at D 128 takes no groups, its shared memory is
-  full). Sliding windows: an item's steps cover only the query tiles whose band reaches its keys, every
-  one masked (``jfa.kernels.bands``).
+* Grouped-query attention: items are (key tile, key/value head); an item runs the steps of each of the
+  group's query heads in turn against its K and V, dK and dV accumulating over the group in registers (one
+  bf16/fp16 store per item, no partials), dQ per query head as without groups. Sliding windows: an item's
+  steps cover only the query tiles whose band reaches its keys, every one masked (``jfa.kernels.bands``).
 
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 
@@ -103,9 +102,6 @@ class HopperDkDvConfig:
     consumer_regs: int  # setmaxnreg of each consumer warpgroup (the producer gets what is left)
     dq: str = "none"  # the fused dQ: one of DQ_MODES
     llvm_o0: bool = False  # the build's LLVM IR left to ptxas (pipeline.build_llvm_o0)
-    # whether the build takes grouped key/value heads (its epilogue then stores fp32 partials per query
-    # head, through a shared-memory layout conversion twice the 16-bit one's)
-    grouped: bool = True
 
     def __post_init__(self):
         if self.dq not in DQ_MODES:
@@ -138,10 +134,8 @@ _CONFIGS: dict = {
     # to ptxas (``llvm_o0``). Shared memory: K, V 64 KB + 2 stages x (Q, dO) 64 KB + dS^T 2 slots x 2 x
     # 8 KB + one fp32 dQ half-stage of 16 KB per consumer: 209 KB as compiled (two stages each: 241 KB,
     # over the 227 KB).
-    # Grouped heads: the fp32 partials' epilogue takes 263 KB as compiled; they get the build without
-    # the fused dQ and the portable dQ pass.
     (128, True): HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=2, consumer_regs=240, dq="halves",
-                                  llvm_o0=True, grouped=False),
+                                  llvm_o0=True),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 
@@ -154,10 +148,10 @@ SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in _CONFIGS}))
 # of bytes each, loaded together; K and V in 4 KB chunks), so it keeps more registers than the TMA producer:
 # D 64 consumers 200 (producer 104), D 128 216 (producer 72: 256 * 216 + 128 * 80 <= 65536, TLX keeps 8). Only
 # with the LLVM IR left to ptxas (``llvm_o0``) do both sides fit: with LLVM's optimisation the D 64 builds spill
-# 12-16 bytes, and at D 128 (or with consumers at 208) the RCEIL, fp32-gradient or grouped builds 4-40 bytes
+# 12-16 bytes, and at D 128 (or with consumers at 208) the RCEIL or fp32-gradient builds 4-40 bytes
 # (compile gate, 2026-12-02).
 # Shared memory: D 64: K, V 4 x 8 KB + 3 stages x (4 x 8 KB + stats) = 146 KB; D 128: K, V 4 x 16 KB + 2 stages x
-# (4 x 8 KB + stats) = 145 KB (3 stages: 193 KB, and the grouped builds' fp32 epilogue goes past 227 KB).
+# (4 x 8 KB + stats) = 145 KB (3 stages: 193 KB, and the fp32-gradient builds' epilogue goes past 227 KB).
 _MX_CONFIGS: dict = {
     64: HopperDkDvConfig(block_n=64, block_m=64, num_buffers_qdo=3, consumer_regs=200, llvm_o0=True),
     128: HopperDkDvConfig(block_n=64, block_m=32, num_buffers_qdo=2, consumer_regs=216, llvm_o0=True),
@@ -228,8 +222,11 @@ SHIPPED = BackwardVariant()
 @triton.jit
 def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
-               TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
+               TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, g=0, GROUP: tl.constexpr = 1):
     """What producer and consumers need about work item ``item`` (computed identically by both).
+
+    Items are (key tile, key/value head) over ``num_heads // GROUP`` key/value heads; ``head`` is query head
+    ``g`` of the item's group (``num_heads``: the query heads). With GROUP 1 an item is (key tile, head).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_masked_lead,
     bulk_end, num_q_tiles, lo, hi): query steps run over tiles [first, num_q_tiles); the first
@@ -243,14 +240,15 @@ def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs,
     transposed lists' entries COL_OFF[col] .. COL_OFF[col + 1] (``_step_tile``); ``first`` is then that first
     entry, ``bulk_end`` equals it and ``num_q_tiles`` is it plus the step count, so that every step is in
     the masked loop, which decides per step which of the two steps it runs (``_sparse_step_masked``)."""
-    head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
+    kv_head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
+        TILES, CU_Q, CU_K, item, num_slots, num_heads // GROUP, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
+    head = kv_head * GROUP + g
     n_start = tile * TILE_N
     causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
     num_q_tiles = tl.cdiv(len_q, BLOCK_M)
     lo, hi = 0, 0  # (Python ints: folded away where there is no window)
     if SPARSE:
-        slot, _head = item_slot_head(item, num_slots, num_heads, SPARSE)
+        slot, _kv_head = item_slot_head(item, num_slots, num_heads // GROUP, SPARSE)
         col = head * num_slots + tl.load(TILES + (slot + 2 * num_slots))
         first = tl.load(COL_OFF + col)
         n_listed = tl.where(len_k > 0, tl.load(COL_OFF + col + 1) - first, 0)
@@ -388,42 +386,28 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
 
 
 @triton.jit
-def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
-                       v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                       qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
-                       num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                       col_stride_do, sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                       GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
-                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
-                       QDO_BYTES: tl.constexpr):
-    """Producer, one work item: each consumer's K and V half, then per step the query tile's Q, dO and
-    row statistics (lse2 and delta rows of the transposed stats tensor). With the producer's dQ also
-    every step's dQ, DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG
-    steps before it is needed), the last ones flushed before the item's K is given up. Loads and dQ steps
-    are counted by ``qdo_cnt`` alone (returned): both advance by the item's steps, so at an item's start
-    the dQ count equals it (one register less in a producer of 72)."""
-    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M)
+def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles, desc_q,
+                        desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles,
+                        dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties, Q_IDX, num_heads, col_stride_q,
+                        col_stride_do, sm_scale, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                        NUM_BUFFERS_DS: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """Producer, the steps of one query head of an item: per step the query tile's Q, dO and row statistics
+    (lse2 and delta rows of the transposed stats tensor). With the producer's dQ also every step's dQ,
+    DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG steps before it is
+    needed), the last ones flushed before the head's steps end (the next head's dQ goes to other columns, the
+    item's K is given up after the last head). Loads and dQ steps are counted by ``qdo_cnt`` alone (returned):
+    both advance by the head's steps, so at its start the dQ count equals it (one register less in a producer
+    of 72)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
-    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, SPARSE)
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
     out_row0 = out_row0.to(tl.int32)
     n_masked = n_lead + num_q_tiles - bulk_end
-    kv_phase = kv_cnt & 1
-    for c in tl.static_range(_CONSUMERS):
-        tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
-        tlx.barrier_expect_bytes(kv_fulls[c], 2 * KV_BYTES)
-        row = k_row0 + n_start + c * BLOCK_N
-        # grouped-query attention: the query head's key/value head (its dK, dV are summed over the group)
-        tlx.async_descriptor_load(desc_k, k_tiles[c], [row, (head // GROUP) * col_stride_k], kv_fulls[c])
-        tlx.async_descriptor_load(desc_v, v_tiles[c], [row, (head // GROUP) * col_stride_v], kv_fulls[c])
     n_steps = num_q_tiles - first
     DQ_LAG: tl.constexpr = NUM_BUFFERS_DS  # the kernel's: the consumers run this many steps ahead at most
     if DQ == DQ_PRODUCER:
-        dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the item's dQ goes in the (contiguous, q-shaped) accumulator
+        dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
         for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
             qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
@@ -444,7 +428,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                 j, qdo_cnt - n_steps + j, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
                 dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M,
                 NUM_BUFFERS_DS)
-        if n_steps > 0:  # the item's last step (its K tiles are given up next)
+        if n_steps > 0:  # the head's last step
             _send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
     else:
         for j in tl.range(0, n_steps):
@@ -456,42 +440,59 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
 
 
 @triton.jit
-def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
-                          DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
-                          delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
-                          num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL: tl.constexpr,
-                          GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          NUM_BUFFERS_QDO: tl.constexpr):
-    """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
-    loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
-    and dequantized into its bf16 buffer (``mx_tiles``): K and V along D
-    (S^T, dP^T); per step Q and dO along D and along the sequence's 32-row query blocks (Q^(queries) of a
-    broadcast Q: the shared q's own blocks; dO^(queries): the output rows' blocks), all four loaded before the
-    wait for the slot, and the row statistics by TMA on the slot's full barrier, whose expect-bytes arrival
-    follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
-    OB_OFF: each sequence's first scale row). Returns the advanced qdo_cnt."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M)
-    SUB: tl.constexpr = TILE_N // BLOCK_M
-    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
-    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
-    qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, BROADCAST_Q)
-    kv_head = head // GROUP
-    num_kv_heads = num_heads // GROUP
-    n_masked = n_lead + num_q_tiles - bulk_end
+def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
+                       v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
+                       qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                       num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
+                       col_stride_do, sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                       GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
+                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
+                       QDO_BYTES: tl.constexpr):
+    """Producer, one work item: each consumer's K and V half of the item's key/value head, then the steps of
+    each of its GROUP query heads in turn (``_produce_head_steps``)."""
+    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
+    kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
-        tlx.barrier_wait(kv_empties[c], (kv_cnt & 1) ^ 1)
-        rows = n_start + c * BLOCK_N
-        fill_dim_tile(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
-                      HEAD_DIM)
-        fill_dim_tile(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
-                      HEAD_DIM)
-        tlx.barrier_arrive(kv_fulls[c], 1)
+        tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
+        tlx.barrier_expect_bytes(kv_fulls[c], 2 * KV_BYTES)
+        row = k_row0 + n_start + c * BLOCK_N
+        tlx.async_descriptor_load(desc_k, k_tiles[c], [row, (head // GROUP) * col_stride_k], kv_fulls[c])
+        tlx.async_descriptor_load(desc_v, v_tiles[c], [row, (head // GROUP) * col_stride_v], kv_fulls[c])
+    if GROUP == 1:
+        qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles,
+                                      desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles,
+                                      delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
+                                      Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE, DQ, TILE_N,
+                                      BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
+    else:  # grouped-query attention: the group's query heads in turn, against the same K and V
+        for g in tl.range(0, GROUP):
+            head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+                _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
+            qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end,
+                                          num_q_tiles, desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles,
+                                          lse_tiles, delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls,
+                                          ds_empties, Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE,
+                                          DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
+    return qdo_cnt
+
+
+@triton.jit
+def _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead, bulk_end,
+                           num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS, q_tiles, qt_tiles, do_tiles,
+                           dot_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, num_heads, TILE_N: tl.constexpr,
+                           BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr):
+    """MX producer, the steps of one query head of an item (``_produce_dkdv_item_mx``). Returns the advanced
+    qdo_cnt."""
+    SUB: tl.constexpr = TILE_N // BLOCK_M
+    n_masked = n_lead + num_q_tiles - bulk_end
     NB: tl.constexpr = HEAD_DIM // 32
     for j in tl.range(0, num_q_tiles - first):
-        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, TILES, False, SUB) * BLOCK_M
+        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, None, False, SUB) * BLOCK_M
         buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
         # latency per step, not four
@@ -513,6 +514,57 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
         tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
         qdo_cnt += 1
+    return qdo_cnt
+
+
+@triton.jit
+def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
+                          DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
+                          delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
+                          num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL: tl.constexpr,
+                          GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          NUM_BUFFERS_QDO: tl.constexpr):
+    """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
+    loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
+    and dequantized into its bf16 buffer (``mx_tiles``): K and V along D
+    (S^T, dP^T); per step Q and dO along D and along the sequence's 32-row query blocks (Q^(queries) of a
+    broadcast Q: the shared q's own blocks; dO^(queries): the output rows' blocks), all four loaded before the
+    wait for the slot, and the row statistics by TMA on the slot's full barrier, whose expect-bytes arrival
+    follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
+    OB_OFF: each sequence's first scale row). The group's query heads take their steps in turn
+    (``_produce_head_steps_mx``). Returns the advanced qdo_cnt."""
+    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, 0, GROUP)
+    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
+    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, False)
+    qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads // GROUP, num_seqs, BROADCAST_Q)
+    kv_head = head // GROUP
+    num_kv_heads = num_heads // GROUP
+    for c in tl.static_range(_CONSUMERS):
+        tlx.barrier_wait(kv_empties[c], (kv_cnt & 1) ^ 1)
+        rows = n_start + c * BLOCK_N
+        fill_dim_tile(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
+                      HEAD_DIM)
+        fill_dim_tile(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
+                      HEAD_DIM)
+        tlx.barrier_arrive(kv_fulls[c], 1)
+    if GROUP == 1:
+        qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead,
+                                         bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS,
+                                         q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                                         qdo_empties, num_heads, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO)
+    else:  # grouped-query attention: the group's query heads in turn, against the same K and V
+        for g in tl.range(0, GROUP):
+            head, q_row0, out_row0, len_q, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+                _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
+            qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first,
+                                             n_lead, bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_,
+                                             DOTS, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles,
+                                             qdo_fulls, qdo_empties, num_heads, TILE_N, BLOCK_M, HEAD_DIM,
+                                             NUM_BUFFERS_QDO)
     return qdo_cnt
 
 
@@ -687,21 +739,16 @@ def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_e
 
 
 @triton.jit
-def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
-                       TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
-                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
-                       MX: tl.constexpr = ""):
-    """Consumer ``cid``, one work item: its BLOCK_N key rows against every query step, then one store
-    of dK (scaled) and dV (in DK's and DV's element type: with grouped key/value heads, fp32 partials per
-    query head)."""
-    head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M)
+def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end,
+                        num_q_tiles, lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                        qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale,
+                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                        DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = ""):
+    """Consumer ``cid``, the steps of one query head of an item (``_dkdv_item``'s numbers for it): its BLOCK_N
+    key rows against every query step, accumulated into ``dk`` and ``dv``; with the halves, the head's last dQ
+    half sent before it returns. Returns (dk, dv, qdo_cnt)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
     n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (_step_order)
     n_masked_steps = n_masked
@@ -724,19 +771,12 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         n_masked_steps = tl.where(keyless, 0, n_masked_steps)
         bulk_start = tl.where(keyless, bulk_end, bulk_start)
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
-    dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the item's dQ goes in the (contiguous, q-shaped) accumulator
+    dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
     dq_stage = dq_stages[cid] if DQ == DQ_HALVES else None  # the halves: one stage per consumer
-    if DQ == DQ_HALVES:  # its dQ reads both consumers' K
-        for c in tl.static_range(_CONSUMERS):
-            tlx.barrier_wait(kv_fulls[c], kv_cnt & 1)
-    else:
-        tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for j in tl.range(0, n_keyless_steps):
         qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid, DQ,
                                      BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
-    staged_row = -1  # the halves: no dQ half staged yet in this item
+    staged_row = -1  # the halves: no dQ half staged yet for this head
     for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
         m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
         if SPARSE:  # listed blocks come in block order: each step decides which of the two steps it runs
@@ -766,26 +806,72 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                 causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
                 HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if DQ == DQ_HALVES:
-        _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the item's last staged half
-        # every MMA of this consumer reading the item's K and V (both halves of K) has retired
+        _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the head's last staged half
+    return dk, dv, qdo_cnt
+
+
+@triton.jit
+def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
+                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
+                       TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
+                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+                       BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                       NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
+                       MX: tl.constexpr = ""):
+    """Consumer ``cid``, one work item: its BLOCK_N key rows of the item's key/value head against every query
+    step of each of the group's GROUP query heads in turn (``_consume_head_steps``), then one store of dK
+    (scaled) and dV."""
+    head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
+        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+    if DQ == DQ_HALVES:  # its dQ reads both consumers' K
+        for c in tl.static_range(_CONSUMERS):
+            tlx.barrier_wait(kv_fulls[c], kv_cnt & 1)
+    else:
+        tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    if GROUP == 1:
+        dk, dv, qdo_cnt = _consume_head_steps(
+            dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles,
+            lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, ds_tiles,
+            ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, WINDOW, SPARSE,
+            DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+    else:  # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
+        for g in tl.range(0, GROUP):
+            head, q_row0, _or, len_q, _kr, _lk, _ns, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
+                _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
+            dk, dv, qdo_cnt = _consume_head_steps(
+                dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end,
+                num_q_tiles, lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid,
+                HEAD_DIM, CAUSAL, WINDOW, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+                qt_tiles, dot_tiles, MX)
+    if DQ == DQ_HALVES:  # every MMA of this consumer reading the item's K and V (both halves of K) has retired
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_arrive(kv_empties[c], 1)
     else:
         tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
 
     # epilogue: key rows past the sequence belong to the next one and are never written
+    kv_head = head // GROUP
     if DQ == DQ_HALVES:
         # the item's numbers read again rather than carried through the loops (registers: at 240 with
         # 64-row steps the values kept for the epilogue are spilled to the stack)
-        head, _t, _qr, _or, _lq, k_row0, len_k = item_sequence(TILES, CU_Q, CU_K, item, num_slots, num_heads,
-                                                               num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
-        offs_n = _t * TILE_N + cid * BLOCK_N + tl.arange(0, BLOCK_N)
+        kv_head, _t, _qr, _or, _lq, k_row0, len_k = item_sequence(TILES, CU_Q, CU_K, item, num_slots,
+                                                                  num_heads // GROUP, num_seqs, len_q_bcast,
+                                                                  BROADCAST_Q, SPARSE)
+        n_start = _t * TILE_N
+    offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_n < len_k
     offs_d = tl.arange(0, HEAD_DIM)
     rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
-    tl.store(DK + rows[:, None] * stride_dkt + head * stride_dkh + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(DV + rows[:, None] * stride_dvt + head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
+    tl.store(DK + rows[:, None] * stride_dkt + kv_head * stride_dkh + offs_d[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(DV + rows[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=row_ok[:, None])
     return qdo_cnt
 
@@ -918,8 +1004,8 @@ def jagged_dkdv_tlx_kernel(
                         kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                        cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
-                            qt_tiles, dot_tiles, MX)
+                        cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
+                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -931,8 +1017,8 @@ def jagged_dkdv_tlx_kernel(
                             kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
                             desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                             stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                            cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
-                            qt_tiles, dot_tiles, MX)
+                            cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
+                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -968,13 +1054,13 @@ def _launch_options() -> dict:
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                  window: bool = False, group: int = 1, sparse: bool = False, variant: BackwardVariant = None,
                  mx: str = ""):
-    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (with
-    ``group`` > 1 dK and dV are the fp32 partials per query head) of the build ``variant`` (default: what
-    ships) launches. ``mx``: the MXFP8 build with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
+    """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (``group``: query
+    heads per key/value head) of the build ``variant`` (default: what ships) launches. ``mx``: the MXFP8 build
+    with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
     cfg = config_for(head_dim, fused_dq, mx)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
                             sparse=sparse, dynamic=(variant or SHIPPED).dynamic(sparse), mx=mx)
-    grad = "fp32" if group > 1 else dtype
+    grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     # without the fused dQ the launcher passes desc_q in desc_dq's place (never read); the MX launcher the
@@ -1031,8 +1117,8 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     ``dq_accum`` (a ``DqAccumulator`` of q) the kernel also reduce-adds every tile's dQ into it (fused dQ:
     the order of the additions varies from run to run; ``dq_accum.read()`` gives dq). Raises ValueError
     when the TLX kernel cannot take these inputs (``supports``, dout included). ``window``: the API's
-    ``window_size``; k and v may have fewer heads than q (a divisor): each query head's dK and dV are then
-    fp32 partials, summed over its group into ``dk`` and ``dv``. ``lists``: block-sparse attention's
+    ``window_size``; k and v may have fewer heads than q (a divisor): a work item is then a key tile of one
+    key/value head, whose dK and dV sum its query heads' steps. ``lists``: block-sparse attention's
     (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's keys): each key tile then steps over
     the query blocks that list it (``sparse_key_tiles``). ``keep``: a dict that receives the launches made,
     prepared for repeats (``_PlannedBackward``), when kernels ran."""
@@ -1046,9 +1132,6 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cfg = config_for(head_dim, fused)
     if fused and dq_accum.q.shape != q.shape:
         raise ValueError("jagged_dkdv_tlx: dq_accum was built for another q")
-    if group > 1 and not cfg.grouped:
-        raise ValueError(f"jagged_dkdv_tlx: the fused-dQ build at head_dim {head_dim} takes no grouped key/value "
-                         "heads (HopperDkDvConfig.grouped); pass dq_accum=None")
     if k.shape[0] == 0 or q.shape[0] == 0 or dout.shape[0] == 0 or num_heads == 0 or num_seqs == 0:
         if fused and not dq_accum.zeroed:  # no key anywhere: dq is 0
             dq_accum.tensor.zero_()
@@ -1079,14 +1162,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     if zero is not None:
         dq_accum.zeroed = True
     desc_stats = stats_descriptor(stats, cfg.block_m)
-    num_items = tiles.num_slots * num_heads
+    num_items = tiles.num_slots * k.shape[1]  # (key tile, key/value head)
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
-    # grouped heads: per query head partials (every row of every head written: no zeroing), summed below
-    dk_out, dv_out = dk, dv
-    if group > 1:
-        dk = alloc.empty((k.shape[0], num_heads, head_dim), torch.float32, k.device)
-        dv = alloc.empty((v.shape[0], num_heads, head_dim), torch.float32, v.device)
     dynamic = variant.persistent and variant.dynamic(lists is not None)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic)
@@ -1104,16 +1182,6 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             replaced = _PlannedBackward.REPLACED_DYNAMIC if dynamic else _PlannedBackward.REPLACED
             keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
                             grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
-    if group > 1:
-        _sum_groups(dk, dv, dk_out, dv_out)
-
-
-def _sum_groups(dk: torch.Tensor, dv: torch.Tensor, dk_out: torch.Tensor, dv_out: torch.Tensor) -> None:
-    """dK, dV of each key/value head: the sums of its query heads' fp32 partials (``dk``, ``dv``)."""
-    rows, kv_heads, head_dim = dk_out.shape
-    group = dk.shape[1] // kv_heads
-    dk_out.copy_(dk.view(rows, kv_heads, group, head_dim).sum(dim=2))
-    dv_out.copy_(dv.view(rows, kv_heads, group, head_dim).sum(dim=2))
 
 
 class _PlannedBackward:
@@ -1131,17 +1199,12 @@ class _PlannedBackward:
         self.row_stats, self.stats_grid = keep["row_stats"]
         self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats, self.dynamic = keep["dkdv"]
         self.stats_shape = self.descriptors[4].base.shape
-        self.group = q.shape[1] // k.shape[1]
-        self.partials_shape = (k.shape[0], q.shape[1], q.shape[2])
 
     def __call__(self, q, k, v, out, lse, dout, dlse):
         """(dq, dk, dv), or None when a prepared launch cannot run (the caller runs the usual way)."""
         device = q.device
-        dk_out = dk = alloc.empty(k.shape, k.dtype, device)
-        dv_out = dv = alloc.empty(v.shape, v.dtype, device)
-        if self.group > 1:
-            dk = alloc.empty(self.partials_shape, torch.float32, device)
-            dv = alloc.empty(self.partials_shape, torch.float32, device)
+        dk = alloc.empty(k.shape, k.dtype, device)
+        dv = alloc.empty(v.shape, v.dtype, device)
         accumulator = torch.empty(q.shape, dtype=torch.float32, device=device)
         if not self.zero_in_stats:
             accumulator.zero_()
@@ -1159,9 +1222,7 @@ class _PlannedBackward:
             ran = self.dkdv.run((self.grid,), replacements)
         if not ran:
             return None
-        if self.group > 1:
-            _sum_groups(dk, dv, dk_out, dv_out)
-        return accumulator.to(q.dtype), dk_out, dv_out
+        return accumulator.to(q.dtype), dk, dv
 
 
 def variant_from_knobs() -> BackwardVariant:
@@ -1175,7 +1236,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
                         variant: Optional[BackwardVariant] = None, window=(-1, -1), plan=None):
     """The TLX backward (same contract as ``jfa.kernels.triton.backward.jagged_backward``): the row
     statistics' pre-pass, then this kernel for dK and dV; dQ either reduce-added by the same kernel (the
-    default, ``knobs.tlx_fused_dq``, where the fused build takes grouped heads: ``HopperDkDvConfig.grouped``)
+    default, ``knobs.tlx_fused_dq``)
     or, with ``deterministic`` (or the knob off), by the portable dQ pass, which writes each row once in a
     fixed order (bitwise reproducible). ``plan``: the call's plan (``jfa.plans``): the fused backward keeps
     its prepared launches there per gradient layout, and later calls with that layout reuse them."""
@@ -1190,8 +1251,7 @@ def jagged_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, so
             if grads is not None:
                 return grads
     variant = variant_from_knobs() if variant is None else variant
-    fused_takes_it = k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped
-    if deterministic or not knobs.tlx_fused_dq or not fused_takes_it:
+    if deterministic or not knobs.tlx_fused_dq:
         return portable.jagged_backward(q, k, v, out, lse, dout, cu_q, cu_k, causal=causal,
                                         softmax_scale=softmax_scale, broadcast_q=broadcast_q, num_seqs=num_seqs,
                                         len_q_bcast=len_q_bcast, dlse=dlse, window=window,
@@ -1231,8 +1291,8 @@ def mx_dkdv_tlx(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, 
     build: the contract of the portable ``mx_dkdv_kernel`` (docs/mxfp8.md section 2). ``q_dim``, ``k_dim``,
     ``v_dim``, ``do_dim``: MXTensors along dim; ``q_tok``, ``do_tok``: along tokens (q by its own offsets,
     ``[0, Lq]`` for a broadcast Q; dO by the output rows' ``out_cu``); ``delta`` = rowsum(dO O) - dlse
-    ``[rows, H]``. Grouped key/value heads: fp32 partials per query head, summed here. ``keep``: a dict that
-    receives the launch's (args, kwargs, grid) (tests). The hook ``mx_attention.mx_backward`` calls
+    ``[rows, H]``. Grouped key/value heads: an item's steps cover its key/value head's query heads. ``keep``: a
+    dict that receives the launch's (args, kwargs, grid) (tests). The hook ``mx_attention.mx_backward`` calls
     (``dkdv=``)."""
     if rule not in MX_RULES:
         raise ValueError(f"rule: must be one of {MX_RULES}, got {rule!r}")
@@ -1247,12 +1307,8 @@ def mx_dkdv_tlx(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, 
                             work_offsets=None if broadcast_q else out_cu)
     stats, stats_cu = row_stats(lse, delta, out_cu, num_seqs)
     desc_stats = stats_descriptor(stats, cfg.block_m)
-    num_items = tiles.num_slots * num_heads
+    num_items = tiles.num_slots * (num_heads // group)  # (key tile, key/value head)
     grid = min(sm_count(dk.device), num_items)
-    dk_out, dv_out = dk, dv
-    if group > 1:
-        dk = alloc.empty((dk_out.shape[0], num_heads, head_dim), torch.float32, dk.device)
-        dv = alloc.empty((dv_out.shape[0], num_heads, head_dim), torch.float32, dv.device)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, group=group, mx=rule)
     band = (constants.pop("band_lo"), constants.pop("band_hi"))
     cu_q = cu_k if broadcast_q else out_cu
@@ -1268,8 +1324,6 @@ def mx_dkdv_tlx(q_dim, q_tok, k_dim, v_dim, do_dim, do_tok, lse, delta, dk, dv, 
         keep.update(args=args, kwargs=kwargs, grid=grid)
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_dkdv_tlx_kernel, (grid,), dk.device, *args, **kwargs)
-    if group > 1:
-        _sum_groups(dk, dv, dk_out, dv_out)
 
 
 def mx_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
@@ -1326,8 +1380,7 @@ def block_sparse_backward_tlx(q, k, v, out, lse, dout, cu_q, cu_k, lists, *, cau
     dv = alloc.empty(v.shape, v.dtype, v.device)
     out_cu = output_offsets(cu_q, num_seqs, len_q_bcast, broadcast_q, q.device)
     variant = variant_from_knobs()
-    fused = (not deterministic and knobs.tlx_fused_dq and
-             (k.shape[1] == q.shape[1] or config_for(q.shape[-1], fused_dq=True).grouped))
+    fused = not deterministic and knobs.tlx_fused_dq
     if not fused:
         delta = row_delta(out, dout, dlse)
         jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, causal=causal, softmax_scale=softmax_scale,

@@ -46,12 +46,13 @@ TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
 TLX_MX_TILES = "jfa.kernels.tlx.hopper.mx_tiles"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
+TLX_DKDV_STEPS = "jfa.kernels.tlx.hopper.dkdv_steps"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
 MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_MX_TILES,
-           TLX_FORWARD, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
-TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_FORWARD, TLX_BACKWARD)  # their mutants run on the TLX simulator
+           TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
+TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD)  # their mutants run on the TLX simulator
 
 
 class MutantError(RuntimeError):
@@ -252,7 +253,7 @@ MUTANTS: tuple = (
            "    dq = tlx.async_dot_wait(0, dq)\n    tlx.barrier_arrive(ds_empties[buf], 1)\n",
            "    tlx.barrier_arrive(ds_empties[buf], 1)\n    dq = tlx.async_dot_wait(0, dq)\n",
            "the producer hands a dS^T slot back before its dQ MMAs reading it retired"),
-    Mutant("tlx-bwd-expect-bytes-without-stats", TLX_BACKWARD,
+    Mutant("tlx-bwd-expect-bytes-without-stats", TLX_DKDV_STEPS,
            "2 * QDO_BYTES + 2 * BLOCK_M * 4",
            "2 * QDO_BYTES",
            "a query step's expect-tx leaves out the row statistics' bytes"),
@@ -264,22 +265,21 @@ MUTANTS: tuple = (
            "(dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])",
            "(dk * sm_scale).to(DK.dtype.element_ty))",
            "dK of key rows past the sequence stored: into the next sequence's rows, or past the tensor"),
-    Mutant("tlx-bwd-causal-first-tile-skipped", TLX_BACKWARD,
+    Mutant("tlx-bwd-causal-first-tile-skipped", TLX_DKDV_STEPS,
            "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)",
            "first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M + 1, num_q_tiles)",
            "causal dK/dV start one query tile late: the diagonal tile's rows never reach dK and dV"),
-    Mutant("tlx-bwd-window-first-tile-late", TLX_BACKWARD,
+    Mutant("tlx-bwd-window-first-tile-late", TLX_DKDV_STEPS,
            "first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M",
            "first = tl.minimum(tl.maximum(n_start - hi, 0) + BLOCK_M, len_q) // BLOCK_M",
            "a sliding window's dK/dV start one query tile late: the band's first rows never reach dK and dV"),
-    Mutant("tlx-sparse-bwd-diagonal-unmasked", TLX_BACKWARD,
+    Mutant("tlx-sparse-bwd-diagonal-unmasked", TLX_DKDV_STEPS,
            "masked = masked | (m_start + causal_shift < n_start + TILE_N - 1)",
            "masked = masked | (m_start + causal_shift < n_start)",
            "block-sparse dK/dV: a step on the causal diagonal runs the unmasked step"),
     Mutant("tlx-bwd-gqa-group-not-summed", TLX_BACKWARD,
-           "dK and dV summed in the accumulators\n        for g in tl.range(0, GROUP):\n",
-           "dK and dV summed in the accumulators\n        for g in tl.range(0, GROUP):\n"
-           "            dk = dk * 0.0\n",
+           "dK and dV summed in the accumulators\n    for g in tl.range(0, GROUP):\n",
+           "dK and dV summed in the accumulators\n    for g in tl.range(0, GROUP):\n        dk = dk * 0.0\n",
            "grouped-query dK keeps the group's last query head instead of the group's sum"),
 )
 

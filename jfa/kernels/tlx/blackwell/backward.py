@@ -13,12 +13,12 @@ Shape of the kernel (the forward's roles turned around: keys are the rows, one T
 * Persistent grid, static zig-zag schedule (``common.device.static_item``) over work items (key tile of
   ``block_n`` rows, head); the tile list is built on the key offsets and sorted by each sequence's query
   length, the work a key tile streams over. Query steps of ``block_m`` rows run in the Hopper kernel's
-  order (``hopper.backward._dkdv_item``, ``_step_order``): the masked ones (causal diagonal, the partial last
+  order (``hopper.dkdv_steps.dkdv_item``, ``step_order``): the masked ones (causal diagonal, the partial last
   query tile) first, the fully visible bulk after them.
 * Five partitions per CTA, one mbarrier protocol between each pair:
 
   - load (1 warp): per item K and V once, then per step Q, dO and the step's lse2 and delta through a ring
-    of ``num_buffers_qdo`` slots (``hopper.backward._load_qdo_step``);
+    of ``num_buffers_qdo`` slots (``hopper.dkdv_steps.load_qdo_step``);
   - MMA (1 warp, the only tcgen05 issuer): per step ``S^T = K Q^T`` and ``dP^T = V dO^T`` into tensor memory,
     ``dV += P^T dO`` once the compute has stored P^T, and a step late (so that the tensor core runs S^T of
     step s while the compute works on step s - 1) ``dK += dS^T Q`` and ``dQ = dS K``; every MMA completes on
@@ -71,8 +71,8 @@ from jfa.kernels.tlx.common import scaled_mma, target
 from jfa.kernels.tlx.common.device import bufidx_phase, mx_scale_rows, static_item
 from jfa.kernels.tlx.common.host import check_inputs, descriptor, offline_signature, sm_count, tlx
 from jfa.kernels.tlx.blackwell.forward import MX_RULES, _SCALE_LAYOUT, _dim_scales, _tma_ready, _token_scales
-from jfa.kernels.tlx.hopper.backward import (_aligned_column, _dkdv_item, _load_qdo_step, _send_staged_dq, _stage_dq,
-                                             _step_order)
+from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq, stage_dq,
+                                                step_order)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import mx_elements
 
@@ -180,7 +180,7 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
     """(head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, n_masked,
     bulk_end, n_steps, n_masked_run) of work item ``item``, computed identically by every partition (they must
     agree on the number of steps, or the mbarrier phases drift). Step s's query tile is
-    ``_step_order(s, first, n_lead, n_masked, bulk_end)``; the first ``n_masked_run`` steps run masked: the
+    ``step_order(s, first, n_lead, n_masked, bulk_end)``; the first ``n_masked_run`` steps run masked: the
     masked ones of that order, or every step where the tile's keys reach past the sequence (dQ sums over
     them; causal masks exclude them already).
 
@@ -190,7 +190,7 @@ def _work_item(TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bc
     BLOCK_N). A tile past the sequence's keys runs every step with all its rows masked."""
     SPAN: tl.constexpr = 2 * BLOCK_N if PAIR else BLOCK_N
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, \
-        _lo, _hi = _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, None,
+        _lo, _hi = dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, None,
                               None, CAUSAL, False, BROADCAST_Q, False, SPAN, BLOCK_M)
     n_steps = num_q_tiles - first
     n_masked = n_lead + num_q_tiles - bulk_end
@@ -223,8 +223,8 @@ def _load_qdo_pair_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_til
                         qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
                         col_stride_q, col_stride_do, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                         NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
-    """``hopper.backward._load_qdo_step`` for the 2-CTA build: Q and dO in half-width boxes (``_load_tile``)."""
-    i = _step_order(j, first, n_lead, n_masked, bulk_end)
+    """``hopper.dkdv_steps.load_qdo_step`` for the 2-CTA build: Q and dO in half-width boxes (``_load_tile``)."""
+    i = step_order(j, first, n_lead, n_masked, bulk_end)
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
     tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
@@ -264,7 +264,7 @@ def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stat
                    PAIR)
         _load_tile(desc_v, v_tiles[kv_buf], row, (head // GROUP) * col_stride_v, kv_fulls[kv_buf], BLOCK_N, HEAD_DIM,
                    PAIR)
-        stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
+        stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, False)
         for s in tl.range(0, n_steps):
             if PAIR:
                 qdo_cnt = _load_qdo_pair_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -273,17 +273,17 @@ def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stat
                                               col_stride_do, HEAD_DIM, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
             elif MX != "":  # the expect-bytes count all four tiles; the query-axis ones land on the same barrier
                 buf, _phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
-                qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                          delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
                                          stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
                                          col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, 2 * QDO_BYTES)
-                m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+                m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
                 tlx.async_descriptor_load(desc_qt, qt_tiles[buf], [q_row0 + m_start, head * col_stride_q],
                                           qdo_fulls[buf])
                 tlx.async_descriptor_load(desc_dot, dot_tiles[buf], [out_row0.to(tl.int32) + m_start,
                                                                      head * col_stride_do], qdo_fulls[buf])
             else:
-                qdo_cnt = _load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                          delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
                                          stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
                                          col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
@@ -600,7 +600,7 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
     rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
     if n_steps > 0:
         for s in tl.range(0, n_masked_run):
-            m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+            m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
             if MX != "":
                 step_cnt, qdo_cnt = _compute_step_mx(
                     step_cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, ps_tiles, dss_tiles, w_tiles, lse_tiles,
@@ -614,7 +614,7 @@ def _compute_item(item, kv_cnt, qdo_cnt, step_cnt, s_tiles, dp_tiles, p_tiles, d
                     m_start, offs_n, len_q, len_k, causal_shift, qk_scale, True, CAUSAL, BLOCK_M, NUM_BUFFERS_QDO,
                     DTYPE)
         for s in tl.range(n_masked_run, n_steps):
-            m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+            m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
             if MX != "":
                 step_cnt, qdo_cnt = _compute_step_mx(
                     step_cnt, qdo_cnt, s_tiles, dp_tiles, p_tiles, ds_tiles, ps_tiles, dss_tiles, w_tiles, lse_tiles,
@@ -678,7 +678,7 @@ def _scales_item(item, kv_cnt, qdo_cnt, ks_tiles, vs_tiles, qs_tiles, dos_tiles,
         tlx.barrier_arrive(kvs_fulls[kv_buf], 1)
         qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, BROADCAST_Q)
         for s in tl.range(0, n_steps):
-            m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+            m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
             qs = _dim_scales(QS, q_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, HEAD_DIM)
             dos = _dim_scales(DOS, out_row0 + m_start, len_q - m_start, head, num_heads, BLOCK_M, HEAD_DIM)
             qts = _token_scales(QTS, qb0, m_start, len_q, head, num_heads, BLOCK_M, HEAD_DIM)
@@ -705,14 +705,14 @@ def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq,
     """dQ partition, one work item: per step, once its dQ MMA has completed, each DQ_COLUMNS-column part of dQ
     (times the scale) from tensor memory into the next stage (once that stage's last reduce-add has read it),
     tensor memory handed back after its last part is read, and the stage reduce-added at the step's query
-    rows (``_send_staged_dq``: fence, the warpgroup's barrier, TMA)."""
+    rows (``send_staged_dq``: fence, the warpgroup's barrier, TMA)."""
     PARTS: tl.constexpr = HEAD_DIM // DQ_COLUMNS
     head, q_row0, _or, _lq, _kr, _lk, _ns, _cs, first, n_lead, n_masked, bulk_end, n_steps, _r = _work_item(
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, CAUSAL, BROADCAST_Q, BLOCK_N, BLOCK_M,
         PAIR)
     for s in tl.range(0, n_steps):
         cnt = step_cnt + s
-        m_start = _step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
+        m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
         tlx.barrier_wait(dq_fulls[0], cnt & 1)
         for c in tl.static_range(PARTS):
             dq = tlx.local_load(tlx.subslice(dq_tiles[0], c * DQ_COLUMNS, DQ_COLUMNS))
@@ -720,11 +720,11 @@ def _dq_item(item, step_cnt, dq_tiles, dq_stages, dq_fulls, dq_empties, desc_dq,
                 tlx.barrier_arrive(dq_empties[0], 1)
             stage = dq_stages[(cnt * PARTS + c) % DQ_STAGES]
             tlx.async_descriptor_store_wait(DQ_STAGES - 1)  # this stage's last reduce-add has read it
-            _stage_dq(stage, dq, sm_scale, False)
+            stage_dq(stage, dq, sm_scale, False)
             col = c * DQ_COLUMNS
             if PAIR:  # the odd CTA's K holds the head dim's halves swapped, and so does its dQ = dS K
                 col = (col + (tlx.cluster_cta_rank() % 2) * (HEAD_DIM // 2)) % HEAD_DIM
-            _send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + col)
+            send_staged_dq(stage, desc_dq, q_row0 + m_start, head * HEAD_DIM + col)
     return step_cnt + n_steps
 
 

@@ -73,15 +73,16 @@ import triton.language as tl
 
 from jfa import knobs
 from jfa.kernels import alloc
-from jfa.kernels.bands import band_offsets, window_band
+from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, item_slot_head,
-                                           mx_scale_rows, receive_item, retire_counter, safe_sequence, static_item,
-                                           to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, mx_scale_rows,
+                                           receive_item, retire_counter, static_item, to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
+from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq,
+                                                sparse_step_masked, stage_dq, step_tile)
 from jfa.kernels.tlx.hopper.mx_tiles import (fill_dim_tile, load_dim_tile, load_token_tile, store_dim_tile,
                                             store_token_tile)
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
@@ -220,168 +221,26 @@ SHIPPED = BackwardVariant()
 # Device code
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
-               TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, g=0, GROUP: tl.constexpr = 1):
-    """What producer and consumers need about work item ``item`` (computed identically by both).
-
-    Items are (key tile, key/value head) over ``num_heads // GROUP`` key/value heads; ``head`` is query head
-    ``g`` of the item's group (``num_heads``: the query heads). With GROUP 1 an item is (key tile, head).
-
-    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_masked_lead,
-    bulk_end, num_q_tiles, lo, hi): query steps run over tiles [first, num_q_tiles); the first
-    ``n_masked_lead`` of them straddle the causal diagonal, tiles [first + n_masked_lead, bulk_end)
-    are fully visible, the rest (at most one: the sequence's partial last tile) masked again. With
-    WINDOW, (lo, hi) is the band (query i sees key j iff lo <= j - i <= hi: ``jfa.kernels.bands``), the
-    steps cover the query tiles that see any of the tile's keys, and every step is masked.
-
-    SPARSE (block-sparse attention, blocks of TILE_N rows; TILES' third row holds each slot's key block):
-    the steps are the BLOCK_M-row query tiles of the query blocks that list the item's key block, the
-    transposed lists' entries COL_OFF[col] .. COL_OFF[col + 1] (``_step_tile``); ``first`` is then that first
-    entry, ``bulk_end`` equals it and ``num_q_tiles`` is it plus the step count, so that every step is in
-    the masked loop, which decides per step which of the two steps it runs (``_sparse_step_masked``)."""
-    kv_head, tile, q_row0, out_row0, len_q, k_row0, len_k = item_sequence(
-        TILES, CU_Q, CU_K, item, num_slots, num_heads // GROUP, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
-    head = kv_head * GROUP + g
-    n_start = tile * TILE_N
-    causal_shift = len_k - len_q  # query i sees key j iff j <= i + shift (bottom-right)
-    num_q_tiles = tl.cdiv(len_q, BLOCK_M)
-    lo, hi = 0, 0  # (Python ints: folded away where there is no window)
-    if SPARSE:
-        slot, _kv_head = item_slot_head(item, num_slots, num_heads // GROUP, SPARSE)
-        col = head * num_slots + tl.load(TILES + (slot + 2 * num_slots))
-        first = tl.load(COL_OFF + col)
-        n_listed = tl.where(len_k > 0, tl.load(COL_OFF + col + 1) - first, 0)
-        num_q_tiles = first + n_listed * (TILE_N // BLOCK_M)
-        diag_end = first
-        bulk_end = first
-    elif WINDOW:
-        lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
-        key_end = tl.minimum(n_start + TILE_N, len_k)
-        # query rows [n_start - hi, key_end - lo) see some key of the tile: every one of their steps masked
-        first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
-        num_q_tiles = tl.maximum(tl.cdiv(tl.minimum(tl.maximum(key_end - lo, 0), len_q), BLOCK_M), first)
-        diag_end = num_q_tiles
-        bulk_end = num_q_tiles
-    else:
-        if CAUSAL:
-            first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)
-            first_full = tl.cdiv(tl.maximum(n_start + TILE_N - 1 - causal_shift, 0), BLOCK_M)
-            diag_end = tl.maximum(first, tl.minimum(first_full, num_q_tiles))
-        else:
-            first = tl.zeros((), dtype=tl.int32)
-            diag_end = first
-        bulk_end = tl.maximum(diag_end, len_q // BLOCK_M)
-    return (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, diag_end - first,
-            bulk_end, num_q_tiles, lo, hi)
-
-
-@triton.jit
-def _aligned_column(TILES, STATS_CU, item, num_slots, num_heads, num_seqs, SPARSE: tl.constexpr):
-    """The first column of work item ``item``'s sequence in the column-aligned tensors (the row
-    statistics: ``row_stats.aligned_columns``); a multiple of its COLUMN_ALIGN."""
-    slot, _head = item_slot_head(item, num_slots, num_heads, SPARSE)
-    seq, _valid = safe_sequence(tl.load(TILES + slot), num_seqs)
-    return tl.load(STATS_CU + seq).to(tl.int32)
-
-
-@triton.jit
-def _step_order(s, first, n_lead, n_masked, bulk_end):
-    """Query tile of the s-th step of an item, in the order producer and consumers share: the masked
-    steps first (the causal diagonal tiles, then the sequence's partial last tile), the fully visible
-    bulk after them. The consumer then runs two loops (masked, bulk) instead of three: one inlined copy
-    of the step less (registers)."""
-    masked_tile = tl.where(s < n_lead, first + s, bulk_end + s - n_lead)
-    return tl.where(s < n_masked, masked_tile, first + n_lead + s - n_masked)
-
-
-@triton.jit
-def _step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr):
-    """Query tile of the s-th step of an item: ``_step_order``, or with SPARSE sub-tile ``s % SUB`` of the
-    (s // SUB)-th listed query block (``first``: the item's first entry of the transposed lists)."""
-    if SPARSE:
-        block = s // SUB
-        return tl.load(Q_IDX + first + block) * SUB + (s - block * SUB)  # (no % : a loop index may be an int)
-    return _step_order(s, first, n_lead, n_masked, bulk_end)
-
-
-@triton.jit
-def _sparse_step_masked(m_start, n_start, len_q, causal_shift, every_step, CAUSAL: tl.constexpr,
-                        TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Whether a block-sparse step needs the masked step: its rows reach past the sequence, or (causal)
-    some row misses some key of the tile, or ``every_step`` (the consumer's keys reach past the sequence
-    in a fused-dQ build)."""
-    masked = (m_start + BLOCK_M > len_q) | every_step
-    if CAUSAL:
-        masked = masked | (m_start + causal_shift < n_start + TILE_N - 1)
-    return masked
-
-
-@triton.jit
-def _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                   qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
-                   col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
-                   NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
-    """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next ring slot."""
-    i = _step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB)
-    buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
-    tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-    tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * QDO_BYTES + 2 * BLOCK_M * 4)
-    o_row = out_row0 + i * BLOCK_M
-    tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row0 + i * BLOCK_M, head * col_stride_q], qdo_fulls[buf])
-    tlx.async_descriptor_load(desc_do, do_tiles[buf], [o_row, head * col_stride_do], qdo_fulls[buf])
-    stats_col = stats_col0 + i * BLOCK_M
-    tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
-    tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
-    return qdo_cnt + 1
-
-
-@triton.jit
-def _stage_dq(dq_stage, dq, sm_scale, TRANSPOSED: tl.constexpr):
-    """A step's dQ (times the softmax scale) into its fp32 stage. TRANSPOSED: ``dq`` is dQ^T and is
-    stored transposed, so that the stage (and the accumulator) stays shaped like q: each thread then
-    writes 4-byte words of eight query rows, which the stage's 128-byte swizzle spreads over all 32
-    banks (one wavefront per store)."""
-    if TRANSPOSED:
-        tlx.local_store(tlx.local_trans(dq_stage), dq * sm_scale)
-    else:
-        tlx.local_store(dq_stage, dq * sm_scale)
-
-
-@triton.jit
-def _send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0):
-    """The second half of a staged reduction sent a step late: fence the stage's stores (issued a step
-    ago, so the fence no longer waits for them to drain through shared memory, which the consumers'
-    wgmma keep busy) and reduce-add it at (``dq_row``, ``dq_col``)."""
-    tlx.fence_async_shared()
-    # every thread of the writing warpgroup fenced its own stores before the elected one issues the
-    # reduce-add. Named barrier 0 with 128 threads is the producer warpgroup's own (Triton's, as the PTX
-    # shows); the consumers pass their own.
-    tlx.named_barrier_wait(BARRIER, 128)
-    tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
-
-
-@triton.jit
 def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, dq_row0,
                       dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE: tl.constexpr,
                       SUB: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr):
     """Producer (``dq="producer"``), step s of the item: once both consumers have stored their dS^T, dQ
     over all TILE_N keys (two MMAs, one accumulator), the dS^T slot handed back, the previous step's
-    stage sent (``_send_staged_dq``) while the MMAs run, and this step's dQ stored to its stage; the
+    stage sent (``send_staged_dq``) while the MMAs run, and this step's dQ stored to its stage; the
     item's last stage is sent after its loop. ``ds_cnt``: the item's first step's count plus s (the dS^T
     slot and the stage follow it); ``staged_row``: the previous step's row. Returns this step's row."""
-    m_start = _step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
+    m_start = step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
     buf, phase = bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
     dq = tlx.async_dot(tlx.local_trans(ds_tiles[buf * _CONSUMERS]), k_tiles[0])
     dq = tlx.async_dot(tlx.local_trans(ds_tiles[buf * _CONSUMERS + 1]), k_tiles[1], dq)
     if s > 0:  # the previous step's stage (the other one), stored a whole step ago
-        _send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col)
+        send_staged_dq(dq_stages[(ds_cnt + 1) & 1], desc_dq, staged_row, dq_col)
     dq = tlx.async_dot_wait(0, dq)
     tlx.barrier_arrive(ds_empties[buf], 1)
     dq_row = dq_row0 + m_start
     tlx.async_descriptor_store_wait(1)  # this stage's reduce-add two steps back has read it
-    _stage_dq(dq_stages[ds_cnt & 1], dq, sm_scale, False)
+    stage_dq(dq_stages[ds_cnt & 1], dq, sm_scale, False)
     return dq_row
 
 
@@ -409,13 +268,13 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
     if DQ == DQ_PRODUCER:
         dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
         for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
-            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
                                      SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
         staged_row = dq_row0  # the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
-            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
                                      SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
@@ -429,10 +288,10 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
                 dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M,
                 NUM_BUFFERS_DS)
         if n_steps > 0:  # the head's last step
-            _send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
+            send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
     else:
         for j in tl.range(0, n_steps):
-            qdo_cnt = _load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
                                      delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                      n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
                                      SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
@@ -452,9 +311,9 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
     """Producer, one work item: each consumer's K and V half of the item's key/value head, then the steps of
     each of its GROUP query heads in turn (``_produce_head_steps``)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                    CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
-    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
+    stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
@@ -462,22 +321,16 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         row = k_row0 + n_start + c * BLOCK_N
         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, (head // GROUP) * col_stride_k], kv_fulls[c])
         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, (head // GROUP) * col_stride_v], kv_fulls[c])
-    if GROUP == 1:
+    for g in tl.range(0, GROUP):  # grouped-query attention: the group's query heads in turn, against this K and V
+        if GROUP > 1:  # (one head: the item's numbers above are its own)
+            head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+                dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles,
                                       desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles,
                                       delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
                                       Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE, DQ, TILE_N,
                                       BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
-    else:  # grouped-query attention: the group's query heads in turn, against the same K and V
-        for g in tl.range(0, GROUP):
-            head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-                _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
-            qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end,
-                                          num_q_tiles, desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles,
-                                          lse_tiles, delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls,
-                                          ds_empties, Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE,
-                                          DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
     return qdo_cnt
 
 
@@ -492,7 +345,7 @@ def _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, q
     n_masked = n_lead + num_q_tiles - bulk_end
     NB: tl.constexpr = HEAD_DIM // 32
     for j in tl.range(0, num_q_tiles - first):
-        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, None, False, SUB) * BLOCK_M
+        m_start = step_tile(j, first, n_lead, n_masked, bulk_end, None, False, SUB) * BLOCK_M
         buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
         # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
         # latency per step, not four
@@ -535,10 +388,10 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
     OB_OFF: each sequence's first scale row). The group's query heads take their steps in turn
     (``_produce_head_steps_mx``). Returns the advanced qdo_cnt."""
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                    CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, 0, GROUP)
     CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
-    stats_col0 = _aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, False)
+    stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, False)
     qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads // GROUP, num_seqs, BROADCAST_Q)
     kv_head = head // GROUP
     num_kv_heads = num_heads // GROUP
@@ -550,21 +403,15 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         fill_dim_tile(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
                       HEAD_DIM)
         tlx.barrier_arrive(kv_fulls[c], 1)
-    if GROUP == 1:
+    for g in tl.range(0, GROUP):  # grouped-query attention: the group's query heads in turn, against this K and V
+        if GROUP > 1:  # (one head: the item's numbers above are its own)
+            head, q_row0, out_row0, len_q, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+                dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
         qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead,
                                          bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS,
                                          q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles, qdo_fulls,
                                          qdo_empties, num_heads, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO)
-    else:  # grouped-query attention: the group's query heads in turn, against the same K and V
-        for g in tl.range(0, GROUP):
-            head, q_row0, out_row0, len_q, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-                _dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
-            qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first,
-                                             n_lead, bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_,
-                                             DOTS, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles,
-                                             qdo_fulls, qdo_empties, num_heads, TILE_N, BLOCK_M, HEAD_DIM,
-                                             NUM_BUFFERS_QDO)
     return qdo_cnt
 
 
@@ -598,7 +445,7 @@ def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, d
     tlx.barrier_arrive(ds_empty, 1)
     # the stage's last reduce-add (sent at this step's start, behind S^T and dP^T) must have read it
     tlx.async_descriptor_store_wait(0)
-    _stage_dq(dq_stage, dq, sm_scale, True)
+    stage_dq(dq_stage, dq, sm_scale, True)
     return dk
 
 
@@ -608,7 +455,7 @@ def _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid: tl.constexpr, HE
     ``staged_row``; < 0: none is staged). Named barrier 11 + cid: the consumer's own warpgroup (the
     forward's pingpong takes 9 and 10)."""
     if staged_row >= 0:
-        _send_staged_dq(dq_stage, desc_dq, staged_row, dq_col + cid * (HEAD_DIM // 2), 11 + cid)
+        send_staged_dq(dq_stage, desc_dq, staged_row, dq_col + cid * (HEAD_DIM // 2), 11 + cid)
 
 
 @triton.jit
@@ -746,11 +593,11 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
                         SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                         DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = ""):
-    """Consumer ``cid``, the steps of one query head of an item (``_dkdv_item``'s numbers for it): its BLOCK_N
+    """Consumer ``cid``, the steps of one query head of an item (``dkdv_item``'s numbers for it): its BLOCK_N
     key rows against every query step, accumulated into ``dk`` and ``dv``; with the halves, the head's last dQ
     half sent before it returns. Returns (dk, dv, qdo_cnt)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
-    n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (_step_order)
+    n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (step_order)
     n_masked_steps = n_masked
     bulk_start = first + n_lead
     partial = False
@@ -777,10 +624,10 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
         qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid, DQ,
                                      BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
     staged_row = -1  # the halves: no dQ half staged yet for this head
-    for j in tl.range(0, n_masked_steps):  # the producer's order (_step_order): masked steps, then the bulk
-        m_start = _step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
+    for j in tl.range(0, n_masked_steps):  # the producer's order (step_order): masked steps, then the bulk
+        m_start = step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
         if SPARSE:  # listed blocks come in block order: each step decides which of the two steps it runs
-            if _sparse_step_masked(m_start, n_start, len_q, causal_shift, partial, CAUSAL, TILE_N, BLOCK_M):
+            if sparse_step_masked(m_start, n_start, len_q, causal_shift, partial, CAUSAL, TILE_N, BLOCK_M):
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
                     dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
@@ -824,7 +671,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     step of each of the group's GROUP query heads in turn (``_consume_head_steps``), then one store of dK
     (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
-        _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
+        dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                    CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
     if DQ == DQ_HALVES:  # its dQ reads both consumers' K
         for c in tl.static_range(_CONSUMERS):
@@ -833,23 +680,17 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    if GROUP == 1:
+    # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
+    for g in tl.range(0, GROUP):
+        if GROUP > 1:  # (one head: the item's numbers above are its own)
+            head, q_row0, _or, len_q, _kr, _lk, _ns, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
+                dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
+                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         dk, dv, qdo_cnt = _consume_head_steps(
             dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles,
             lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, ds_tiles,
             ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, WINDOW, SPARSE,
             DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
-    else:  # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
-        for g in tl.range(0, GROUP):
-            head, q_row0, _or, len_q, _kr, _lk, _ns, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
-                _dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
-            dk, dv, qdo_cnt = _consume_head_steps(
-                dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end,
-                num_q_tiles, lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid,
-                HEAD_DIM, CAUSAL, WINDOW, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
-                qt_tiles, dot_tiles, MX)
     if DQ == DQ_HALVES:  # every MMA of this consumer reading the item's K and V (both halves of K) has retired
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_arrive(kv_empties[c], 1)

@@ -269,15 +269,15 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
         dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
         for j in tl.range(0, tl.minimum(n_steps, DQ_LAG)):
             qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
         staged_row = dq_row0  # the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
             qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
             staged_row = _producer_dq_step(
                 j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, ds_tiles, ds_fulls, ds_empties,
                 dq_stages, desc_dq, dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB,
@@ -292,9 +292,9 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
     else:
         for j in tl.range(0, n_steps):
             qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
+                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
+                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
     return qdo_cnt
 
 
@@ -312,7 +312,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
     each of its GROUP query heads in turn (``_produce_head_steps``)."""
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+                  CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
     stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -325,7 +325,7 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
         if GROUP > 1:  # (one head: the item's numbers above are its own)
             head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
                 dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
+                          band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles,
                                       desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles,
                                       delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
@@ -389,7 +389,7 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
     (``_produce_head_steps_mx``). Returns the advanced qdo_cnt."""
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, 0, GROUP)
+                  CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, 0, GROUP)
     CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
     stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, False)
     qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads // GROUP, num_seqs, BROADCAST_Q)
@@ -407,7 +407,7 @@ def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS
         if GROUP > 1:  # (one head: the item's numbers above are its own)
             head, q_row0, out_row0, len_q, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
                 dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
+                          band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
         qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead,
                                          bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS,
                                          q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles, qdo_fulls,
@@ -672,7 +672,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     (scaled) and dV."""
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+                  CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
     if DQ == DQ_HALVES:  # its dQ reads both consumers' K
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_wait(kv_fulls[c], kv_cnt & 1)
@@ -685,7 +685,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         if GROUP > 1:  # (one head: the item's numbers above are its own)
             head, q_row0, _or, len_q, _kr, _lk, _ns, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
                 dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
+                          band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         dk, dv, qdo_cnt = _consume_head_steps(
             dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles,
             lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, ds_tiles,

@@ -12,8 +12,8 @@ from jfa.kernels.tlx.common.host import tlx
 
 @triton.jit
 def dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
-               TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, g=0, GROUP: tl.constexpr = 1):
+              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
+              TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, g=0, GROUP: tl.constexpr = 1):
     """What producer and consumers need about work item ``item`` (computed identically by both).
 
     Items are (key tile, key/value head) over ``num_heads // GROUP`` key/value heads; ``head`` is query head
@@ -98,7 +98,7 @@ def step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE: tl.constexpr,
 
 @triton.jit
 def sparse_step_masked(m_start, n_start, len_q, causal_shift, every_step, CAUSAL: tl.constexpr,
-                        TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                       TILE_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """Whether a block-sparse step needs the masked step: its rows reach past the sequence, or (causal)
     some row misses some key of the tile, or ``every_step`` (the consumer's keys reach past the sequence
     in a fused-dQ build)."""
@@ -110,9 +110,9 @@ def sparse_step_masked(m_start, n_start, len_q, causal_shift, every_step, CAUSAL
 
 @triton.jit
 def load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                   qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
-                   col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
-                   NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
+                  qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
+                  col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
+                  NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
     """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next ring slot."""
     i = step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB)
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)

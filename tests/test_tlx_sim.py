@@ -26,7 +26,7 @@ CORE_FAMILIES = ("empty-run-middle", "all-empty", "q-empty-or-k-empty", "causal-
                  "bcastq-causal", "bcastq-lq129-causal", "strided-fused-qkv", "scale-neg1.7", "tlx-tails-64",
                  "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items",
                  "gqa-causal", "window-both", "window-left-only-masked-rows", "mqa-window-bcastq-causal",
-                 "tlx-sparse")
+                 "tlx-wide-window", "tlx-sparse")
 # Of the families with many variants (~60% of the catalogue's simulated time), the core keeps one variant
 # per structure the kernels branch on: the many-items rings (wrap-around) causal at each head dim and with a
 # broadcast Q; the block-sparse builds over each list structure (causal either way round, grouped heads,
@@ -55,12 +55,15 @@ CORE = [c for c in CATALOGUE if _in_core(c)]
 # its build at both head dims through the families whose masks and item lists differ
 DETERMINISTIC_CORE = ("tlx-many-items-causal-bf16", "tlx-long-items-D128", "tlx-tails", "tlx-keyless",
                       "bcastq-causal-bf16", "gqa-causal-bf16-D128", "window-both-bf16-D64",
-                      "mqa-window-bcastq-causal-bf16-D128", "tlx-sparse-gqa-causal-ratio0.5-bs128-bf16-D128",
+                      "mqa-window-bcastq-causal-bf16-D128", "tlx-wide-window-causal-gqa-bf16-D128",
+                      "tlx-wide-window-both-bf16-D64", "tlx-sparse-gqa-causal-ratio0.5-bs128-bf16-D128",
                       "tlx-sparse-bcastq-causal-topk2-bs128-bf16-D64", "tlx-sparse-mixed-none0", "empty-run-middle",
                       "all-empty", "q-empty-or-k-empty", "tlx-sparse-all-empty")
 SEEDED_CORE = [c for c in CORE if c.name.startswith(("tlx-many-items-causal-bf16", "tlx-long-items", "tlx-keyless",
                                                      "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128",
                                                      "mqa-window-bcastq-causal-bf16-D128",
+                                                     "tlx-wide-window-causal-gqa-bf16-D64",
+                                                     "tlx-wide-window-both-bf16-D128",
                                                      "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D128",
                                                      "tlx-sparse-gqa-causal-random0.5-bs128-bf16-D64",
                                                      "tlx-sparse-bcastq-causal-topk2-bs128-bf16-D64"))]
@@ -191,14 +194,15 @@ def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memo
 ITEM_DECODING = {"ring-causal": ("tlx-many-items-causal-bf16-D64", "", True),
                  "ring-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", True),
                  "decoded-by-each": ("tlx-many-items-bcastq-causal-bf16-D128", "item_ring=0", False),
-                 "window-decoded-by-each": ("window-causal-bf16-D128", "", False)}
+                 "ring-window": ("tlx-wide-window-both-bf16-D128", "", True),
+                 "window-decoded-by-each": ("tlx-wide-window-causal-gqa-bf16-D64", "item_ring=0", False)}
 
 
 @pytest.mark.parametrize("name", ITEM_DECODING)
 def test_work_items_reach_the_consumers_through_the_ring_or_decoded_by_each(name, monkeypatch):
     """The forward's consumers meet the oracle under a seeded schedule whether the producer hands them each
-    item decoded (what ships without a window) or every partition decodes it (the ablation, and windows),
-    and the launch compiled the path its variant and window name."""
+    item decoded (what ships, with a window the band and the visiting order's rotation too) or every
+    partition decodes it (the ablation), and the launch compiled the path its variant names."""
     case_name, switches, ring = ITEM_DECODING[name]
     report, built = _forward_builds(case_name, switches, "ITEM_RING", sim.Schedule.seeded(3), monkeypatch)
     assert report.ok, str(report)

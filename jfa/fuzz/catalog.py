@@ -189,6 +189,19 @@ def tlx_cases(scale: str = "gpu") -> list:
             lens = (300, 257) * 2 if sim else (600, 513) * 20
             out.append(Case(lens, lens, heads=2 if sim else 4, head_dim=head_dim, dtype="bf16", causal=causal,
                             name=f"tlx-long-items{'-causal' if causal else ''}-D{head_dim}"))
+    # sliding windows wide enough for unmasked work between the band's edges (the forward's K/V blocks a half
+    # sees whole, visited first; the backward's query steps that see every key of an item), Lq != Lk both
+    # ways, rows that see no key, each side of the band unbounded in turn
+    for head_dim in TLX_HEAD_DIMS:
+        tag = f"bf16-D{head_dim}"
+        out += [Case((520, 130, 3), (600, 70, 300), heads=4, kv_heads=2, head_dim=head_dim, dtype="bf16",
+                     causal=True, window=(400, 0), name=f"tlx-wide-window-causal-gqa-{tag}"),
+                Case((450, 200), (400, 330), heads=2, head_dim=head_dim, dtype="bf16", window=(300, 200),
+                     name=f"tlx-wide-window-both-{tag}"),
+                Case((400, 129), (300, 500), heads=2, head_dim=head_dim, dtype="bf16", window=(-1, 256),
+                     name=f"tlx-wide-window-right-{tag}"),
+                Case((300, 260), (420, 257), heads=2, head_dim=head_dim, dtype="bf16", window=(256, -1),
+                     name=f"tlx-wide-window-left-{tag}")]
     # a consumer without keys (the second key tile's upper half: 2 keys) between items whose steps reduce-add
     # dQ: with 132 CTAs each runs three items, one of them keyless with an odd step count
     out.append(Case((130, 130), (130, 130), heads=6 if sim else 132, head_dim=128, dtype="bf16", causal=True,

@@ -209,9 +209,18 @@ MUTANTS: tuple = (
            "visible = (offs_n <= len_k)[None, :]",
            "off-by-one in the tail mask: the key one past the sequence (the next sequence's) enters the softmax"),
     Mutant("tlx-fwd-window-band-off-by-one", TLX_COMMON,
-           "visible = visible & (offset >= lo) & (offset <= hi)",
-           "visible = visible & (offset >= lo) & (offset <= hi + 1)",
+           "last_key = tl.minimum(offs_m + hi, len_k - 1)",
+           "last_key = tl.minimum(offs_m + hi + 1, len_k - 1)",
            "off-by-one in a sliding window's right edge: one key past the band enters the softmax"),
+    Mutant("tlx-fwd-window-bulk-from-first-row", TLX_FORWARD,
+           "first_whole = tl.cdiv(tl.maximum(m_start + TILE_M - 1 + lo, 0), BLOCK_N)",
+           "first_whole = tl.cdiv(tl.maximum(m_start + lo, 0), BLOCK_N)",
+           "a window's unmasked bulk starts at the left edge of the tile's first row: later rows see keys left "
+           "of their band"),
+    Mutant("tlx-fwd-window-bulk-past-right-edge", TLX_FORWARD,
+           "whole_end = tl.minimum(tl.maximum(m_start + c * BLOCK_M + hi + 1, 0), len_k) // BLOCK_N",
+           "whole_end = tl.minimum(tl.maximum(m_start + c * BLOCK_M + hi + 1, 0), len_k) // BLOCK_N + 1",
+           "a window's unmasked bulk takes one block more: the block on the band's right edge runs unmasked"),
     Mutant("tlx-fwd-gqa-key-head-of-query-head", TLX_FORWARD,
            "k_col = (head // GROUP) * col_stride_k",
            "k_col = head * col_stride_k",
@@ -273,6 +282,16 @@ MUTANTS: tuple = (
            "first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M",
            "first = tl.minimum(tl.maximum(n_start - hi, 0) + BLOCK_M, len_q) // BLOCK_M",
            "a sliding window's dK/dV start one query tile late: the band's first rows never reach dK and dV"),
+    Mutant("tlx-bwd-window-bulk-from-first-key", TLX_DKDV_STEPS,
+           "tl.cdiv(tl.maximum(n_start + TILE_N - 1 - hi, 0), BLOCK_M)",
+           "tl.cdiv(tl.maximum(n_start - hi, 0), BLOCK_M)",
+           "a window's unmasked dK/dV steps start at the right edge of the item's first key: the tile's later "
+           "keys take rows before their band"),
+    Mutant("tlx-bwd-window-bulk-past-left-edge", TLX_DKDV_STEPS,
+           "bulk_stop = tl.minimum(tl.maximum(n_start - lo + 1, 0) // BLOCK_M, len_q // BLOCK_M)",
+           "bulk_stop = tl.minimum(tl.maximum(n_start - lo + 1, 0) // BLOCK_M + 1, len_q // BLOCK_M)",
+           "a window's unmasked dK/dV steps take one query tile more: the tile on the band's left edge runs "
+           "unmasked"),
     Mutant("tlx-sparse-bwd-diagonal-unmasked", TLX_DKDV_STEPS,
            "masked = masked | (m_start + causal_shift < n_start + TILE_N - 1)",
            "masked = masked | (m_start + causal_shift < n_start)",
@@ -617,7 +636,8 @@ def kill(mutant: Mutant, cases_or_strategy, settings=None, *, backend: str = "tr
 TLX_SENTINELS = ("tlx-many-items-causal-bf16-D64", "tlx-many-items-causal-bf16-D128", "tlx-long-items-causal-D128",
                  "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items",
                  "mqa-window-bcastq-causal-bf16-D128", "gqa-causal-bf16-D64", "window-both-bf16-D64",
-                 "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D64", "tlx-sparse-causal-lq-lt-lk-random0.4-bs128-bf16-D128")
+                 "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D64", "tlx-sparse-causal-lq-lt-lk-random0.4-bs128-bf16-D128",
+                 "tlx-wide-window-causal-gqa-bf16-D64")
 
 
 def tlx_kill_set() -> list:

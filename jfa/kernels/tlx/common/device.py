@@ -142,12 +142,16 @@ def online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_s
     subtracts 0, so exp2 gives 0, not NaN."""
     if MASKED:
         offs_n = n_start + tl.arange(0, BLOCK_N)
-        visible = (offs_n < len_k)[None, :]
         if WINDOW:
-            offset = offs_n[None, :] - offs_m[:, None]
-            visible = visible & (offset >= lo) & (offset <= hi)
-        elif CAUSAL:
-            visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
+            # each row's first and last visible key, the sequence's end folded into the last (spelled per row,
+            # not per element as j - i: that way the D 128 window build spills 12 B; compile gate, offline)
+            first_key = offs_m + lo
+            last_key = tl.minimum(offs_m + hi, len_k - 1)
+            visible = (offs_n[None, :] >= first_key[:, None]) & (offs_n[None, :] <= last_key[:, None])
+        else:
+            visible = (offs_n < len_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= (offs_m + causal_shift)[:, None])
         s = tl.where(visible, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -44,7 +44,8 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
 * Grouped-query attention: items are (key tile, key/value head); an item runs the steps of each of the
   group's query heads in turn against its K and V, dK and dV accumulating over the group in registers (one
   bf16/fp16 store per item, no partials), dQ per query head as without groups. Sliding windows: an item's
-  steps cover only the query tiles whose band reaches its keys, every one masked (``jfa.kernels.bands``).
+  steps cover only the query tiles whose band reaches its keys (``jfa.kernels.bands``); the band's two edges
+  run masked, the tiles between them, which see every key of the item, the unmasked bulk step.
 
 Supported: bf16 and fp16, head dims 64 and 128, the forward's TMA layout rules (``supports``).
 
@@ -484,16 +485,26 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
     if MASKED:
         # the TMA boxes may reach into the next sequence's rows: their P^T (and so dS^T) must be 0
         offs_m = m_start + tl.arange(0, BLOCK_M)
-        visible = (offs_m < len_q)[None, :]
-        if WINDOW:  # the band; dQ sums over the keys: the next sequence's must add nothing
+        # The band is spelled two ways, each the one whose D 128 fused-dQ builds fit the consumers' registers
+        # without a spill (the other spills 8 B: compile gate, offline). Causal: a key past the sequence is
+        # past every real row's diagonal (hi <= Lk - Lq), so the band alone excludes it.
+        if WINDOW and CAUSAL:
             offset = offs_n[:, None] - offs_m[None, :]
-            visible = visible & (offset >= lo) & (offset <= hi)
+            visible = (offs_m < len_q)[None, :] & (offset >= lo) & (offset <= hi)
+        elif WINDOW:
+            # each key's first and last query row in the band, the sequence's end folded into the last; dQ
+            # sums over the keys: the next sequence's must add nothing (an empty range, last row -1)
+            first_row = offs_n - hi
+            last_row = tl.minimum(offs_n - lo, len_q - 1)
             if DQ != DQ_NONE:
+                last_row = tl.where(offs_n < len_k, last_row, -1)
+            visible = (offs_m[None, :] >= first_row[:, None]) & (offs_m[None, :] <= last_row[:, None])
+        else:
+            visible = (offs_m < len_q)[None, :]
+            if CAUSAL:  # also excludes key rows past the sequence
+                visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+            elif DQ != DQ_NONE:  # dQ sums over the keys: the next sequence's must add nothing
                 visible = visible & (offs_n < len_k)[:, None]
-        elif CAUSAL:  # also excludes key rows past the sequence
-            visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
-        elif DQ != DQ_NONE:  # dQ sums over the keys: the next sequence's must add nothing
-            visible = visible & (offs_n < len_k)[:, None]
         p_t = tl.where(visible, p_t, 0.0)
     delta = tlx.local_load(delta_tile)                       # [1, BLOCK_M]
     dp_t = tlx.async_dot_wait(0, dp_t)

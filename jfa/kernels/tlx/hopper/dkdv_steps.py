@@ -22,9 +22,10 @@ def dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, n_start, causal_shift, first, n_masked_lead,
     bulk_end, num_q_tiles, lo, hi): query steps run over tiles [first, num_q_tiles); the first
     ``n_masked_lead`` of them straddle the causal diagonal, tiles [first + n_masked_lead, bulk_end)
-    are fully visible, the rest (at most one: the sequence's partial last tile) masked again. With
-    WINDOW, (lo, hi) is the band (query i sees key j iff lo <= j - i <= hi: ``jfa.kernels.bands``), the
-    steps cover the query tiles that see any of the tile's keys, and every step is masked.
+    are fully visible, the rest (without a window at most one: the sequence's partial last tile) masked
+    again. With WINDOW, (lo, hi) is the band (query i sees key j iff lo <= j - i <= hi:
+    ``jfa.kernels.bands``), the steps cover the query tiles that see any of the tile's keys, the masked
+    lead and tail are the band's two edges and the bulk the tiles that see every key of the tile.
 
     SPARSE (block-sparse attention, blocks of TILE_N rows; TILES' third row holds each slot's key block):
     the steps are the BLOCK_M-row query tiles of the query blocks that list the item's key block, the
@@ -49,11 +50,17 @@ def dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, 
     elif WINDOW:
         lo, hi = band_offsets(len_q, len_k, band_lo, band_hi)
         key_end = tl.minimum(n_start + TILE_N, len_k)
-        # query rows [n_start - hi, key_end - lo) see some key of the tile: every one of their steps masked
+        # query rows [n_start - hi, key_end - lo) see some key of the tile
         first = tl.minimum(tl.maximum(n_start - hi, 0), len_q) // BLOCK_M
         num_q_tiles = tl.maximum(tl.cdiv(tl.minimum(tl.maximum(key_end - lo, 0), len_q), BLOCK_M), first)
-        diag_end = num_q_tiles
-        bulk_end = num_q_tiles
+        # a whole query tile sees every key of a whole key tile iff its rows lie in
+        # [n_start + TILE_N - 1 - hi, n_start - lo]: those tiles are the bulk, the band's edges around it masked
+        # (the numerators clamped at 0: integer division of a negative number rounds differently per backend)
+        diag_end = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(n_start + TILE_N - 1 - hi, 0), BLOCK_M), first),
+                              num_q_tiles)
+        bulk_stop = tl.minimum(tl.maximum(n_start - lo + 1, 0) // BLOCK_M, len_q // BLOCK_M)
+        bulk_stop = tl.where(n_start + TILE_N <= len_k, bulk_stop, 0)  # a partial key tile: every step masked
+        bulk_end = tl.minimum(tl.maximum(bulk_stop, diag_end), num_q_tiles)
     else:
         if CAUSAL:
             first = tl.minimum(tl.maximum(n_start - causal_shift, 0) // BLOCK_M, num_q_tiles)

@@ -31,8 +31,8 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
 * Inside a consumer, the tutorial's software pipeline: QK^T of block j is issued before PV of block
   j - 1, softmax of block j overlaps that PV. Online softmax in base 2, fp32 accumulators.
 * Loop peeling: a branch-free bulk over K/V blocks every row of the consumer's half fully sees, then
-  a masked tail (the causal diagonal and the sequence's last partial block), one helper instantiated
-  twice through the ``MASKED`` constexpr.
+  a masked tail (the causal diagonal and the sequence's last partial block, or a window's edges), one
+  helper instantiated twice through the ``MASKED`` constexpr.
 * Jagged tails without padding: the TMA descriptors cover the packed tensors as 2-D views
   ``[T, (H - 1) * stride_h + D]`` (column offset ``head * stride_h``), so a tile may read rows of the
   next sequence (or zeros past the tensor end). Those key rows are excluded by the tail mask before the
@@ -41,9 +41,12 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
 
 * Grouped-query attention: query head h reads key/value head ``h // GROUP`` (a constexpr: one build per
   group size). Sliding windows (``WINDOW``): a work item loads only the K/V blocks its rows' band
-  reaches (from the block of its first row's first key), and every block goes through the masked
-  softmax, which keeps keys with ``lo <= j - i <= hi`` (``jfa.kernels.bands``); builds without a window
-  take no band arguments (constexpr None), so their code is that of the plain kernel.
+  reaches (from the block of its first row's first key), in a rotated order: first the blocks past the
+  band's left edge for every row of the tile, of which those inside its right edge for a half's first row
+  are that half's unmasked bulk, then the rest (the right edge, the sequence's last block, the left edge)
+  through the masked softmax, which keeps keys with ``lo <= j - i <= hi`` (``jfa.kernels.bands``); the
+  online softmax does not depend on the order of the blocks. Builds without a window take no band
+  arguments (constexpr None), so their code is that of the plain kernel.
 
 Divergence from the portable kernel: a key block straddling a sequence end multiplies P = 0 by the V
 rows of the next sequence; a non-finite V value there (inf/NaN in another sequence's V) turns
@@ -147,6 +150,11 @@ F_OUT_ROW = tl.constexpr(5)
 F_J0 = tl.constexpr(6)
 F_N_BLOCKS = tl.constexpr(7)
 F_N_BULK = tl.constexpr(8)  # one word per consumer
+# a windowed build's ring words follow: the band and the visiting order's rotation (``_window_rotation``)
+WINDOW_FIELDS = tl.constexpr(3)
+F_LO = tl.constexpr(10)
+F_HI = tl.constexpr(11)
+F_ROT = tl.constexpr(12)
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
 
 
@@ -181,9 +189,10 @@ def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs,
     consumers of a build without the item ring decode it too, identically (they must agree on the K/V
     blocks, or the mbarrier phases and the pingpong drift).
 
-    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi):
-    the item's K/V blocks are j0 .. j0 + n_blocks - 1; with WINDOW, (lo, hi) is the band (row i sees key j
-    iff lo <= j - i <= hi: ``jfa.kernels.bands``) and j0 the block of the tile's first visible key. SPARSE
+    Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot):
+    the item's K/V blocks are j0 .. j0 + n_blocks - 1 (visited in ``_block_start``'s order); with WINDOW,
+    (lo, hi) is the band (row i sees key j iff lo <= j - i <= hi: ``jfa.kernels.bands``), j0 the block of
+    the tile's first visible key and ``rot`` the rotation of the visiting order (``_window_rotation``). SPARSE
     (block-sparse attention: ``jfa.kernels.block_lists``, query blocks of TILE_M rows): the item's blocks are
     the ones its list row names, KV_IDX[j0 .. j0 + n_blocks - 1] (``_block_start``); TILES' third row holds
     each slot's query block index. A spare slot (sequence index == num_seqs) has both lengths 0, hence
@@ -192,7 +201,7 @@ def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs,
         TILES, CU_Q, CU_K, item, num_slots, num_heads, num_seqs, len_q_bcast, BROADCAST_Q)
     m_start = tile * TILE_M
     causal_shift = len_k - len_q  # bottom-right alignment: row i sees keys j <= i + Lk - Lq
-    j0, lo, hi = 0, 0, 0  # (Python ints: folded away where there is no window)
+    j0, lo, hi, rot = 0, 0, 0, 0  # (Python ints: folded away where there is no window)
     if SPARSE:
         row = (item % num_heads) * num_slots + tl.load(TILES + (item // num_heads + 2 * num_slots))
         j0 = tl.load(ROW_OFF + row)
@@ -203,6 +212,7 @@ def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs,
         j0 = tl.minimum(tl.maximum(m_start + lo, 0), len_k) // BLOCK_N
         kv_end = tl.minimum(tl.maximum(tl.minimum(m_start + TILE_M, len_q) + hi, 0), len_k)
         n_blocks = tl.maximum(tl.cdiv(kv_end, BLOCK_N) - j0, 0)
+        rot = _window_rotation(m_start, lo, j0, n_blocks, TILE_M, BLOCK_N)
     else:
         if CAUSAL:
             # keys up to the last real row of the tile (a tile's rows past Lq need none)
@@ -210,14 +220,31 @@ def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs,
         else:
             kv_end = len_k
         n_blocks = tl.cdiv(kv_end, BLOCK_N)
-    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi
+    return head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot
 
 
 @triton.jit
-def _block_start(KV_IDX, j0, j, SPARSE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The first key (within the sequence) of the item's ``j``-th K/V block."""
+def _window_rotation(m_start, lo, j0, n_blocks, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where a windowed item's visiting order starts, as an offset from j0: the first block whose every key
+    is at or past the band's left edge for the tile's last row (so for every row of both consumers' halves),
+    clamped to the item's blocks. The blocks from there on that also lie within the right edge are the ones
+    a half sees whole: visited first, they form the unmasked bulk (``_bulk_blocks``); the band's left-edge
+    blocks come last, through the masked path. (Numerator clamped at 0: integer division of a negative
+    number rounds differently per backend.)"""
+    first_whole = tl.cdiv(tl.maximum(m_start + TILE_M - 1 + lo, 0), BLOCK_N)
+    return tl.minimum(tl.maximum(first_whole - j0, 0), n_blocks)
+
+
+@triton.jit
+def _block_start(KV_IDX, j0, j, n_blocks, rot, SPARSE: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The first key (within the sequence) of the item's ``j``-th K/V block, in the order producer and
+    consumers share: ascending, or with WINDOW rotated by ``rot`` (blocks j0 + rot .. j0 + n_blocks - 1, then
+    j0 .. j0 + rot - 1)."""
     if SPARSE:
         return tl.load(KV_IDX + j0 + j) * BLOCK_N
+    if WINDOW:
+        b = j + rot
+        return (j0 + tl.where(b < n_blocks, b, b - n_blocks)) * BLOCK_N
     return (j0 + j) * BLOCK_N
 
 
@@ -235,13 +262,19 @@ def _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, c: tl.constexpr, CAUSAL: tl.constexpr,
-                 WINDOW: tl.constexpr, SPARSE: tl.constexpr, PEEL: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """How many of the item's first blocks consumer ``c``'s half sees whole (the branch-free bulk): below the
-    diagonal and inside Lk. 0 with a window (every block through the masked path) or without peeling."""
-    if not PEEL or WINDOW:
+def _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, c: tl.constexpr,
+                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SPARSE: tl.constexpr, PEEL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """How many of the item's first blocks (in ``_block_start``'s order) consumer ``c``'s half sees whole
+    (the branch-free bulk): below the diagonal and inside Lk; with WINDOW, from the rotated start up to the
+    band's right edge for the half's first row. 0 without peeling."""
+    if not PEEL:
         return 0
+    if WINDOW:
+        # blocks below whole_end hold only keys <= the half's first row + hi, and inside Lk; the rotated
+        # start is at or past the left edge of every row (``_window_rotation``)
+        whole_end = tl.minimum(tl.maximum(m_start + c * BLOCK_M + hi + 1, 0), len_k) // BLOCK_N
+        return tl.maximum(tl.minimum(whole_end, j0 + n_blocks) - (j0 + rot), 0)
     if CAUSAL:
         bulk_end = tl.minimum(len_k, tl.maximum(m_start + c * BLOCK_M + causal_shift + 1, 0))
     else:
@@ -263,14 +296,15 @@ def _get(ring, index):
 
 @triton.jit
 def _publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk0,
-                  n_bulk1):
+                  n_bulk1, lo=0, hi=0, rot=0, WINDOW: tl.constexpr = False):
     """Producer: hand the consumers work item ``item`` decoded, as the CTA's ``count``-th (an item >= the
-    launch's count ends their loop). The consumers then read nine words of shared memory instead of the
-    tile list's and the offsets' dependent global loads at every item boundary. barrier_arrive syncs the
-    producer's warps before thread 0 arrives, so the stores are visible to whoever passes the full barrier."""
+    launch's count ends their loop). The consumers then read nine words of shared memory (WINDOW: twelve,
+    the band and the rotation too) instead of the tile list's and the offsets' dependent global loads at
+    every item boundary. barrier_arrive syncs the producer's warps before thread 0 arrives, so the stores
+    are visible to whoever passes the full barrier."""
     buf, phase = bufidx_phase(count, ITEM_BUFFERS)
     tlx.barrier_wait(empties[buf], phase ^ 1)
-    base = buf * ITEM_FIELDS
+    base = buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW)
     _put(ring, base + F_ITEM, item)
     _put(ring, base + F_HEAD, head)
     _put(ring, base + F_M_START, m_start)
@@ -281,23 +315,28 @@ def _publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k
     _put(ring, base + F_N_BLOCKS, n_blocks)
     _put(ring, base + F_N_BULK, n_bulk0)
     _put(ring, base + F_N_BULK + 1, n_bulk1)
+    if WINDOW:
+        _put(ring, base + F_LO, lo)
+        _put(ring, base + F_HI, hi)
+        _put(ring, base + F_ROT, rot)
     tlx.barrier_arrive(fulls[buf], 1)
 
 
 @triton.jit
-def _peek_item(ring, fulls, count):
+def _peek_item(ring, fulls, count, WINDOW: tl.constexpr = False):
     """Consumer: the ``count``-th item its producer published (waits for it; ``_take_item`` reads the rest)."""
     buf, phase = bufidx_phase(count, ITEM_BUFFERS)
     tlx.barrier_wait(fulls[buf], phase)
-    return _get(ring, buf * ITEM_FIELDS + F_ITEM)
+    return _get(ring, buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW) + F_ITEM)
 
 
 @triton.jit
-def _take_item(ring, empties, count, cid: tl.constexpr):
+def _take_item(ring, empties, count, cid: tl.constexpr, WINDOW: tl.constexpr = False):
     """Consumer ``cid``: the rest of the ``count``-th published item (after ``_peek_item``), then its slot
-    handed back. Returns (head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk)."""
+    handed back. Returns (head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot), the
+    last three 0 without WINDOW."""
     buf = count % ITEM_BUFFERS
-    base = buf * ITEM_FIELDS
+    base = buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW)
     head = _get(ring, base + F_HEAD)
     m_start = _get(ring, base + F_M_START)
     len_q = _get(ring, base + F_LEN_Q)
@@ -306,8 +345,13 @@ def _take_item(ring, empties, count, cid: tl.constexpr):
     j0 = _get(ring, base + F_J0)
     n_blocks = _get(ring, base + F_N_BLOCKS)
     n_bulk = _get(ring, base + F_N_BULK + cid)
+    lo, hi, rot = 0, 0, 0  # (Python ints: folded away where there is no window)
+    if WINDOW:
+        lo = _get(ring, base + F_LO)
+        hi = _get(ring, base + F_HI)
+        rot = _get(ring, base + F_ROT)
     tlx.barrier_arrive(empties[buf], 1)
-    return head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk
+    return head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot
 
 
 @triton.jit
@@ -441,13 +485,13 @@ def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexp
 
 
 @triton.jit
-def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles,
-                  k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX,
+def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
+                  q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX,
                   col_stride_q, col_stride_k, col_stride_v, GROUP: tl.constexpr, SPARSE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                   NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one decoded work item: TMA loads of both consumers' Q halves, then every K/V block the item
-    needs, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
+    needs in ``_block_start``'s order, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -461,7 +505,7 @@ def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, de
         v_col = (head // GROUP) * col_stride_v
         for j in tl.range(0, n_blocks):
             kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-            kv_row = k_row0 + _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N)
+            kv_row = k_row0 + _block_start(KV_IDX, j0, j, n_blocks, rot, SPARSE, WINDOW, BLOCK_N)
             tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
             tlx.barrier_expect_bytes(k_fulls[kv_buf], KV_BYTES)
             tlx.async_descriptor_load(desc_k, k_tiles[kv_buf], [kv_row, k_col], k_fulls[kv_buf])
@@ -532,16 +576,16 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
     """Producer, one work item: decodes it once, hands it to the consumers (ITEM_RING), then fills its
     buffers by TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes) loaded and
     dequantized. Returns the advanced (q_cnt, kv_cnt)."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, _lo, _hi = _work_item(
+    head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot = _work_item(
         TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     if ITEM_RING:
         _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
                       n_blocks,
-                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 0, CAUSAL, WINDOW, SPARSE,
-                                   PEEL, BLOCK_M, BLOCK_N),
-                      _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, 1, CAUSAL, WINDOW, SPARSE,
-                                   PEEL, BLOCK_M, BLOCK_N))
+                      _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 0, CAUSAL, WINDOW,
+                                   SPARSE, PEEL, BLOCK_M, BLOCK_N),
+                      _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 1, CAUSAL, WINDOW,
+                                   SPARSE, PEEL, BLOCK_M, BLOCK_N), lo, hi, rot, WINDOW)
     if MX != "":
         q_cnt, kv_cnt = _produce_item_mx(
             item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
@@ -549,9 +593,9 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
             v_empties, TILES, num_heads, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
     else:
         q_cnt, kv_cnt = _produce_item(
-            head, q_row0, m_start, k_row0, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles,
-            v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX, col_stride_q,
-            col_stride_k, col_stride_v, GROUP, SPARSE, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES,
+            head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles,
+            k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX, col_stride_q,
+            col_stride_k, col_stride_v, GROUP, SPARSE, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES,
             KV_BYTES)
     return q_cnt, kv_cnt
 
@@ -603,11 +647,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     if PROFILE:
         started = _globaltimer()
     if ITEM_RING:
-        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk = _take_item(ring, ring_empties, count, cid)
+        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = _take_item(
+            ring, ring_empties, count, cid, WINDOW)
         causal_shift = len_k - len_q
-        lo, hi = 0, 0  # (no window: its builds decode the item in every partition)
     else:
-        head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi = _work_item(
+        head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot = _work_item(
             TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
             CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -622,8 +666,8 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # (every store below is masked)
     elif n_blocks > 0:
         if not ITEM_RING:
-            n_bulk = _bulk_blocks(KV_IDX, j0, n_blocks, m_start, len_k, causal_shift, cid, CAUSAL, WINDOW, SPARSE,
-                                  PEEL, BLOCK_M, BLOCK_N)
+            n_bulk = _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, cid, CAUSAL, WINDOW,
+                                  SPARSE, PEEL, BLOCK_M, BLOCK_N)
 
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
@@ -635,13 +679,12 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         qk = _issue_qk(q_tile, k_tiles[k_buf], cid, PINGPONG)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[k_buf], 1)
+        n_start0 = _block_start(KV_IDX, j0, 0, n_blocks, rot, SPARSE, WINDOW, BLOCK_N)
         if n_bulk > 0:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
-                                                  offs_m, len_k, causal_shift, qk_scale, lo, hi, False, CAUSAL,
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_start0, offs_m, len_k, causal_shift, qk_scale, lo, hi, False, CAUSAL,
                                                   WINDOW, SCALE_NONNEG, BLOCK_N, MX)
         else:
-            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, _block_start(KV_IDX, j0, 0, SPARSE, BLOCK_N),
-                                                  offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
+            p, m_i, l_i, _alpha = _softmax_update(qk, m_i, l_i, n_start0, offs_m, len_k, causal_shift, qk_scale, lo, hi, True, CAUSAL,
                                                   WINDOW, SCALE_NONNEG, BLOCK_N, MX)
         p = to_16bit_pairs(p, DTYPE)
         kv_cnt += 1
@@ -656,16 +699,16 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
         for j in tl.range(1, n_bulk):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_bulk, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt,
-                                        _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
+                                        _block_start(KV_IDX, j0, j, n_blocks, rot, SPARSE, WINDOW, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, False, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
                                         STEP_LOG, pid, TRACE_STEPS)
             kv_cnt += 1
-        # tail: causal diagonal and the sequence's last partial block
+        # tail: causal diagonal and the sequence's last partial block, or the window band's edges
         for j in tl.range(tl.maximum(n_bulk, 1), n_blocks):
             acc, p, m_i, l_i = _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls,
                                         k_empties, v_fulls, v_empties, kv_cnt,
-                                        _block_start(KV_IDX, j0, j, SPARSE, BLOCK_N), offs_m,
+                                        _block_start(KV_IDX, j0, j, n_blocks, rot, SPARSE, WINDOW, BLOCK_N), offs_m,
                                         len_k, causal_shift, qk_scale, lo, hi, cid, True, CAUSAL, WINDOW,
                                         SCALE_NONNEG, PINGPONG, NUM_BUFFERS_KV, BLOCK_N, DTYPE, MX,
                                         STEP_LOG, pid, TRACE_STEPS)
@@ -728,6 +771,7 @@ def jagged_fwd_tlx_kernel(
     (token-axis, sequence b's first scale row VB_OFF[b]); its producer dequantizes into the bf16 buffers
     (``_produce_item_mx``)."""
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
+    tl.static_assert(MX == "" or not WINDOW, "the MX producer loads its blocks in ascending order: no window")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
@@ -752,7 +796,7 @@ def jagged_fwd_tlx_kernel(
         item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
     ring, ring_fulls, ring_empties = TILES, TILES, TILES  # (never read without ITEM_RING)
     if ITEM_RING:  # the producer hands each item to the consumers decoded (``_publish_item``)
-        ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * ITEM_FIELDS)
+        ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW))
         ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
     step_log = TIMELINE  # (never written without TRACE_STEPS)
@@ -794,7 +838,8 @@ def jagged_fwd_tlx_kernel(
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                         count += 1
                 if ITEM_RING:  # the end of the consumers' loop
-                    _publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                    _publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                  WINDOW=WINDOW)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -819,7 +864,7 @@ def jagged_fwd_tlx_kernel(
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             elif ITEM_RING:
                 count = 0
-                item = _peek_item(ring, ring_fulls, count)
+                item = _peek_item(ring, ring_fulls, count, WINDOW)
                 while item < num_items:
                     q_cnt, kv_cnt = _consume_item(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
@@ -829,7 +874,7 @@ def jagged_fwd_tlx_kernel(
                         NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties,
                         count, True, step_log, TRACE_STEPS)
                     count += 1
-                    item = _peek_item(ring, ring_fulls, count)
+                    item = _peek_item(ring, ring_fulls, count, WINDOW)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
@@ -915,7 +960,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
                      Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
-                     ITEM_RING=variant.item_ring and not variant.dynamic and not window, TRACE_STEPS=trace_steps)
+                     ITEM_RING=variant.item_ring and not variant.dynamic, TRACE_STEPS=trace_steps)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants

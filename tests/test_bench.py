@@ -977,7 +977,9 @@ def test_expand_broadcast_q_sums_gradients():
 
 
 def test_find_fa4_varlen_reports_missing_module(monkeypatch):
+    # (both names: on a machine with FA4, another test may have imported flash_attn.cute already)
     monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
     fn, why = impls.find_fa4_varlen()
     assert fn is None and "flash_attn.cute not importable" in why
     ok, why = impls.get_impl("fa4-varlen").available()

@@ -16,7 +16,7 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
   of each launch. Spare slots carry the sentinel sequence ``B`` and are skipped. The producer decodes
   each item (tile list, offsets, block-sparse list counts) and hands it to the consumers through a
   shared-memory ring (``_publish_item``), so a consumer starts the next item after a few shared-memory
-  reads instead of dependent global loads; builds with a window (handing the band over spills) and the
+  reads instead of dependent global loads (a windowed item's band and block order too); builds with the
   dynamic schedule decode the item in every partition. ``profile=True``
   builds a variant that records SM, start and end of every item (``jfa.bench.timeline`` draws them).
 * Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues

@@ -280,6 +280,9 @@ def test_tlx_backward_switches_parse_and_reject_typos():
     assert BackwardVariant.parse("sparse_schedule=static").dynamic(sparse=True) is False
     assert BackwardVariant.parse("dense_schedule=dynamic").dynamic(sparse=False) is True
     assert SHIPPED.dynamic(sparse=True) and not SHIPPED.dynamic(sparse=False)
+    # dense causal or windowed builds take their items from the counter (their items' costs differ)
+    assert SHIPPED.dynamic(sparse=False, masked=True)
+    assert BackwardVariant.parse("masked_schedule=static").dynamic(sparse=False, masked=True) is False
     for bad, words in (("dq_reduce=atomic", "unknown switch"), ("persistent=2", "persistent: must be 0, 1"),
                        ("sparse_schedule=zigzag", "sparse_schedule: must be one of")):
         with pytest.raises(ValueError, match=words):

@@ -102,6 +102,7 @@ def test_every_suite_builds_lengths():
             assert int(lengths.min()) >= 0 and int(lengths.max()) <= p.max_len
     assert len(get_suite("sweep")) == 10
     assert sum(p.causal for p in get_suite("dense")) == 1
+    assert all(p.causal for p in get_suite("causal"))
     with pytest.raises(ValueError, match="unknown suite"):
         get_suite("nope")
 
@@ -329,6 +330,7 @@ SYNTHETIC_PROBLEMS = {
               ("sweep-L4096-s0.5-B1152-H4-D128", 4096, 0.5)],
     "dense": [("dense-B4-L2048-H32-D128", 2048, 0.0), ("dense-B4-L8192-H16-D128-causal", 8192, 0.0)],
     "gqa": [("gqa-uniform-B256-L2048-H16-KV4-D128", 2048, 0.47), ("window-longtail-B256-L4096-H4-D128-W256", 4096, 0.76)],
+    "causal": [("uniform-B512-L1024-H4-D128-causal", 1024, 0.51), ("full-B8-L4096-H16-D128-causal", 4096, 0.0)],
 }
 
 
@@ -336,7 +338,7 @@ def _synthetic_rows(suite="gem", sweep=False):
     """Result rows as the runner makes them, for two or three problems (the sweep's with ``sweep``,
     the dense ones for suite "dense", else gem's), three impls, three passes."""
     rows = []
-    problems = SYNTHETIC_PROBLEMS["sweep" if sweep else suite if suite in ("dense", "gqa") else "gem"]
+    problems = SYNTHETIC_PROBLEMS["sweep" if sweep else suite if suite in ("dense", "gqa", "causal") else "gem"]
     for pi, (problem, max_len, s) in enumerate(problems):
         for impl, base in (("jfa-triton", 300.0), ("torch-varlen", 250.0), ("sdpa-njt", None)):
             for pass_, f in (("fwd", 1.0), ("bwd", 2.5), ("fwd_bwd", 3.5)):
@@ -555,10 +557,10 @@ def test_one_repeat_times_each_pass_once(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------
-# --suite all: gem, sweep, dense, then gqa in one run
+# --suite all: gem, sweep, dense, gqa, then causal in one run
 # ---------------------------------------------------------------------------------------
 
-ALL_SUITES = ("gem", "sweep", "dense", "gqa")
+ALL_SUITES = ("gem", "sweep", "dense", "gqa", "causal")
 
 
 @pytest.mark.parametrize("suite", [*ALL_SUITES, "all"])
@@ -613,7 +615,7 @@ def test_combined_benchmarks_has_one_header_and_a_section_per_suite(tmp_path):
     for once in ("# Benchmarks\n", "- Date: 2026-11-29 10:00 UTC", "- GPU: NVIDIA H200 (sm_90)",
                  "- torch 2.11.0+cu130, Triton 3.8.0", "```\n" + cmd + "\n```"):
         assert text.count(once) == 1, once
-    assert "one run of suites `gem`, `sweep`, `dense`, `gqa`." in text
+    assert "one run of suites `gem`, `sweep`, `dense`, `gqa`, `causal`." in text
     starts = [text.index(f"## Suite {s}\n") for s in ALL_SUITES]
     assert starts == sorted(starts) and text.count("## Suite ") == len(ALL_SUITES)
     bodies = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]

@@ -120,7 +120,10 @@ SCHEDULES = {
     "sparse-shipped": ("tlx-sparse-gqa-causal-random0.5-bs128-bf16-D64", "", "", False, True),
     "sparse-static-bwd": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", "sparse_schedule=static", False, False),
     "sparse-dynamic-fwd": ("tlx-sparse-bcastq-ratio0.5-bs128-bf16-D128", "schedule=dynamic", "", True, True),
-    "dense-shipped": ("tlx-many-items-causal-bf16-D64", "", "", False, False),
+    "dense-shipped": ("tlx-many-items-bf16-D64", "", "", False, False),
+    "dense-causal-shipped": ("tlx-many-items-causal-bf16-D64", "", "", False, True),
+    "dense-window-shipped": ("tlx-wide-window-causal-gqa-bf16-D128", "", "", False, True),
+    "dense-causal-static-bwd": ("tlx-many-items-bcastq-causal-bf16-D64", "", "masked_schedule=static", False, False),
     "dense-dynamic": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", "dense_schedule=dynamic", True,
                       True),
 }
@@ -128,10 +131,10 @@ SCHEDULES = {
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_schedules_meet_the_oracle_and_leave_the_counter_zero(name, monkeypatch):
-    """Each way the TLX kernels deal their items (static, or the global counter the block-sparse dK/dV
-    build ships with) meets the oracle under a seeded schedule, each launch took the schedule its variant
-    names, and a counter it took is zero again after the launch (the next launch on the stream starts
-    from it)."""
+    """Each way the TLX kernels deal their items (static, or the global counter the block-sparse and the
+    causal or windowed dK/dV builds ship with) meets the oracle under a seeded schedule, each launch took
+    the schedule its variant and mask name, and a counter it took is zero again after the launch (the next
+    launch on the stream starts from it)."""
     case_name, switches, bwd_switches, fwd_dynamic, bwd_dynamic = SCHEDULES[name]
     case = next(c for c in CATALOGUE if c.name == case_name)
     kernels = {tlx_forward.jagged_fwd_tlx_kernel: [], tlx_backward.jagged_dkdv_tlx_kernel: []}

@@ -4,7 +4,7 @@ Usage (the body of ``jfa bench``)::
 
     python -m jfa.bench --suite gem --impls jfa-triton,torch-varlen --pass fwd,bwd,fwd_bwd --out DIR
     python -m jfa.bench --suite sweep --out DIR --write-benchmarks BENCHMARKS.md
-    python -m jfa.bench --suite all --out DIR --write-benchmarks BENCHMARKS.md   # gem, sweep, dense, gqa
+    python -m jfa.bench --suite all --out DIR --write-benchmarks BENCHMARKS.md   # gem, sweep, dense, gqa, causal
     python -m jfa.bench --suite gem --dry-run        # list problems and impls, no GPU needed
 
 Per problem: bf16 packed Q/K/V with fresh normal data on the GPU, in as many copies as it
@@ -16,7 +16,7 @@ one untimed call per pass measures the peak extra GPU memory, and 20 calls issue
 sleep measure the host (CPU) time of a call (``host_us``). Progress: one line per finished
 problem (a tqdm bar when tqdm is installed). Reports (:mod:`jfa.bench.report`): terminal table,
 JSON, markdown, CSV, PNG plots, and optionally a BENCHMARKS.md-style file. ``--suite all`` runs
-every suite in turn (gem, sweep, dense, gqa) and writes each suite's files as it finishes, as a run of
+every suite in turn (gem, sweep, dense, gqa, causal) and writes each suite's files as it finishes, as a run of
 that suite alone would, and one BENCHMARKS.md-style file holding every finished suite.
 Nothing touches CUDA at import time.
 """

@@ -178,11 +178,27 @@ def _gqa() -> tuple[Problem, ...]:
     )
 
 
+def _causal() -> tuple[Problem, ...]:
+    """Causal masks on the gem suite's jagged and dense shapes and on grouped heads at 4096 keys: a key tile's
+    backward work depends on where it sits in its sequence, a query tile's forward work too."""
+    return (
+        Problem("uniform-B512-L1024-H4-D128-causal", B=512, H=4, D=128, max_len=1024,
+                lengths_fn=_uniform(512, 1024), causal=True),
+        Problem("longtail-B256-L4096-H4-D128-causal", B=256, H=4, D=128, max_len=4096,
+                lengths_fn=_longtail(256, 4096), causal=True),
+        Problem("full-B8-L4096-H16-D128-causal", B=8, H=16, D=128, max_len=4096,
+                lengths_fn=_full(8, 4096), causal=True),
+        Problem("gqa-uniform-B128-L4096-H16-KV4-D128-causal", B=128, H=16, H_kv=4, D=128, max_len=4096,
+                lengths_fn=_uniform(128, 4096), causal=True),
+    )
+
+
 SUITES: dict[str, tuple[Problem, ...]] = {
     "gem": _gem(),
     "sweep": _sweep(),
     "dense": _dense(),
     "gqa": _gqa(),
+    "causal": _causal(),
 }
 
 

@@ -19,8 +19,9 @@ Shape of the kernel (the forward's structure turned around: keys are the rows):
 * Persistent grid, one CTA per SM, dealing work items round-robin over a longest-first list
   (``common.device.static_item``). A work item is (key tile of ``2 * BLOCK_N`` rows, head); the tile
   list is built on the key offsets and sorted by each sequence's query length (the work a key tile
-  streams over). Block-sparse builds number the items head-major (``common.device.item_slot_head``)
-  and take them from a global counter (``common.device.fetch_item``; ``BackwardVariant`` says why).
+  streams over). Causal and windowed builds, whose key tiles of one sequence differ in work, take their
+  items from a global counter (``common.device.fetch_item``), and so do block-sparse builds, which also
+  number the items head-major (``common.device.item_slot_head``); ``BackwardVariant`` says why.
 * Producer (default partition, one warpgroup): per item, TMA loads of each consumer's K and V half
   (``BLOCK_N`` rows each, single-buffered: reloaded when both MMAs of the item's last step retired),
   then per step the ``BLOCK_M`` query rows' Q, dO and row statistics (lse2, delta) into a ring shared by
@@ -177,7 +178,7 @@ def dq_box_columns(cfg: HopperDkDvConfig, head_dim: int) -> int:
     return head_dim // 2 if cfg.dq == "halves" else head_dim
 
 
-SCHEDULES = ("static", "dynamic")  # BackwardVariant.dense_schedule / sparse_schedule
+SCHEDULES = ("static", "dynamic")  # BackwardVariant.dense_schedule / masked_schedule / sparse_schedule
 
 
 @dataclass(frozen=True)
@@ -188,24 +189,32 @@ class BackwardVariant:
     the ``deterministic`` argument of every call."""
 
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
-    # How a persistent grid deals the items (one of SCHEDULES). Dense builds: round-robin over the
-    # longest-first list ("static"); a round's items cost about the same, so the CTAs stay in step and
-    # those at work share their sequences' query tiles in L2. Block-sparse builds: from a global counter
+    # How a persistent grid deals the items (one of SCHEDULES). Dense builds without a mask: round-robin over
+    # the longest-first list ("static"); a round's items cost about the same, so the CTAs stay in step and
+    # those at work share their sequences' query tiles in L2 (from the counter: -4% to +3% on the gem
+    # shapes, NOTES.md session 37). Dense causal or windowed builds: from the counter; an item's cost is the
+    # query tiles at or after its keys (or inside its band), from one tile to the sequence's, so round-robin
+    # CTAs end unevenly (the counter was 1.10-1.52x faster on causal shapes, 1.32x on a 1024-key window,
+    # NOTES.md session 37). The MX builds have no counter (static). Block-sparse builds: from a global counter
     # ("dynamic"): an item's cost is its key block's listed query blocks, which vary item to item, so
     # round-robin CTAs drift apart until the items at work span ~3x the sequences (a model of the longtail
     # lists: ~67 MB of Q/dO/dQ against ~24 MB taken in order, L2 holds 50 MB) and the last rounds end
     # unevenly (NOTES.md, session 20).
     dense_schedule: str = "static"
+    masked_schedule: str = "dynamic"
     sparse_schedule: str = "dynamic"
 
     def __post_init__(self):
-        for name in ("dense_schedule", "sparse_schedule"):
+        for name in ("dense_schedule", "masked_schedule", "sparse_schedule"):
             if getattr(self, name) not in SCHEDULES:
                 raise ValueError(f"BackwardVariant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
 
-    def dynamic(self, sparse: bool) -> bool:
-        """Whether a build (block-sparse or dense) takes its items from the global counter."""
-        return (self.sparse_schedule if sparse else self.dense_schedule) == "dynamic"
+    def dynamic(self, sparse: bool, masked: bool = False) -> bool:
+        """Whether a build takes its items from the global counter: block-sparse (``sparse``), or dense with
+        a causal mask or a window (``masked``), or dense without."""
+        if sparse:
+            return self.sparse_schedule == "dynamic"
+        return (self.masked_schedule if masked else self.dense_schedule) == "dynamic"
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -911,7 +920,8 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
     cfg = config_for(head_dim, fused_dq, mx)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=(variant or SHIPPED).dynamic(sparse), mx=mx)
+                            sparse=sparse, dynamic=not mx and (variant or SHIPPED).dynamic(sparse, causal or window),
+                            mx=mx)
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -1017,7 +1027,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     num_items = tiles.num_slots * k.shape[1]  # (key tile, key/value head)
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
-    dynamic = variant.persistent and variant.dynamic(lists is not None)
+    dynamic = variant.persistent and variant.dynamic(lists is not None, causal or banded)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr

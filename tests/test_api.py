@@ -272,6 +272,22 @@ def test_tlx_variant_switches_parse_and_reject_typos():
             Variant.parse(bad)
 
 
+def test_tlx_forward_takes_the_counter_on_long_causal_sequences_only():
+    from jfa.kernels.tlx.hopper.forward import LONG_CAUSAL_TILES, SHIPPED, Variant
+
+    long_rows = LONG_CAUSAL_TILES * 128 * 3  # three sequences averaging LONG_CAUSAL_TILES items of 128 rows
+    launch = dict(rows=long_rows, num_seqs=3, tile_rows=128)
+    assert SHIPPED.for_launch(causal=True, window=(-1, -1), **launch).dynamic
+    assert SHIPPED.for_launch(causal=False, window=(-1, 0), **launch).dynamic, "the window (-1, 0) is causal"
+    assert not SHIPPED.for_launch(causal=True, window=(-1, -1), **dict(launch, rows=long_rows - 1)).dynamic
+    assert not SHIPPED.for_launch(causal=False, window=(-1, -1), **launch).dynamic
+    assert not SHIPPED.for_launch(causal=True, window=(256, 0), **launch).dynamic, "windows stay zig-zag"
+    assert not Variant.parse("long_causal_schedule=zigzag").for_launch(causal=True, window=(-1, -1), **launch).dynamic
+    assert Variant.parse("schedule=dynamic").for_launch(causal=False, window=(-1, -1), **launch).dynamic
+    with pytest.raises(ValueError, match="long_causal_schedule: must be one of"):
+        Variant.parse("long_causal_schedule=static")
+
+
 def test_tlx_backward_switches_parse_and_reject_typos():
     from jfa.kernels.tlx.hopper.backward import SHIPPED, BackwardVariant
 

@@ -18,10 +18,11 @@ from jfa.fuzz.compile_gate import SM90_SHARED_LIMIT, WGMMA_SERIALISED, tlx_targe
 # The CPU suite compiles one build per family, the one with the most live state (causal + broadcast Q,
 # windows, grouped heads, the fused dQ, the sparse lists, MX dequantisation, the dynamic schedule and the
 # timeline), at both head dims where the configs differ; the gate (``--sim-scope full``, ``jfa
-# compile-check``) compiles every target (about 10 s each on 2 cores: all 81 take the suite's budget).
+# compile-check``) compiles every target (about 10 s each on 2 cores: all of them would take the suite's budget).
 SUITE_TARGETS = (
     "tlx-forward-bf16-D64-causal-bcastq", "tlx-forward-bf16-D128-causal-bcastq",
-    "tlx-forward-bf16-D64[schedule=dynamic,profile]", "tlx-forward-bf16-D128-causal[pingpong=0]",
+    "tlx-forward-bf16-D64[schedule=dynamic,profile]", "tlx-forward-bf16-D128-causal-bcastq[schedule=dynamic]",
+    "tlx-forward-bf16-D128-causal[pingpong=0]",
     "tlx-forward-bf16-D128-causal-window", "tlx-forward-bf16-D128-gqa4", "tlx-forward-bf16-D128-bcastq-sparse",
     "tlx-forward-mxfloor-bf16-D64-causal", "tlx-forward-mxfloor-bf16-D128-causal-bcastq",
     "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D128-bcastq", "tlx-dkdv-bf16-D64-bcastq[fused-dq]",
@@ -135,6 +136,16 @@ def test_variants_and_timeline_build_are_targets():
         assert any(f"[{variant}" in n or f",{variant}]" in n for n in names), variant
     assert {"tlx-dkdv-bf16-D64", "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D64-bcastq", "tlx-dkdv-bf16-D128",
             "tlx-dkdv-bf16-D128-causal", "tlx-dkdv-fp16-D128-bcastq"} <= names
+
+
+def test_every_causal_forward_build_has_its_counter_build_as_a_target():
+    """Long causal launches take the counter (``Variant.for_launch``): that build ships too, for every config."""
+    targets = tlx_targets()
+    names = {t.name for t in targets}
+    shipped_causal = [t for t in targets if t.kernel == "forward" and t.causal and not (
+        t.variant or t.window or t.sparse or t.mx or t.profile or t.group > 1)]
+    assert len(shipped_causal) == 8  # bf16, fp16 x D 64, 128 x broadcast Q or not
+    assert all(f"{t.name}[schedule=dynamic]" in names for t in shipped_causal)
 
 
 @pytest.mark.parametrize("lengths", [(0, 5, 1, 8, 3, 0), (4, 4), (1,), (0,)], ids=["mixed", "aligned", "one", "empty"])

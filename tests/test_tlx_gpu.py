@@ -224,6 +224,23 @@ def test_dynamic_counter_is_zero_after_each_launch():
     assert torch.equal(work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
 
 
+def test_long_causal_sequences_take_the_counter_and_compute_bitwise_what_zigzag_computes():
+    """Causal launches whose sequences average LONG_CAUSAL_TILES items take the counter (``for_launch``); a
+    schedule changes which CTA runs an item, not one bit of it, and the counter is zero after each launch."""
+    lengths = [1500, 0, 900, 2000, 5] * 6
+    q, k, v, cu = packed(lengths)
+    launch = dict(causal=True, window=(-1, -1), rows=sum(lengths), num_seqs=len(lengths), tile_rows=128)
+    assert tlx_forward.SHIPPED.for_launch(**launch).dynamic
+    zigzag = tlx_forward.Variant(long_causal_schedule="zigzag")
+    assert not zigzag.for_launch(**launch).dynamic
+    want_out, want_lse = run(q, k, v, cu, causal=True, variant=zigzag)
+    for _ in range(2):
+        out, lse = run(q, k, v, cu, causal=True, variant=tlx_forward.SHIPPED)
+        torch.cuda.synchronize()
+        assert torch.equal(work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 def test_the_block_sparse_backward_leaves_the_dynamic_counter_zero():
     """The block-sparse dK/dV kernel takes its items from the stream's counter (it ships with the dynamic
     schedule): zero again after its launch, so the next launch on the stream starts from item 0."""

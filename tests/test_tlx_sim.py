@@ -24,7 +24,8 @@ CATALOGUE = tlx_cases("sim")
 # the CI core: every (dtype, head dim) build through the structural families that reach each code path
 CORE_FAMILIES = ("empty-run-middle", "all-empty", "q-empty-or-k-empty", "causal-lq-gt-lk", "multi-tile-causal",
                  "bcastq-causal", "bcastq-lq129-causal", "strided-fused-qkv", "scale-neg1.7", "tlx-tails-64",
-                 "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-keyless-between-items",
+                 "tlx-tails-128-causal", "tlx-many-items", "tlx-long-items", "tlx-long-causal-counter",
+                 "tlx-keyless-between-items",
                  "gqa-causal", "window-both", "window-left-only-masked-rows", "mqa-window-bcastq-causal",
                  "tlx-wide-window", "tlx-sparse")
 # Of the families with many variants (~60% of the catalogue's simulated time), the core keeps one variant
@@ -60,6 +61,7 @@ DETERMINISTIC_CORE = ("tlx-many-items-causal-bf16", "tlx-long-items-D128", "tlx-
                       "tlx-sparse-bcastq-causal-topk2-bs128-bf16-D64", "tlx-sparse-mixed-none0", "empty-run-middle",
                       "all-empty", "q-empty-or-k-empty", "tlx-sparse-all-empty")
 SEEDED_CORE = [c for c in CORE if c.name.startswith(("tlx-many-items-causal-bf16", "tlx-long-items", "tlx-keyless",
+                                                     "tlx-long-causal-counter-D64",
                                                      "tlx-tails-64-bf16-D64", "bcastq-causal-bf16-D128",
                                                      "mqa-window-bcastq-causal-bf16-D128",
                                                      "tlx-wide-window-causal-gqa-bf16-D64",
@@ -122,10 +124,14 @@ SCHEDULES = {
     "sparse-dynamic-fwd": ("tlx-sparse-bcastq-ratio0.5-bs128-bf16-D128", "schedule=dynamic", "", True, True),
     "dense-shipped": ("tlx-many-items-bf16-D64", "", "", False, False),
     "dense-causal-shipped": ("tlx-many-items-causal-bf16-D64", "", "", False, True),
+    "dense-long-causal-shipped": ("tlx-long-causal-counter-D128", "", "", True, True),
+    "dense-long-causal-zigzag": ("tlx-long-causal-counter-D64", "long_causal_schedule=zigzag", "", False, True),
     "dense-window-shipped": ("tlx-wide-window-causal-gqa-bf16-D128", "", "", False, True),
     "dense-causal-static-bwd": ("tlx-many-items-bcastq-causal-bf16-D64", "", "masked_schedule=static", False, False),
     "dense-dynamic": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", "dense_schedule=dynamic", True,
                       True),
+    "dense-dynamic-no-ring": ("tlx-many-items-causal-bf16-D64", "schedule=dynamic,item_ring=0", "", True, True),
+    "window-dynamic-fwd": ("tlx-wide-window-both-bf16-D64", "schedule=dynamic", "", True, True),
 }
 
 

@@ -229,6 +229,10 @@ MUTANTS: tuple = (
            "    buf, phase = bufidx_phase(count, ITEM_BUFFERS)\n    tlx.barrier_wait(fulls[buf], phase)\n",
            "    buf, phase = bufidx_phase(count, ITEM_BUFFERS)\n    tlx.barrier_wait(fulls[buf], phase ^ 1)\n",
            "the consumers read a work item from the ring before the producer published it"),
+    Mutant("tlx-fwd-counter-ring-never-ends", TLX_FORWARD,
+           "                retire_counter(COUNTER, num_progs)\n                if ITEM_RING:  # the end of the consumers' loop\n",
+           "                retire_counter(COUNTER, num_progs)\n                if False:  # the end of the consumers' loop\n",
+           "under the counter the producer never tells the consumers the items are done: they wait forever"),
     Mutant("tlx-fwd-item-ring-consumer-bulk-swapped", TLX_FORWARD,
            "n_bulk = _get(ring, base + F_N_BULK + cid)",
            "n_bulk = _get(ring, base + F_N_BULK + 1 - cid)",
@@ -637,7 +641,7 @@ TLX_SENTINELS = ("tlx-many-items-causal-bf16-D64", "tlx-many-items-causal-bf16-D
                  "tlx-long-items-D64", "tlx-tails-128-bf16-D128", "bcastq-causal-bf16-D64", "tlx-keyless-between-items",
                  "mqa-window-bcastq-causal-bf16-D128", "gqa-causal-bf16-D64", "window-both-bf16-D64",
                  "tlx-sparse-causal-lq-gt-lk-random0.6-bs128-bf16-D64", "tlx-sparse-causal-lq-lt-lk-random0.4-bs128-bf16-D128",
-                 "tlx-wide-window-causal-gqa-bf16-D64")
+                 "tlx-wide-window-causal-gqa-bf16-D64", "tlx-long-causal-counter-D64")
 
 
 def tlx_kill_set() -> list:

@@ -11,14 +11,14 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
 * Persistent grid: one CTA per SM walks work items (tile-list slot, head). The tile list
   (:func:`jfa.kernels.schedule.build_tile_list`) has tiles of ``2 * BLOCK_M`` query rows ordered by
   decreasing key length (longest first); items are dealt zig-zag (``common.device.static_item``).
-  ``Variant(schedule="dynamic")`` instead has the producer take the next item from a global atomic
-  counter, passed to the consumers through a shared-memory ring; the counter resets itself at the end
-  of each launch. Spare slots carry the sentinel sequence ``B`` and are skipped. The producer decodes
-  each item (tile list, offsets, block-sparse list counts) and hands it to the consumers through a
-  shared-memory ring (``_publish_item``), so a consumer starts the next item after a few shared-memory
-  reads instead of dependent global loads (a windowed item's band and block order too); builds with the
-  dynamic schedule decode the item in every partition. ``profile=True``
-  builds a variant that records SM, start and end of every item (``jfa.bench.timeline`` draws them).
+  Causal launches over long sequences (``Variant.for_launch``) instead have the producer take the next
+  item from a global atomic counter; the counter resets itself at the end of each launch. Spare slots
+  carry the sentinel sequence ``B`` and are skipped. The producer decodes each item (tile list,
+  offsets, block-sparse list counts) and hands it to the consumers through a shared-memory ring
+  (``_publish_item``), so a consumer starts the next item after a few shared-memory reads instead of
+  dependent global loads (a windowed item's band and block order too), under either schedule.
+  ``profile=True`` builds a variant that records SM, start and end of every item
+  (``jfa.bench.timeline`` draws them).
 * Three partitions per CTA. The producer (the default partition, one warpgroup, few registers) issues
   TMA loads of Q, K and V into multi-buffered shared memory, signalling mbarriers. Two consumer
   warpgroups (``replicate=2``, many registers via setmaxnreg) each own one ``BLOCK_M``-row half of
@@ -65,7 +65,7 @@ sliding windows (``mx_supports``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -156,6 +156,10 @@ F_LO = tl.constexpr(10)
 F_HI = tl.constexpr(11)
 F_ROT = tl.constexpr(12)
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
+# A causal launch (no window) whose output rows average at least this many work items per sequence takes its
+# items from the counter (``Variant.long_causal_schedule``, ``Variant.for_launch``)
+LONG_CAUSAL_TILES = 6
+SHIPPED_LONG_CAUSAL = "dynamic"
 
 
 
@@ -790,7 +794,7 @@ def jagged_fwd_tlx_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)  # one per consumer
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)
-    if DYNAMIC:  # the producer fetches items from the global counter and passes them on through a ring
+    if DYNAMIC and not ITEM_RING:  # the producer passes the items it fetches from the counter through a ring
         item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
         item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
@@ -810,19 +814,28 @@ def jagged_fwd_tlx_kernel(
             kv_cnt = 0
             if DYNAMIC:
                 rounds = 0
-                item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                if ITEM_RING:  # the item goes to the consumers decoded, through the item ring
+                    item = tl.atomic_add(COUNTER, 1)
+                else:
+                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
                     q_cnt, kv_cnt = _fill_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                         k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                         TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
                         num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
-                        ring, ring_fulls, ring_empties, rounds, False, PEEL, CAUSAL,
+                        ring, ring_fulls, ring_empties, rounds, ITEM_RING, PEEL, CAUSAL,
                         WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
                         NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     rounds += 1
-                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                    if ITEM_RING:
+                        item = tl.atomic_add(COUNTER, 1)
+                    else:
+                        item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
+                if ITEM_RING:  # the end of the consumers' loop
+                    _publish_item(ring, ring_fulls, ring_empties, rounds, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                  WINDOW=WINDOW)
             else:
                 count = 0
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
@@ -850,7 +863,7 @@ def jagged_fwd_tlx_kernel(
             qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
             q_cnt = 0
             kv_cnt = 0
-            if DYNAMIC:
+            if DYNAMIC and not ITEM_RING:
                 rounds = 0
                 item = receive_item(item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
@@ -905,7 +918,14 @@ class Variant:
     ships. ``JFA_TLX_VARIANT="schedule=dynamic,pingpong=0"`` (``knobs.tlx_variant``) overrides them for
     measurements through the public API."""
 
-    schedule: str = "zigzag"  # one of SCHEDULES
+    # How a persistent grid deals the items (one of SCHEDULES). Zig-zag over the longest-first list: the items
+    # at work at one time share their sequences' keys in L2, and without a mask a sequence's items cost the
+    # same (from the counter: 0-12% slower on the gem shapes, 8% on windows, NOTES.md session 38). A causal
+    # item's cost grows with its tile's place in the sequence, so on long causal sequences the zig-zag CTAs end
+    # unevenly: those launches (``for_launch``) take ``long_causal_schedule`` (from the counter: 1.13x longtail,
+    # 1.17x full-B8, 1.01x GQA-4 at 4096 keys; 0.92x on sequences averaging 506 rows, which stay zig-zag)
+    schedule: str = "zigzag"
+    long_causal_schedule: str = SHIPPED_LONG_CAUSAL
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
     pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
@@ -914,13 +934,22 @@ class Variant:
     # False shared memory. bf16/fp16 builds only: the MX builds keep Q in shared memory
     q_regs: Optional[bool] = None
     # the producer decodes each work item and hands it to the consumers through shared memory (False: every
-    # partition decodes it from the tile list and the offsets); on in the static schedule's builds without a
-    # window only (``_constexprs``)
+    # partition decodes it from the tile list and the offsets)
     item_ring: bool = True
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"Variant.schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name in ("schedule", "long_causal_schedule"):
+            if getattr(self, name) not in SCHEDULES:
+                raise ValueError(f"Variant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
+
+    def for_launch(self, *, causal: bool, window, rows: int, num_seqs: int, tile_rows: int) -> "Variant":
+        """The variant one dense launch runs: ``long_causal_schedule`` as its schedule where the launch is
+        causal without a window (``jfa.kernels.bands.window_band``) and its ``rows`` output rows average at
+        least LONG_CAUSAL_TILES items of ``tile_rows`` over the ``num_seqs`` sequences; itself otherwise."""
+        causal, banded, _, _ = window_band(causal, window)
+        if causal and not banded and rows >= LONG_CAUSAL_TILES * tile_rows * num_seqs:
+            return replace(self, schedule=self.long_causal_schedule)
+        return self
 
     @property
     def dynamic(self) -> bool:
@@ -937,7 +966,8 @@ class Variant:
     def name(self) -> str:
         off = [f for f in ("persistent", "longest_first", "pingpong", "peel", "item_ring") if not getattr(self, f)]
         q = "" if self.q_regs is None else (" +q_regs" if self.q_regs else " -q_regs")
-        return self.schedule + "".join(f" -{f}" for f in off) + q
+        causal = "" if self.long_causal_schedule == SHIPPED_LONG_CAUSAL else f" long_causal={self.long_causal_schedule}"
+        return self.schedule + "".join(f" -{f}" for f in off) + q + causal
 
 
 SHIPPED = Variant()
@@ -960,7 +990,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
                      Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
-                     ITEM_RING=variant.item_ring and not variant.dynamic, TRACE_STEPS=trace_steps)
+                     ITEM_RING=variant.item_ring, TRACE_STEPS=trace_steps)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants
@@ -1134,6 +1164,8 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     if rows == 0 or k.shape[0] == 0:
         # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
         return (*alloc.unseen(out, lse), None) if profile else alloc.unseen(out, lse)
+    variant = variant.for_launch(causal=causal, window=window, rows=rows, num_seqs=num_seqs,
+                                 tile_rows=NUM_CONSUMERS * cfg.block_m)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
     counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)

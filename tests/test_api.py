@@ -297,8 +297,9 @@ def test_tlx_backward_switches_parse_and_reject_typos():
     assert BackwardVariant.parse("dense_schedule=dynamic").dynamic(sparse=False) is True
     assert SHIPPED.dynamic(sparse=True) and not SHIPPED.dynamic(sparse=False)
     # dense causal or windowed builds take their items from the counter (their items' costs differ)
-    assert SHIPPED.dynamic(sparse=False, masked=True)
-    assert BackwardVariant.parse("masked_schedule=static").dynamic(sparse=False, masked=True) is False
+    assert SHIPPED.dynamic(sparse=False, causal=True) and SHIPPED.dynamic(sparse=False, window=True)
+    assert BackwardVariant.parse("masked_schedule=static").dynamic(sparse=False, causal=True) is False
+    assert not SHIPPED.dynamic(sparse=False, causal=True, mx=True), "the MX builds have no counter"
     for bad, words in (("dq_reduce=atomic", "unknown switch"), ("persistent=2", "persistent: must be 0, 1"),
                        ("sparse_schedule=zigzag", "sparse_schedule: must be one of")):
         with pytest.raises(ValueError, match=words):

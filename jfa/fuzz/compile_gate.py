@@ -754,7 +754,8 @@ def _check_tlx(target: Target) -> Result:
         if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)
             _vector_loads(compiled, result, expected)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
-        dynamic = not target.mx and tlx_backward.SHIPPED.dynamic(target.sparse, target.causal or target.window)
+        dynamic = tlx_backward.SHIPPED.dynamic(target.sparse, causal=target.causal, window=target.window,
+                                               mx=bool(target.mx))
         expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
             (result.details["global_atomics"] > 0) == dynamic
         launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)

@@ -209,12 +209,15 @@ class BackwardVariant:
             if getattr(self, name) not in SCHEDULES:
                 raise ValueError(f"BackwardVariant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
 
-    def dynamic(self, sparse: bool, masked: bool = False) -> bool:
-        """Whether a build takes its items from the global counter: block-sparse (``sparse``), or dense with
-        a causal mask or a window (``masked``), or dense without."""
+    def dynamic(self, sparse: bool, *, causal: bool = False, window: bool = False, mx: bool = False) -> bool:
+        """Whether a build takes its items from the global counter: never an MX build (its kernel has no
+        counter); a block-sparse one (``sparse``) by ``sparse_schedule``; a dense one with a causal mask or a
+        window by ``masked_schedule``, without by ``dense_schedule``."""
+        if mx:
+            return False
         if sparse:
             return self.sparse_schedule == "dynamic"
-        return (self.masked_schedule if masked else self.dense_schedule) == "dynamic"
+        return (self.masked_schedule if causal or window else self.dense_schedule) == "dynamic"
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -919,9 +922,9 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     heads per key/value head) of the build ``variant`` (default: what ships) launches. ``mx``: the MXFP8 build
     with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
     cfg = config_for(head_dim, fused_dq, mx)
+    dynamic = (variant or SHIPPED).dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=not mx and (variant or SHIPPED).dynamic(sparse, causal or window),
-                            mx=mx)
+                            sparse=sparse, dynamic=dynamic, mx=mx)
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -1027,7 +1030,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     num_items = tiles.num_slots * k.shape[1]  # (key tile, key/value head)
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
-    dynamic = variant.persistent and variant.dynamic(lists is not None, causal or banded)
+    dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr

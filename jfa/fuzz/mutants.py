@@ -45,14 +45,16 @@ TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
 TLX_MX_TILES = "jfa.kernels.tlx.hopper.mx_tiles"
+TLX_ITEM_RING = "jfa.kernels.tlx.hopper.item_ring"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_DKDV_STEPS = "jfa.kernels.tlx.hopper.dkdv_steps"
 TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
 MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_MX_TILES,
-           TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
-TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD)  # their mutants run on the TLX simulator
+           TLX_ITEM_RING, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
+# their mutants run on the TLX simulator
+TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_ITEM_RING, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD)
 
 
 class MutantError(RuntimeError):
@@ -225,7 +227,7 @@ MUTANTS: tuple = (
            "k_col = (head // GROUP) * col_stride_k",
            "k_col = head * col_stride_k",
            "grouped-query attention reads the key head numbered like the query head (not its group's)"),
-    Mutant("tlx-fwd-item-ring-read-early", TLX_FORWARD,
+    Mutant("tlx-fwd-item-ring-read-early", TLX_ITEM_RING,
            "    buf, phase = bufidx_phase(count, ITEM_BUFFERS)\n    tlx.barrier_wait(fulls[buf], phase)\n",
            "    buf, phase = bufidx_phase(count, ITEM_BUFFERS)\n    tlx.barrier_wait(fulls[buf], phase ^ 1)\n",
            "the consumers read a work item from the ring before the producer published it"),
@@ -233,7 +235,7 @@ MUTANTS: tuple = (
            "                retire_counter(COUNTER, num_progs)\n                if ITEM_RING:  # the end of the consumers' loop\n",
            "                retire_counter(COUNTER, num_progs)\n                if False:  # the end of the consumers' loop\n",
            "under the counter the producer never tells the consumers the items are done: they wait forever"),
-    Mutant("tlx-fwd-item-ring-consumer-bulk-swapped", TLX_FORWARD,
+    Mutant("tlx-fwd-item-ring-consumer-bulk-swapped", TLX_ITEM_RING,
            "n_bulk = _get(ring, base + F_N_BULK + cid)",
            "n_bulk = _get(ring, base + F_N_BULK + 1 - cid)",
            "each consumer takes the other's count of unmasked blocks: a causal diagonal block runs unmasked"),

@@ -1,6 +1,6 @@
 """A word ring: the producer writes each item's words with generic shared-memory stores and two consumer
-warpgroups read them, ordered by mbarriers alone (the TLX forward's item ring, ``_publish_item`` /
-``_take_item``). Each consumer writes how many items it saw whole. Imports no simulator, so that
+warpgroups read them, ordered by mbarriers alone (the TLX forward's item ring, ``item_ring.publish_item`` /
+``take_item``). Each consumer writes how many items it saw whole. Imports no simulator, so that
 tools/gpu/racecheck_probe.py can launch it on a GPU under compute-sanitizer; sim_kernels.py runs it on the
 simulator.
 """

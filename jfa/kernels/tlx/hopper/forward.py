@@ -15,7 +15,7 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
   item from a global atomic counter; the counter resets itself at the end of each launch. Spare slots
   carry the sentinel sequence ``B`` and are skipped. The producer decodes each item (tile list,
   offsets, block-sparse list counts) and hands it to the consumers through a shared-memory ring
-  (``_publish_item``), so a consumer starts the next item after a few shared-memory reads instead of
+  (``item_ring.publish_item``), so a consumer starts the next item after a few shared-memory reads instead of
   dependent global loads (a windowed item's band and block order too), under either schedule.
   ``profile=True`` builds a variant that records SM, start and end of every item
   (``jfa.bench.timeline`` draws them).
@@ -84,6 +84,7 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_ite
                                            to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
+from jfa.kernels.tlx.hopper.item_ring import ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_item, take_item
 from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
 from jfa.kernels.triton.mx_attention import pow2_step, quantized_weights, visible_keys
 
@@ -138,23 +139,6 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
-# The item ring: the words of one work item as the producer hands it to the consumers (``_publish_item``).
-# OUT_ROW fits int32: an output of 2**31 rows of even 64 bf16 values would be 256 GiB.
-ITEM_FIELDS = tl.constexpr(10)
-F_ITEM = tl.constexpr(0)
-F_HEAD = tl.constexpr(1)
-F_M_START = tl.constexpr(2)
-F_LEN_Q = tl.constexpr(3)
-F_LEN_K = tl.constexpr(4)
-F_OUT_ROW = tl.constexpr(5)
-F_J0 = tl.constexpr(6)
-F_N_BLOCKS = tl.constexpr(7)
-F_N_BULK = tl.constexpr(8)  # one word per consumer
-# a windowed build's ring words follow: the band and the visiting order's rotation (``_window_rotation``)
-WINDOW_FIELDS = tl.constexpr(3)
-F_LO = tl.constexpr(10)
-F_HI = tl.constexpr(11)
-F_ROT = tl.constexpr(12)
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
 # A causal launch (no window) whose output rows average at least this many work items per sequence takes its
 # items from the counter (``Variant.long_causal_schedule``, ``Variant.for_launch``)
@@ -286,76 +270,6 @@ def _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, c:
     if SPARSE:
         return _listed_bulk(KV_IDX, j0, n_blocks, bulk_end, BLOCK_N)
     return bulk_end // BLOCK_N
-
-
-@triton.jit
-def _put(ring, index, value):
-    tlx.local_store(ring[index], (tl.zeros([1], dtype=tl.int32) + value).to(tl.int32))
-
-
-@triton.jit
-def _get(ring, index):
-    return tl.max(tlx.local_load(ring[index]), 0)
-
-
-@triton.jit
-def _publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk0,
-                  n_bulk1, lo=0, hi=0, rot=0, WINDOW: tl.constexpr = False):
-    """Producer: hand the consumers work item ``item`` decoded, as the CTA's ``count``-th (an item >= the
-    launch's count ends their loop). The consumers then read nine words of shared memory (WINDOW: twelve,
-    the band and the rotation too) instead of the tile list's and the offsets' dependent global loads at
-    every item boundary. barrier_arrive syncs the producer's warps before thread 0 arrives, so the stores
-    are visible to whoever passes the full barrier."""
-    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
-    tlx.barrier_wait(empties[buf], phase ^ 1)
-    base = buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW)
-    _put(ring, base + F_ITEM, item)
-    _put(ring, base + F_HEAD, head)
-    _put(ring, base + F_M_START, m_start)
-    _put(ring, base + F_LEN_Q, len_q)
-    _put(ring, base + F_LEN_K, len_k)
-    _put(ring, base + F_OUT_ROW, out_row0)
-    _put(ring, base + F_J0, j0)
-    _put(ring, base + F_N_BLOCKS, n_blocks)
-    _put(ring, base + F_N_BULK, n_bulk0)
-    _put(ring, base + F_N_BULK + 1, n_bulk1)
-    if WINDOW:
-        _put(ring, base + F_LO, lo)
-        _put(ring, base + F_HI, hi)
-        _put(ring, base + F_ROT, rot)
-    tlx.barrier_arrive(fulls[buf], 1)
-
-
-@triton.jit
-def _peek_item(ring, fulls, count, WINDOW: tl.constexpr = False):
-    """Consumer: the ``count``-th item its producer published (waits for it; ``_take_item`` reads the rest)."""
-    buf, phase = bufidx_phase(count, ITEM_BUFFERS)
-    tlx.barrier_wait(fulls[buf], phase)
-    return _get(ring, buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW) + F_ITEM)
-
-
-@triton.jit
-def _take_item(ring, empties, count, cid: tl.constexpr, WINDOW: tl.constexpr = False):
-    """Consumer ``cid``: the rest of the ``count``-th published item (after ``_peek_item``), then its slot
-    handed back. Returns (head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot), the
-    last three 0 without WINDOW."""
-    buf = count % ITEM_BUFFERS
-    base = buf * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW)
-    head = _get(ring, base + F_HEAD)
-    m_start = _get(ring, base + F_M_START)
-    len_q = _get(ring, base + F_LEN_Q)
-    len_k = _get(ring, base + F_LEN_K)
-    out_row0 = _get(ring, base + F_OUT_ROW).to(tl.int64)
-    j0 = _get(ring, base + F_J0)
-    n_blocks = _get(ring, base + F_N_BLOCKS)
-    n_bulk = _get(ring, base + F_N_BULK + cid)
-    lo, hi, rot = 0, 0, 0  # (Python ints: folded away where there is no window)
-    if WINDOW:
-        lo = _get(ring, base + F_LO)
-        hi = _get(ring, base + F_HI)
-        rot = _get(ring, base + F_ROT)
-    tlx.barrier_arrive(empties[buf], 1)
-    return head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot
 
 
 @triton.jit
@@ -584,7 +498,7 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
         TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
     if ITEM_RING:
-        _publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
+        publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
                       n_blocks,
                       _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 0, CAUSAL, WINDOW,
                                    SPARSE, PEEL, BLOCK_M, BLOCK_N),
@@ -651,7 +565,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     if PROFILE:
         started = _globaltimer()
     if ITEM_RING:
-        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = _take_item(
+        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = take_item(
             ring, ring_empties, count, cid, WINDOW)
         causal_shift = len_k - len_q
     else:
@@ -799,7 +713,7 @@ def jagged_fwd_tlx_kernel(
         item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
     ring, ring_fulls, ring_empties = TILES, TILES, TILES  # (never read without ITEM_RING)
-    if ITEM_RING:  # the producer hands each item to the consumers decoded (``_publish_item``)
+    if ITEM_RING:  # the producer hands each item to the consumers decoded (``item_ring.publish_item``)
         ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW))
         ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
@@ -834,7 +748,7 @@ def jagged_fwd_tlx_kernel(
                         item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
                 if ITEM_RING:  # the end of the consumers' loop
-                    _publish_item(ring, ring_fulls, ring_empties, rounds, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    publish_item(ring, ring_fulls, ring_empties, rounds, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                   WINDOW=WINDOW)
             else:
                 count = 0
@@ -851,7 +765,7 @@ def jagged_fwd_tlx_kernel(
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                         count += 1
                 if ITEM_RING:  # the end of the consumers' loop
-                    _publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                   WINDOW=WINDOW)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
@@ -877,7 +791,7 @@ def jagged_fwd_tlx_kernel(
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             elif ITEM_RING:
                 count = 0
-                item = _peek_item(ring, ring_fulls, count, WINDOW)
+                item = peek_item(ring, ring_fulls, count, WINDOW)
                 while item < num_items:
                     q_cnt, kv_cnt = _consume_item(
                         item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
@@ -887,7 +801,7 @@ def jagged_fwd_tlx_kernel(
                         NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties,
                         count, True, step_log, TRACE_STEPS)
                     count += 1
-                    item = _peek_item(ring, ring_fulls, count, WINDOW)
+                    item = peek_item(ring, ring_fulls, count, WINDOW)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)

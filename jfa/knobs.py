@@ -102,10 +102,11 @@ KNOBS: dict = {k.name: k for k in (
          "the TLX backward reduces dQ inside its dK/dV kernel (TMA reduce-adds: dq's last bits vary run to "
          "run); 0 takes the portable dQ pass, as deterministic=True does per call"),
     Knob("tlx_variant", "JFA_TLX_VARIANT", parse_switches, {},
-         "ablation switches of the TLX forward, key=value pairs (schedule=dynamic, persistent=0, "
-         "longest_first=0, pingpong=0, peel=0, q_regs=0|1); measurements only"),
+         "ablation switches of the TLX forward, key=value pairs (schedule=dynamic, long_causal_schedule=zigzag, "
+         "persistent=0, longest_first=0, pingpong=0, peel=0, q_regs=0|1, item_ring=0); measurements only"),
     Knob("tlx_bwd_variant", "JFA_TLX_BWD_VARIANT", parse_switches, {},
-         "ablation switches of the TLX backward (persistent=0); measurements only"),
+         "ablation switches of the TLX backward (persistent=0, dense_schedule=, masked_schedule=, "
+         "sparse_schedule= static|dynamic); measurements only"),
     Knob("tlx_own_waits", "JFA_TLX_OWN_WAITS", parse_kernel_selection, frozenset({"jagged_dkdv_tlx_kernel"}),
          "TLX kernels compiled without Triton's generic software pipeliner (their wgmma waits as written): "
          "0, 1 or kernel names; the default is what ships"),

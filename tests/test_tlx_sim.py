@@ -130,7 +130,6 @@ SCHEDULES = {
     "dense-causal-static-bwd": ("tlx-many-items-bcastq-causal-bf16-D64", "", "masked_schedule=static", False, False),
     "dense-dynamic": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", "dense_schedule=dynamic", True,
                       True),
-    "dense-dynamic-no-ring": ("tlx-many-items-causal-bf16-D64", "schedule=dynamic,item_ring=0", "", True, True),
     "window-dynamic-fwd": ("tlx-wide-window-both-bf16-D64", "schedule=dynamic", "", True, True),
 }
 
@@ -199,23 +198,23 @@ def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memo
     assert built and set(built) == {in_registers}, built
 
 
-# (case, JFA_TLX_VARIANT, whether the forward's consumers take their items decoded from the producer's ring)
-ITEM_DECODING = {"ring-causal": ("tlx-many-items-causal-bf16-D64", "", True),
-                 "ring-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", True),
-                 "decoded-by-each": ("tlx-many-items-bcastq-causal-bf16-D128", "item_ring=0", False),
-                 "ring-window": ("tlx-wide-window-both-bf16-D128", "", True),
-                 "window-decoded-by-each": ("tlx-wide-window-causal-gqa-bf16-D64", "item_ring=0", False)}
+# (case, JFA_TLX_VARIANT, whether the forward's producer takes the items from the counter)
+ITEM_RING = {"static-causal": ("tlx-many-items-causal-bf16-D64", "", False),
+             "static-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "", False),
+             "static-window": ("tlx-wide-window-both-bf16-D128", "", False),
+             "counter-bcastq-causal": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", True),
+             "counter-window-gqa": ("tlx-wide-window-causal-gqa-bf16-D64", "schedule=dynamic", True)}
 
 
-@pytest.mark.parametrize("name", ITEM_DECODING)
-def test_work_items_reach_the_consumers_through_the_ring_or_decoded_by_each(name, monkeypatch):
-    """The forward's consumers meet the oracle under a seeded schedule whether the producer hands them each
-    item decoded (what ships, with a window the band and the visiting order's rotation too) or every
-    partition decodes it (the ablation), and the launch compiled the path its variant names."""
-    case_name, switches, ring = ITEM_DECODING[name]
-    report, built = _forward_builds(case_name, switches, "ITEM_RING", sim.Schedule.seeded(3), monkeypatch)
+@pytest.mark.parametrize("name", ITEM_RING)
+def test_work_items_reach_the_consumers_decoded_through_the_ring_under_either_schedule(name, monkeypatch):
+    """The forward's consumers meet the oracle under a seeded schedule with every item (with a window the band
+    and the visiting order's rotation too) handed to them decoded by the producer, whether it deals the items
+    statically or takes them from the counter, and the launch compiled the schedule its variant names."""
+    case_name, switches, dynamic = ITEM_RING[name]
+    report, built = _forward_builds(case_name, switches, "DYNAMIC", sim.Schedule.seeded(3), monkeypatch)
     assert report.ok, str(report)
-    assert built and set(built) == {ring}, built
+    assert built and set(built) == {dynamic}, built
 
 
 def _packed(lengths, heads=2, head_dim=64, seed=0):

@@ -85,7 +85,6 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
         "shipped": fixed(V()), "dynamic scheduler": fixed(V(schedule="dynamic")),
         "no LPT sort": fixed(V(longest_first=False)), "not persistent": fixed(V(persistent=False)),
         "no pingpong": fixed(V(pingpong=False)), "no loop peeling": fixed(V(peel=False)),
-        "no item ring": fixed(V(item_ring=False)),
         # the bulk loop's Q operand from where the config does not take it (registers or shared memory)
         "Q the other way": lambda cfg: (V(q_regs=not cfg.q_in_registers), {}),
         # LLVM optimising the IR where the config leaves it to ptxas, and the other way round

@@ -4,8 +4,9 @@ schedules.
 A persistent TLX kernel walks work items ``(tile-list slot, head)`` (the tile list of
 :mod:`jfa.kernels.schedule`, head fastest). Producer and consumer partitions decode each item with the
 same helpers, so they agree on every loop count, which the mbarrier phases depend on. Under the dynamic
-schedule the producer takes items from a global counter (``fetch_item``) and hands each to the consumers
-through a ring in shared memory (``receive_item``), so every partition of a CTA walks the same items.
+schedule the dK/dV producer takes items from a global counter (``fetch_item``) and hands each to the consumers
+through a ring in shared memory (``receive_item``), so every partition of a CTA walks the same items (the
+forward's producer publishes its items decoded instead: ``jfa.kernels.tlx.hopper.item_ring``).
 """
 from __future__ import annotations
 

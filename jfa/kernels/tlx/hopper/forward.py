@@ -79,12 +79,12 @@ from jfa.kernels.cache import IdentityCache
 from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence,
-                                           online_softmax_step, receive_item, retire_counter, static_item,
-                                           to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, item_sequence, online_softmax_step,
+                                           retire_counter, static_item, to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
-from jfa.kernels.tlx.hopper.item_ring import ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_item, take_item
+from jfa.kernels.tlx.hopper.item_ring import (ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_end, publish_item,
+                                              take_item)
 from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
 from jfa.kernels.triton.mx_attention import pow2_step, quantized_weights, visible_keys
 
@@ -143,7 +143,6 @@ SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the s
 # A causal launch (no window) whose output rows average at least this many work items per sequence takes its
 # items from the counter (``Variant.long_causal_schedule``, ``Variant.for_launch``)
 LONG_CAUSAL_TILES = 6
-SHIPPED_LONG_CAUSAL = "dynamic"
 
 
 
@@ -486,24 +485,22 @@ def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_bl
 def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring,
-               ring_fulls, ring_empties, count, ITEM_RING: tl.constexpr, PEEL: tl.constexpr, CAUSAL: tl.constexpr,
+               ring_fulls, ring_empties, count, PEEL: tl.constexpr, CAUSAL: tl.constexpr,
                WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
                MX: tl.constexpr, TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
                Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
-    """Producer, one work item: decodes it once, hands it to the consumers (ITEM_RING), then fills its
+    """Producer, one work item: decodes it once, hands it to the consumers (the item ring), then fills its
     buffers by TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes) loaded and
     dequantized. Returns the advanced (q_cnt, kv_cnt)."""
     head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot = _work_item(
         TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
-    if ITEM_RING:
-        publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0,
-                      n_blocks,
-                      _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 0, CAUSAL, WINDOW,
-                                   SPARSE, PEEL, BLOCK_M, BLOCK_N),
-                      _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 1, CAUSAL, WINDOW,
-                                   SPARSE, PEEL, BLOCK_M, BLOCK_N), lo, hi, rot, WINDOW)
+    publish_item(ring, ring_fulls, ring_empties, count, item, head, m_start, len_q, len_k, out_row0, j0, n_blocks,
+                 _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 0, CAUSAL, WINDOW, SPARSE,
+                              PEEL, BLOCK_M, BLOCK_N),
+                 _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 1, CAUSAL, WINDOW, SPARSE,
+                              PEEL, BLOCK_M, BLOCK_N), lo, hi, rot, WINDOW)
     if MX != "":
         q_cnt, kv_cnt = _produce_item_mx(
             item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
@@ -546,16 +543,14 @@ def _pass_rowless_item(q_cnt, kv_cnt, n_blocks, q_fulls, q_empties, k_fulls, k_e
 
 @triton.jit
 def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
-                  v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot, stride_oh,
-                  num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                  SPARSE: tl.constexpr,
-                  SCALE_NONNEG: tl.constexpr, TILE_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  v_fulls, v_empties, OUT, LSE, KV_IDX, TIMELINE, stride_ot, stride_oh, num_heads, qk_scale,
+                  cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                  SPARSE: tl.constexpr, SCALE_NONNEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, PINGPONG: tl.constexpr,
                   PEEL: tl.constexpr, PROFILE: tl.constexpr, DTYPE: tl.constexpr, MX: tl.constexpr,
-                  Q_REGS: tl.constexpr, ring, ring_empties, count, ITEM_RING: tl.constexpr, STEP_LOG,
-                  TRACE_STEPS: tl.constexpr):
-    """Consumer ``cid``, one work item: its BLOCK_M-row half of the tile against every visible K/V block
+                  Q_REGS: tl.constexpr, ring, ring_empties, count, STEP_LOG, TRACE_STEPS: tl.constexpr):
+    """Consumer ``cid``, the ``count``-th work item its producer published (``item``, already peeked): its
+    BLOCK_M-row half of the tile against every visible K/V block
     (peeled first block, branch-free bulk, masked tail), then the epilogue stores; nothing but the
     handshakes where the half has no row (``_pass_rowless_item``: the other consumer then has the
     tensor cores to itself). Returns the advanced (q_cnt, kv_cnt).
@@ -564,14 +559,9 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
     if PROFILE:
         started = _globaltimer()
-    if ITEM_RING:
-        head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = take_item(
-            ring, ring_empties, count, cid, WINDOW)
-        causal_shift = len_k - len_q
-    else:
-        head, _qr, out_row0, len_q, _kr, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot = _work_item(
-            TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-            CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
+    head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = take_item(
+        ring, ring_empties, count, cid, WINDOW)
+    causal_shift = len_k - len_q
     offs_m = m_start + cid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -583,10 +573,6 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
                                            v_fulls, v_empties, cid, PINGPONG, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # (every store below is masked)
     elif n_blocks > 0:
-        if not ITEM_RING:
-            n_bulk = _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, cid, CAUSAL, WINDOW,
-                                  SPARSE, PEEL, BLOCK_M, BLOCK_N)
-
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_tile = q_tiles[cid * NUM_BUFFERS_Q + q_buf]
         tlx.barrier_wait(q_fulls[cid * NUM_BUFFERS_Q + q_buf], q_phase)
@@ -682,7 +668,7 @@ def jagged_fwd_tlx_kernel(
     BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, ITEM_RING: tl.constexpr, TRACE_STEPS: tl.constexpr,
+    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, TRACE_STEPS: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
@@ -708,15 +694,10 @@ def jagged_fwd_tlx_kernel(
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)  # one per consumer
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=_CONSUMERS)
-    if DYNAMIC and not ITEM_RING:  # the producer passes the items it fetches from the counter through a ring
-        item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
-        item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
-        item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
-    ring, ring_fulls, ring_empties = TILES, TILES, TILES  # (never read without ITEM_RING)
-    if ITEM_RING:  # the producer hands each item to the consumers decoded (``item_ring.publish_item``)
-        ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW))
-        ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
-        ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
+    # the producer hands each item to the consumers decoded (``item_ring.publish_item``)
+    ring = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS * (ITEM_FIELDS + WINDOW_FIELDS * WINDOW))
+    ring_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
+    ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
     step_log = TIMELINE  # (never written without TRACE_STEPS)
     if TRACE_STEPS > 0:  # the step rows follow the item records
         step_log = TIMELINE + num_items.to(tl.int64) * 4
@@ -726,32 +707,22 @@ def jagged_fwd_tlx_kernel(
         with tlx.async_task("default"):
             q_cnt = 0
             kv_cnt = 0
+            count = 0  # items published so far
             if DYNAMIC:
-                rounds = 0
-                if ITEM_RING:  # the item goes to the consumers decoded, through the item ring
-                    item = tl.atomic_add(COUNTER, 1)
-                else:
-                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                item = tl.atomic_add(COUNTER, 1)
                 while item < num_items:
                     q_cnt, kv_cnt = _fill_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                         k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                         TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
                         num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
-                        ring, ring_fulls, ring_empties, rounds, ITEM_RING, PEEL, CAUSAL,
+                        ring, ring_fulls, ring_empties, count, PEEL, CAUSAL,
                         WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
                         NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
-                    rounds += 1
-                    if ITEM_RING:
-                        item = tl.atomic_add(COUNTER, 1)
-                    else:
-                        item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                    count += 1
+                    item = tl.atomic_add(COUNTER, 1)
                 retire_counter(COUNTER, num_progs)
-                if ITEM_RING:  # the end of the consumers' loop
-                    publish_item(ring, ring_fulls, ring_empties, rounds, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                  WINDOW=WINDOW)
             else:
-                count = 0
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
@@ -760,13 +731,11 @@ def jagged_fwd_tlx_kernel(
                             q_empties, k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                             TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                             num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
-                            band_hi, ring, ring_fulls, ring_empties, count, ITEM_RING, PEEL, CAUSAL, WINDOW, GROUP,
+                            band_hi, ring, ring_fulls, ring_empties, count, PEEL, CAUSAL, WINDOW, GROUP,
                             BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M,
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                         count += 1
-                if ITEM_RING:  # the end of the consumers' loop
-                    publish_item(ring, ring_fulls, ring_empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                  WINDOW=WINDOW)
+            publish_end(ring, ring_fulls, ring_empties, count, num_items, WINDOW)
 
         # ---------------------------------------------------------------- consumers: wgmma + softmax
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -777,42 +746,16 @@ def jagged_fwd_tlx_kernel(
             qk_scale = sm_scale * 1.4426950408889634  # log2(e): the loop works in base 2
             q_cnt = 0
             kv_cnt = 0
-            if DYNAMIC and not ITEM_RING:
-                rounds = 0
-                item = receive_item(item_bufs, item_fulls, item_empties, rounds)
-                while item < num_items:
-                    q_cnt, kv_cnt = _consume_item(
-                        item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
-                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
-                        stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
-                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG,
-                        PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties, rounds, False, step_log, TRACE_STEPS)
-                    rounds += 1
-                    item = receive_item(item_bufs, item_fulls, item_empties, rounds)
-            elif ITEM_RING:
-                count = 0
+            count = 0
+            item = peek_item(ring, ring_fulls, count, WINDOW)
+            while item < num_items:
+                q_cnt, kv_cnt = _consume_item(
+                    item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
+                    v_fulls, v_empties, OUT, LSE, KV_IDX, TIMELINE, stride_ot, stride_oh, num_heads, qk_scale, cid,
+                    HEAD_DIM, CAUSAL, WINDOW, SPARSE, SCALE_NONNEG, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
+                    PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties, count, step_log, TRACE_STEPS)
+                count += 1
                 item = peek_item(ring, ring_fulls, count, WINDOW)
-                while item < num_items:
-                    q_cnt, kv_cnt = _consume_item(
-                        item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
-                        v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE, stride_ot,
-                        stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo, band_hi, cid,
-                        HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
-                        NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring, ring_empties,
-                        count, True, step_log, TRACE_STEPS)
-                    count += 1
-                    item = peek_item(ring, ring_fulls, count, WINDOW)
-            else:
-                for rounds in range(0, tl.cdiv(num_items, num_progs)):
-                    item = static_item(rounds, pid, num_progs, True)
-                    if item < num_items:
-                        q_cnt, kv_cnt = _consume_item(
-                            item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
-                            k_empties, v_fulls, v_empties, OUT, LSE, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, TIMELINE,
-                            stride_ot, stride_oh, num_slots, num_heads, num_seqs, len_q_bcast, qk_scale, band_lo,
-                            band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, SCALE_NONNEG, TILE_M, BLOCK_M, BLOCK_N,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_KV, PINGPONG, PEEL, PROFILE, DTYPE, MX, Q_REGS, ring,
-                            ring_empties, rounds, False, step_log, TRACE_STEPS)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -839,7 +782,7 @@ class Variant:
     # unevenly: those launches (``for_launch``) take ``long_causal_schedule`` (from the counter: 1.13x longtail,
     # 1.17x full-B8, 1.01x GQA-4 at 4096 keys; 0.92x on sequences averaging 506 rows, which stay zig-zag)
     schedule: str = "zigzag"
-    long_causal_schedule: str = SHIPPED_LONG_CAUSAL
+    long_causal_schedule: str = "dynamic"
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
     longest_first: bool = True  # False: work items in batch order (no LPT sort of the tile list)
     pingpong: bool = True  # False: consumers issue QK^T whenever ready (no named-barrier handshake)
@@ -847,9 +790,6 @@ class Variant:
     # the bulk loop's Q operand: None = the config's (``HopperForwardConfig.q_in_registers``), True registers,
     # False shared memory. bf16/fp16 builds only: the MX builds keep Q in shared memory
     q_regs: Optional[bool] = None
-    # the producer decodes each work item and hands it to the consumers through shared memory (False: every
-    # partition decodes it from the tile list and the offsets)
-    item_ring: bool = True
 
     def __post_init__(self):
         for name in ("schedule", "long_causal_schedule"):
@@ -878,9 +818,10 @@ class Variant:
         return make_variant(cls, switches, knobs.KNOBS["tlx_variant"].env)
 
     def name(self) -> str:
-        off = [f for f in ("persistent", "longest_first", "pingpong", "peel", "item_ring") if not getattr(self, f)]
+        off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
         q = "" if self.q_regs is None else (" +q_regs" if self.q_regs else " -q_regs")
-        causal = "" if self.long_causal_schedule == SHIPPED_LONG_CAUSAL else f" long_causal={self.long_causal_schedule}"
+        shipped = self.long_causal_schedule == SHIPPED.long_causal_schedule
+        causal = "" if shipped else f" long_causal={self.long_causal_schedule}"
         return self.schedule + "".join(f" -{f}" for f in off) + q + causal
 
 
@@ -904,7 +845,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
                      Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
-                     ITEM_RING=variant.item_ring, TRACE_STEPS=trace_steps)
+                     TRACE_STEPS=trace_steps)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants

@@ -4,8 +4,8 @@ instead of the tile list's and the offsets' dependent global loads.
 
 The ring has ``ITEM_BUFFERS`` slots of ``ITEM_FIELDS`` int32 words (``+ WINDOW_FIELDS`` in windowed builds),
 allocated by the kernel with a full barrier (one arrival: the producer) and an empty barrier (one arrival
-per consumer) per slot. The producer publishes the CTA's items in order (``publish_item``), then one item
-index >= the launch's count, which ends the consumers' loop; each consumer waits for the slot
+per consumer) per slot. The producer publishes the CTA's items in order (``publish_item``), then the launch's
+item count (``publish_end``), which ends the consumers' loop; each consumer waits for the slot
 (``peek_item``), reads the rest and hands it back (``take_item``).
 """
 from __future__ import annotations
@@ -71,6 +71,13 @@ def publish_item(ring, fulls, empties, count, item, head, m_start, len_q, len_k,
         _put(ring, base + F_HI, hi)
         _put(ring, base + F_ROT, rot)
     tlx.barrier_arrive(fulls[buf], 1)
+
+
+@triton.jit
+def publish_end(ring, fulls, empties, count, num_items, WINDOW: tl.constexpr = False):
+    """Producer: after its ``count`` items, the launch's item count ``num_items`` as the next item, which ends
+    the consumers' loop (without it they wait on the next slot forever)."""
+    publish_item(ring, fulls, empties, count, num_items, 0, 0, 0, 0, 0, 0, 0, 0, 0, WINDOW=WINDOW)
 
 
 @triton.jit

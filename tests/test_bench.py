@@ -107,6 +107,22 @@ def test_every_suite_builds_lengths():
         get_suite("nope")
 
 
+def test_the_causal_sweep_straddles_the_forwards_counter_threshold_at_each_head_dim():
+    """The causal sweep exists to place ``LONG_CAUSAL_TILES``: at each head dim some of its causal problems
+    are dealt zig-zag by the shipped forward and some take the counter (``Variant.for_launch``)."""
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    picks = {}
+    for p in get_suite("causal-sweep"):
+        assert p.causal, p.name
+        lengths = make_lengths(p)
+        tile_rows = tlx_forward.NUM_CONSUMERS * tlx_forward.config_for(p.D).block_m
+        variant = tlx_forward.SHIPPED.for_launch(causal=True, window=(-1, -1), rows=int(lengths.sum()),
+                                                 num_seqs=p.B, tile_rows=tile_rows)
+        picks.setdefault(p.D, set()).add(variant.schedule)
+    assert picks == {64: {"zigzag", "dynamic"}, 128: {"zigzag", "dynamic"}}, picks
+
+
 def test_sweep_sparsity_is_close_to_nominal_when_unclamped():
     for p in get_suite("sweep"):
         s = float(p.name.split("-s")[1].split("-")[0])
@@ -568,8 +584,9 @@ def test_parser_accepts_each_suite_and_all(suite):
     assert runner.build_parser().parse_args(["--suite", suite]).suite == suite
 
 
-def test_all_stands_for_every_suite_in_order():
+def test_all_stands_for_every_suite_in_order_but_the_lab_suites():
     assert runner.suite_names("all") == list(ALL_SUITES)
+    assert "causal-sweep" in suites.SUITES and "causal-sweep" in suites.LAB_SUITES  # run by name only
     assert [name for name, _ in runner.plan("all")] == list(ALL_SUITES)
 
 

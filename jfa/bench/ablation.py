@@ -1,7 +1,8 @@
 """The TLX kernels' ablation study on a GPU: each reported switch off in turn, against what ships.
 
     python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong,
-                                                    # peeling, Q operand, LLVM setting
+                                                    # peeling, Q operand, LLVM setting, long causal zig-zag
+    python -m jfa.bench.ablation forward --suite causal-sweep --only "dynamic,zig-zag"   # the counter's threshold
     python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile switches
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
 
@@ -85,6 +86,8 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
         "shipped": fixed(V()), "dynamic scheduler": fixed(V(schedule="dynamic")),
         "no LPT sort": fixed(V(longest_first=False)), "not persistent": fixed(V(persistent=False)),
         "no pingpong": fixed(V(pingpong=False)), "no loop peeling": fixed(V(peel=False)),
+        # causal launches over long sequences dealt zig-zag too (``Variant.for_launch``; elsewhere what ships)
+        "long causal zig-zag": fixed(V(long_causal_schedule="zigzag")),
         # the bulk loop's Q operand from where the config does not take it (registers or shared memory)
         "Q the other way": lambda cfg: (V(q_regs=not cfg.q_in_registers), {}),
         # LLVM optimising the IR where the config leaves it to ptxas, and the other way round

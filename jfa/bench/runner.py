@@ -39,7 +39,7 @@ import torch
 from .impls import BASELINE, IMPLS, Impl, NotApplicable, PackedBatch, Prepared, _offsets, get_impl
 from .report import (Section, _columns, add_ratios, format_table, markdown_report,
                      write_benchmarks, write_outputs)
-from .suites import PASSES, SUITES, Problem, flops, get_suite, make_lengths, q_lengths
+from .suites import LAB_SUITES, PASSES, SUITES, Problem, flops, get_suite, make_lengths, q_lengths
 
 __all__ = [
     "run_suite",
@@ -542,10 +542,10 @@ def write_reports(suite: str, results: list[dict], meta: dict, out_dir: str | No
 
 
 def suite_names(suite_name: str) -> list[str]:
-    """The suites ``suite_name`` stands for: every suite of ``SUITES`` in its order for ``ALL``,
-    else ``[suite_name]``; a ``ValueError`` for an unknown name."""
+    """The suites ``suite_name`` stands for: every suite of ``SUITES`` in its order for ``ALL`` (but the
+    ``LAB_SUITES``), else ``[suite_name]``; a ``ValueError`` for an unknown name."""
     if suite_name == ALL:
-        return list(SUITES)
+        return [name for name in SUITES if name not in LAB_SUITES]
     get_suite(suite_name)
     return [suite_name]
 

@@ -18,6 +18,7 @@ import torch
 __all__ = [
     "Problem",
     "SUITES",
+    "LAB_SUITES",
     "LENGTHS_SEED",
     "get_suite",
     "make_lengths",
@@ -193,13 +194,35 @@ def _causal() -> tuple[Problem, ...]:
     )
 
 
+def _causal_sweep() -> tuple[Problem, ...]:
+    """Causal batches of ~262k tokens whose sequences average 512 to 1536 rows, at D 128 (4 heads) and D 64 (2):
+    where a causal forward's items are better taken from the counter than dealt zig-zag
+    (``jfa.kernels.tlx.hopper.forward.LONG_CAUSAL_TILES``; ``python -m jfa.bench.ablation forward --suite
+    causal-sweep --only "dynamic,zig-zag"``). Uniform lengths in [1, L] (mean ~L / 2) and all sequences of L."""
+    tokens = 1 << 18
+    problems = []
+    for D, H in ((128, 4), (64, 2)):
+        for max_len in (1024, 1280, 1536, 1792, 2048, 3072):
+            B = 2 * tokens // max_len
+            problems.append(Problem(f"causal-sweep-uniform-B{B}-L{max_len}-H{H}-D{D}", B=B, H=H, D=D, max_len=max_len,
+                                    lengths_fn=_uniform(B, max_len), causal=True))
+        for length in (512, 640, 768, 896, 1024):
+            B = tokens // length
+            problems.append(Problem(f"causal-sweep-full-B{B}-L{length}-H{H}-D{D}", B=B, H=H, D=D, max_len=length,
+                                    lengths_fn=_full(B, length), causal=True))
+    return tuple(problems)
+
+
 SUITES: dict[str, tuple[Problem, ...]] = {
     "gem": _gem(),
     "sweep": _sweep(),
     "dense": _dense(),
     "gqa": _gqa(),
     "causal": _causal(),
+    "causal-sweep": _causal_sweep(),
 }
+#: Suites that measure one kernel decision (the lab's, run by name): ``--suite all`` leaves them out.
+LAB_SUITES = ("causal-sweep",)
 
 
 def get_suite(name: str) -> tuple[Problem, ...]:

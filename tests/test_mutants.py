@@ -233,7 +233,8 @@ def test_the_gate_only_kills_name_real_mutants():
 
 
 def test_at_least_twelve_tlx_mutants_and_the_mx_ones_cover_every_tlx_module():
-    """The MX producers' tiles (``mx_tiles``) are covered by the TLX MX mutants (killed in test_mx_kernels)."""
+    """The MX producers (``mx_tiles``, ``mx_producers``) are covered by the TLX MX mutants (killed in
+    test_mx_kernels)."""
     mx = {m.module for m in TLX_MX_MUTANTS + TLX_MX_BACKWARD_MUTANTS}
     assert len(TLX) >= 12 and {m.module for m in TLX} | mx == set(TLX_MODULES)
 

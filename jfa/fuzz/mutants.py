@@ -45,6 +45,7 @@ TLX_COMMON = "jfa.kernels.tlx.common.device"
 TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
 TLX_MX_TILES = "jfa.kernels.tlx.hopper.mx_tiles"
+TLX_MX_PRODUCERS = "jfa.kernels.tlx.hopper.mx_producers"
 TLX_ITEM_RING = "jfa.kernels.tlx.hopper.item_ring"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_DKDV_STEPS = "jfa.kernels.tlx.hopper.dkdv_steps"
@@ -52,9 +53,9 @@ TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
 MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_MX_TILES,
-           TLX_ITEM_RING, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
+           TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_FORWARD, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
 # their mutants run on the TLX simulator
-TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_ITEM_RING, TLX_FORWARD, TLX_DKDV_STEPS, TLX_BACKWARD)
+TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_FORWARD, TLX_BACKWARD)
 
 
 class MutantError(RuntimeError):
@@ -338,7 +339,7 @@ TLX_MX_MUTANTS: tuple = (
            "                    other=0)",
            "codes = tl.load(DATA + (row0 + keys).to(tl.int64)[:, None] * stride_t + cols)",
            "V rows past the sequence are read: the next sequence's, or past the tensor"),
-    Mutant("tlx-mx-k-scales-of-query-head", TLX_FORWARD,
+    Mutant("tlx-mx-k-scales-of-query-head", TLX_MX_PRODUCERS,
            "store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)",
            "store_dim_tile(k_tiles[kv_buf], k_codes, tl.flip(k_scales, 1), BLOCK_N, HEAD_DIM)",
            "K's scales applied to the wrong 32-element blocks of D"),
@@ -355,7 +356,7 @@ TLX_MX_BACKWARD_MUTANTS: tuple = (
            "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), qt_tile, dk)",
            "_mx_round(ds_t, MX == \"rceil\", BLOCK_N, BLOCK_M).to(DTYPE), q_tile, dk)",
            "dK multiplies Q^(dim), the S operand, instead of Q quantized along queries"),
-    Mutant("tlx-mx-bwd-do-scales-of-sequence-0", TLX_BACKWARD,
+    Mutant("tlx-mx-bwd-do-scales-of-sequence-0", TLX_MX_PRODUCERS,
            "load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0,",
            "load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, 0,",
            "dO^(queries) dequantized with the first sequence's scale rows (its block offsets dropped)"),

@@ -79,14 +79,13 @@ from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, mx_scale_rows,
-                                           receive_item, retire_counter, static_item, to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
+                                           retire_counter, static_item, to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq,
                                                 sparse_step_masked, stage_dq, step_tile)
-from jfa.kernels.tlx.hopper.mx_tiles import (fill_dim_tile, load_dim_tile, load_token_tile, store_dim_tile,
-                                            store_token_tile)
+from jfa.kernels.tlx.hopper.mx_producers import produce_dkdv_item_mx
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import _mx_round
 from jfa.plans import gradient_key
@@ -344,87 +343,6 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                                       delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
                                       Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE, DQ, TILE_N,
                                       BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
-    return qdo_cnt
-
-
-@triton.jit
-def _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead, bulk_end,
-                           num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS, q_tiles, qt_tiles, do_tiles,
-                           dot_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, num_heads, TILE_N: tl.constexpr,
-                           BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr):
-    """MX producer, the steps of one query head of an item (``_produce_dkdv_item_mx``). Returns the advanced
-    qdo_cnt."""
-    SUB: tl.constexpr = TILE_N // BLOCK_M
-    n_masked = n_lead + num_q_tiles - bulk_end
-    NB: tl.constexpr = HEAD_DIM // 32
-    for j in tl.range(0, num_q_tiles - first):
-        m_start = step_tile(j, first, n_lead, n_masked, bulk_end, None, False, SUB) * BLOCK_M
-        buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
-        # the step's four tiles (4 KB of bytes each) loaded together, before the slot is free: one load
-        # latency per step, not four
-        q_codes, q_scales = load_dim_tile(Q8, QS, q_row0 + m_start, len_q - m_start, head * HEAD_DIM, head * NB,
-                                          num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
-        qt_codes, qt_scales = load_token_tile(QT, QTS, q_row0, m_start, len_q, qb0, head * HEAD_DIM,
-                                              num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
-        do_codes, do_scales = load_dim_tile(DO8, DOS, out_row0 + m_start, len_q - m_start, head * HEAD_DIM,
-                                            head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M, HEAD_DIM)
-        dot_codes, dot_scales = load_token_tile(DOT_, DOTS, out_row0, m_start, len_q, ob0, head * HEAD_DIM,
-                                                num_heads * HEAD_DIM, BLOCK_M, HEAD_DIM)
-        tlx.barrier_wait(qdo_empties[buf], phase ^ 1)
-        store_dim_tile(q_tiles[buf], q_codes, q_scales, BLOCK_M, HEAD_DIM)
-        store_token_tile(qt_tiles[buf], qt_codes, qt_scales, BLOCK_M, HEAD_DIM)
-        store_dim_tile(do_tiles[buf], do_codes, do_scales, BLOCK_M, HEAD_DIM)
-        store_token_tile(dot_tiles[buf], dot_codes, dot_scales, BLOCK_M, HEAD_DIM)
-        tlx.barrier_expect_bytes(qdo_fulls[buf], 2 * BLOCK_M * 4)  # (the arrival: after every fenced store)
-        stats_col = stats_col0 + m_start
-        tlx.async_descriptor_load(desc_stats, lse_tiles[buf], [head, stats_col], qdo_fulls[buf])
-        tlx.async_descriptor_load(desc_stats, delta_tiles[buf], [num_heads + head, stats_col], qdo_fulls[buf])
-        qdo_cnt += 1
-    return qdo_cnt
-
-
-@triton.jit
-def _produce_dkdv_item_mx(item, kv_cnt, qdo_cnt, Q8, K8, V8, DO8, desc_stats, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_,
-                          DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles,
-                          delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES, CU_Q, CU_K, STATS_CU,
-                          num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi, CAUSAL: tl.constexpr,
-                          GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, TILE_N: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          NUM_BUFFERS_QDO: tl.constexpr):
-    """MX producer, one work item: the TMA producer's fills (same buffers, barriers and step order), each tile
-    loaded as E4M3 bytes and E8M0 scales (rows past the sequence masked: nothing of another sequence is read)
-    and dequantized into its bf16 buffer (``mx_tiles``): K and V along D
-    (S^T, dP^T); per step Q and dO along D and along the sequence's 32-row query blocks (Q^(queries) of a
-    broadcast Q: the shared q's own blocks; dO^(queries): the output rows' blocks), all four loaded before the
-    wait for the slot, and the row statistics by TMA on the slot's full barrier, whose expect-bytes arrival
-    follows the fenced stores. Q8, K8, V8, DO8: D-axis bytes; QT, DOT_: query-axis bytes (QB_OFF,
-    OB_OFF: each sequence's first scale row). The group's query heads take their steps in turn
-    (``_produce_head_steps_mx``). Returns the advanced qdo_cnt."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-        dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                  CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, 0, GROUP)
-    CHUNK: tl.constexpr = 4096 // HEAD_DIM  # rows dequantized at a time (registers): 4 KB of bytes, 32 a thread
-    stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, False)
-    qb0, ob0 = mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads // GROUP, num_seqs, BROADCAST_Q)
-    kv_head = head // GROUP
-    num_kv_heads = num_heads // GROUP
-    for c in tl.static_range(_CONSUMERS):
-        tlx.barrier_wait(kv_empties[c], (kv_cnt & 1) ^ 1)
-        rows = n_start + c * BLOCK_N
-        fill_dim_tile(k_tiles[c], K8, KS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
-                      HEAD_DIM)
-        fill_dim_tile(v_tiles[c], V8, VS, k_row0 + rows, len_k - rows, kv_head, num_kv_heads, BLOCK_N, CHUNK,
-                      HEAD_DIM)
-        tlx.barrier_arrive(kv_fulls[c], 1)
-    for g in tl.range(0, GROUP):  # grouped-query attention: the group's query heads in turn, against this K and V
-        if GROUP > 1:  # (one head: the item's numbers above are its own)
-            head, q_row0, out_row0, len_q, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
-                dkdv_item(TILES, CU_Q, CU_K, TILES, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
-                          band_hi, CAUSAL, False, BROADCAST_Q, False, TILE_N, BLOCK_M, g, GROUP)
-        qdo_cnt = _produce_head_steps_mx(qdo_cnt, head, q_row0, out_row0, len_q, stats_col0, qb0, ob0, first, n_lead,
-                                         bulk_end, num_q_tiles, Q8, DO8, desc_stats, QS, QT, QTS, DOS, DOT_, DOTS,
-                                         q_tiles, qt_tiles, do_tiles, dot_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                                         qdo_empties, num_heads, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO)
     return qdo_cnt
 
 
@@ -754,8 +672,8 @@ def jagged_dkdv_tlx_kernel(
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
-    DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``_produce_dkdv_item_mx``); the MX arguments are None in the
-    other builds."""
+    DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
+    in the other builds."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -839,12 +757,13 @@ def jagged_dkdv_tlx_kernel(
                         # the K/V tiles' use count is `rounds`: every round but the last has an item
                         # for every CTA (so no register carries it: the D 128 producer has 72)
                         if MX != "":
-                            qdo_cnt = _produce_dkdv_item_mx(
+                            qdo_cnt = produce_dkdv_item_mx(
                                 item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, QS, QT, QTS,
                                 QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, k_tiles, v_tiles, q_tiles, qt_tiles, do_tiles,
                                 dot_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES,
                                 CU_Q, CU_K, STATS_CU, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
-                                CAUSAL, GROUP, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO)
+                                CAUSAL, _CONSUMERS, GROUP, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
+                                NUM_BUFFERS_QDO)
                         else:
                             qdo_cnt = _produce_dkdv_item(
                                 item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,

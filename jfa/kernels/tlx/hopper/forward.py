@@ -85,7 +85,7 @@ from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.item_ring import (ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_end, publish_item,
                                               take_item)
-from jfa.kernels.tlx.hopper.mx_tiles import load_dim_tile, load_token_tile, store_dim_tile, store_token_tile
+from jfa.kernels.tlx.hopper.mx_producers import produce_forward_item_mx
 from jfa.kernels.triton.mx_attention import pow2_step, quantized_weights, visible_keys
 
 
@@ -435,53 +435,6 @@ def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cn
 
 
 @triton.jit
-def _produce_item_mx(item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, Q8, K8, V8,
-                     QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
-                     v_empties, TILES, num_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
-    """MX producer, one decoded work item: the bf16 kernel's fills (same buffers, same barriers, same order),
-    each made from E4M3 bytes and scales loaded straight into registers (coalesced 16-byte loads; rows past the
-    sequence are masked, so nothing of another sequence is read) and dequantized into the bf16 buffer.
-    Software-pipelined by hand: V(j) is loaded before K(j) is stored, K(j + 1) before V(j) is stored, so
-    each tile's load latency hides behind the other's conversion. The operands are contiguous: a token's
-    row stride is heads x HEAD_DIM bytes. Returns the advanced (q_cnt, kv_cnt)."""
-    NB: tl.constexpr = HEAD_DIM // 32
-    if n_blocks > 0:
-        kv_head = head // GROUP
-        num_kv_heads = num_heads // GROUP
-        q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
-        for c in tl.static_range(_CONSUMERS):
-            codes, scales = load_dim_tile(Q8, QS, q_row0 + m_start + c * BLOCK_M, len_q - m_start - c * BLOCK_M,
-                                          head * HEAD_DIM, head * NB, num_heads * HEAD_DIM, num_heads * NB, BLOCK_M,
-                                          HEAD_DIM)
-            tlx.barrier_wait(q_empties[c * NUM_BUFFERS_Q + q_buf], q_phase ^ 1)
-            store_dim_tile(q_tiles[c * NUM_BUFFERS_Q + q_buf], codes, scales, BLOCK_M, HEAD_DIM)
-            tlx.barrier_arrive(q_fulls[c * NUM_BUFFERS_Q + q_buf], 1)
-        scale_row0 = tl.load(VB_OFF + tl.load(TILES + item // num_heads))  # V's first scale row of the sequence
-        k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + j0 * BLOCK_N, len_k - j0 * BLOCK_N, kv_head * HEAD_DIM,
-                                          kv_head * NB, num_kv_heads * HEAD_DIM, num_kv_heads * NB, BLOCK_N, HEAD_DIM)
-        for j in tl.range(0, n_blocks):
-            n_start = (j0 + j) * BLOCK_N
-            kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
-            v_codes, v_scales = load_token_tile(V8, VS, k_row0, n_start, len_k, scale_row0, kv_head * HEAD_DIM,
-                                                num_kv_heads * HEAD_DIM, BLOCK_N, HEAD_DIM)
-            tlx.barrier_wait(k_empties[kv_buf], kv_phase ^ 1)
-            store_dim_tile(k_tiles[kv_buf], k_codes, k_scales, BLOCK_N, HEAD_DIM)
-            tlx.barrier_arrive(k_fulls[kv_buf], 1)
-            # the next block's K (none past the item's last block: its rows are all masked)
-            k_codes, k_scales = load_dim_tile(K8, KS, k_row0 + n_start + BLOCK_N,
-                                              tl.where(j + 1 < n_blocks, len_k - n_start - BLOCK_N, 0),
-                                              kv_head * HEAD_DIM, kv_head * NB, num_kv_heads * HEAD_DIM,
-                                              num_kv_heads * NB, BLOCK_N, HEAD_DIM)
-            tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
-            store_token_tile(v_tiles[kv_buf], v_codes, v_scales, BLOCK_N, HEAD_DIM)
-            tlx.barrier_arrive(v_fulls[kv_buf], 1)
-            kv_cnt += 1
-        q_cnt += 1
-    return q_cnt, kv_cnt
-
-
-@triton.jit
 def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring,
@@ -502,10 +455,10 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
                  _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 1, CAUSAL, WINDOW, SPARSE,
                               PEEL, BLOCK_M, BLOCK_N), lo, hi, rot, WINDOW)
     if MX != "":
-        q_cnt, kv_cnt = _produce_item_mx(
+        q_cnt, kv_cnt = produce_forward_item_mx(
             item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
             QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
-            v_empties, TILES, num_heads, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
+            v_empties, TILES, num_heads, _CONSUMERS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
     else:
         q_cnt, kv_cnt = _produce_item(
             head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles,
@@ -673,7 +626,7 @@ def jagged_fwd_tlx_kernel(
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
     (token-axis, sequence b's first scale row VB_OFF[b]); its producer dequantizes into the bf16 buffers
-    (``_produce_item_mx``)."""
+    (``mx_producers.produce_forward_item_mx``)."""
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     tl.static_assert(MX == "" or not WINDOW, "the MX producer loads its blocks in ascending order: no window")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer

@@ -1155,3 +1155,36 @@ def test_step_phases_are_the_medians_of_each_consumers_stamps():
     assert phases["consumer 1"] == {"K, turn and QK^T": 20, "V wait": 40, "softmax under PV": 150,
                                     "to the next step": 15, "period": 225, "n": 3}
     assert phases["turn offset"] == 65  # steps 1 and 2: 170 - 110 and 400 - 330
+
+
+def test_the_makespan_model_costs_a_causal_tile_by_its_blocks_up_to_the_diagonal():
+    """Item costs follow the causal forward: a 300-row sequence's tiles see 1, 2 and 3 blocks of 128 keys (the
+    last tile's keys end at row 299), a 0-row one has none; each tile once per head."""
+    from jfa.bench import makespan
+
+    problem = suites.Problem("t", B=2, H=2, D=128, max_len=300,
+                             lengths_fn=lambda g: torch.tensor([300, 0]), causal=True)
+    costs = makespan.item_costs(problem)
+    assert sorted(costs[costs > 0].tolist()) == [1, 1, 2, 2, 3, 3]
+
+
+def test_the_makespan_model_deals_zigzag_and_the_counter_as_the_kernels_do():
+    from jfa.bench import makespan
+
+    equal = np.full(12, 2.0)  # equal items: both schedules end together, the counter's cost on every item
+    assert makespan.makespans(equal, grid=4) == (6.0, 6.0)
+    assert makespan.makespans(equal, counter_cost=0.5, grid=4) == (6.0, 7.5)
+    # zig-zag deals odd rounds right to left (CTA 0 takes the round's last item): [5, 4] then [2, 1] -> 6 and 6
+    assert makespan.makespans(np.array([5.0, 4.0, 2.0, 1.0]), grid=2)[0] == 6.0
+    # a list not sorted by cost: zig-zag gives CTA 0 items 0, 3, 4 (3 + 1 + 3), the counter gives each item to
+    # the CTA free first (3 + 3 and 1 + 1 + 1 + 3)
+    assert makespan.makespans(np.array([3.0, 1.0, 1.0, 1.0, 3.0, 3.0]), grid=2) == (7.0, 6.0)
+
+
+def test_the_makespan_model_reproduces_the_measurements_it_was_fitted_on():
+    """The constants NOTES.md session 39 reports (FITTED) are the fit of session 38's measured ratios."""
+    from jfa.bench import makespan
+
+    per_item, counter_cost, rms = makespan.fit(makespan.MEASURED_SESSION_38, {p.name: p for p in get_suite("causal")})
+    assert (per_item, round(counter_cost, 2)) == (makespan.FITTED["per_item"], makespan.FITTED["counter_cost"])
+    assert rms < 0.02

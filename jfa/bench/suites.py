@@ -198,7 +198,10 @@ def _causal_sweep() -> tuple[Problem, ...]:
     """Causal batches of ~262k tokens whose sequences average 512 to 1536 rows, at D 128 (4 heads) and D 64 (2):
     where a causal forward's items are better taken from the counter than dealt zig-zag
     (``jfa.kernels.tlx.hopper.forward.LONG_CAUSAL_TILES``; ``python -m jfa.bench.ablation forward --suite
-    causal-sweep --only "dynamic,zig-zag"``). Uniform lengths in [1, L] (mean ~L / 2) and all sequences of L."""
+    causal-sweep --only "dynamic,zig-zag"``). Uniform lengths in [1, L] (mean ~L / 2) and all sequences of L;
+    then equal lengths of 2048-4096 keys in batches whose items take few or many rounds of the grid (a makespan
+    model, NOTES.md session 39, predicts the counter's gain there from how zig-zag's rounds meet the sequences,
+    not from the rows per sequence)."""
     tokens = 1 << 18
     problems = []
     for D, H in ((128, 4), (64, 2)):
@@ -210,6 +213,11 @@ def _causal_sweep() -> tuple[Problem, ...]:
             B = tokens // length
             problems.append(Problem(f"causal-sweep-full-B{B}-L{length}-H{H}-D{D}", B=B, H=H, D=D, max_len=length,
                                     lengths_fn=_full(B, length), causal=True))
+    for B, H, length in ((16, 8, 4096), (64, 4, 4096), (32, 4, 2048)):
+        problems.append(Problem(f"causal-sweep-full-B{B}-L{length}-H{H}-D128", B=B, H=H, D=128, max_len=length,
+                                lengths_fn=_full(B, length), causal=True))
+    problems.append(Problem("causal-sweep-uniform-B64-L4096-H4-D128", B=64, H=4, D=128, max_len=4096,
+                            lengths_fn=_uniform(64, 4096), causal=True))
     return tuple(problems)
 
 

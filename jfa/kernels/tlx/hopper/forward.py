@@ -172,9 +172,9 @@ def config_for(head_dim: int, mx: str = "") -> HopperForwardConfig:
 def _work_item(TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
                TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Everything producer and consumers need about work item ``item``: the producer decodes it, and the
-    consumers of a build without the item ring decode it too, identically (they must agree on the K/V
-    blocks, or the mbarrier phases and the pingpong drift).
+    """Everything producer and consumers need about work item ``item``: the producer decodes it once and
+    publishes what the consumers need through the item ring (``_fill_item``), so all three partitions agree
+    on the K/V blocks (or the mbarrier phases and the pingpong would drift).
 
     Returns (head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot):
     the item's K/V blocks are j0 .. j0 + n_blocks - 1 (visited in ``_block_start``'s order); with WINDOW,

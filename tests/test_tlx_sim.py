@@ -183,6 +183,14 @@ def _forward_builds(case_name, switches, constexpr, schedule, monkeypatch):
     return report, built
 
 
+def _assert_forward_builds(case_name, switches, constexpr, expected, seed, monkeypatch):
+    """The catalogue case meets the oracle on the simulator under seeded schedule ``seed`` with
+    ``JFA_TLX_VARIANT=switches``, and every forward launch compiled ``constexpr`` as ``expected``."""
+    report, built = _forward_builds(case_name, switches, constexpr, sim.Schedule.seeded(seed), monkeypatch)
+    assert report.ok, str(report)
+    assert built and set(built) == {expected}, built
+
+
 # (case, JFA_TLX_VARIANT): the bulk loop's Q operand, the config's and the other, at both head dims
 Q_OPERANDS = {"D64-shipped": ("tlx-long-items-causal-D64", "", True),
               "D64-shared-memory": ("tlx-long-items-causal-D64", "q_regs=0", False),
@@ -196,9 +204,7 @@ def test_the_bulk_loops_q_operand_meets_the_oracle_from_registers_or_shared_memo
     the oracle under a seeded schedule, and the forward launch compiled the operand its variant names (the
     Q buffer is then still held for the masked tail: the simulator reports a read after its release)."""
     case_name, switches, in_registers = Q_OPERANDS[name]
-    report, built = _forward_builds(case_name, switches, "Q_REGS", sim.Schedule.seeded(2), monkeypatch)
-    assert report.ok, str(report)
-    assert built and set(built) == {in_registers}, built
+    _assert_forward_builds(case_name, switches, "Q_REGS", in_registers, 2, monkeypatch)
 
 
 # (case, JFA_TLX_VARIANT, whether the forward's producer takes the items from the counter)
@@ -215,9 +221,7 @@ def test_work_items_reach_the_consumers_decoded_through_the_ring_under_either_sc
     and the visiting order's rotation too) handed to them decoded by the producer, whether it deals the items
     statically or takes them from the counter, and the launch compiled the schedule its variant names."""
     case_name, switches, dynamic = ITEM_RING[name]
-    report, built = _forward_builds(case_name, switches, "DYNAMIC", sim.Schedule.seeded(3), monkeypatch)
-    assert report.ok, str(report)
-    assert built and set(built) == {dynamic}, built
+    _assert_forward_builds(case_name, switches, "DYNAMIC", dynamic, 3, monkeypatch)
 
 
 # (case, JFA_TLX_VARIANT, whether the forward's build takes the next item early): the counter's early fetch, and
@@ -234,9 +238,7 @@ def test_the_counters_early_fetch_meets_the_oracle(name, monkeypatch):
     being loaded (an item with no block takes it at once): every item is still computed once, under a seeded
     schedule, and only counter builds compile it."""
     case_name, switches, early = EARLY_FETCH[name]
-    report, built = _forward_builds(case_name, switches, "EARLY_FETCH", sim.Schedule.seeded(2), monkeypatch)
-    assert report.ok, str(report)
-    assert built and set(built) == {early}, built
+    _assert_forward_builds(case_name, switches, "EARLY_FETCH", early, 2, monkeypatch)
 
 
 def _packed(lengths, heads=2, head_dim=64, seed=0):

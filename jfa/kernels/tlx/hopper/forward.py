@@ -705,7 +705,7 @@ def jagged_fwd_tlx_kernel(
                             TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                             num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
                             band_hi, ring, ring_fulls, ring_empties, count, COUNTER, PEEL, CAUSAL, WINDOW, GROUP,
-                            BROADCAST_Q, SPARSE, MX, False, TILE_M, HEAD_DIM, BLOCK_M,
+                            BROADCAST_Q, SPARSE, MX, EARLY_FETCH, TILE_M, HEAD_DIM, BLOCK_M,
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                         count += 1
             publish_end(ring, ring_fulls, ring_empties, count, num_items, WINDOW)
@@ -794,12 +794,14 @@ class Variant:
         return make_variant(cls, switches, knobs.KNOBS["tlx_variant"].env)
 
     def name(self) -> str:
-        off = [f for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
-        q = "" if self.q_regs is None else (" +q_regs" if self.q_regs else " -q_regs")
-        q += " +early_fetch" if self.early_fetch else ""
-        shipped = self.long_causal_schedule == SHIPPED.long_causal_schedule
-        causal = "" if shipped else f" long_causal={self.long_causal_schedule}"
-        return self.schedule + "".join(f" -{f}" for f in off) + q + causal
+        flags = [f" -{f}" for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
+        if self.q_regs is not None:
+            flags.append(" +q_regs" if self.q_regs else " -q_regs")
+        if self.early_fetch:
+            flags.append(" +early_fetch")
+        if self.long_causal_schedule != SHIPPED.long_causal_schedule:
+            flags.append(f" long_causal={self.long_causal_schedule}")
+        return self.schedule + "".join(flags)
 
 
 SHIPPED = Variant()

@@ -241,6 +241,44 @@ def test_the_counters_early_fetch_meets_the_oracle(name, monkeypatch):
     _assert_forward_builds(case_name, switches, "EARLY_FETCH", early, 2, monkeypatch)
 
 
+# (case, JFA_TLX_BWD_VARIANT, backward): ``BackwardVariant.warm_kv`` in the producer's dQ (D 64), the halves (D 128,
+# broadcast Q) and without the fused dQ, under the counter (causal; grouped heads with a window; block-sparse lists)
+# and the static schedule
+WARM_KV = {
+    "static-fused-dq-D64": ("tlx-many-items-bf16-D64", "warm_kv=1", "fused-dq"),
+    "static-halves-bcastq-D128": ("tlx-many-items-bcastq-bf16-D128", "warm_kv=1", "fused-dq"),
+    "static-deterministic-D128": ("tlx-many-items-bf16-D128", "warm_kv=1", "deterministic"),
+    "counter-causal-D64": ("tlx-many-items-causal-bf16-D64", "warm_kv=1", "fused-dq"),
+    "counter-window-gqa": ("tlx-wide-window-causal-gqa-bf16-D128", "warm_kv=1", "fused-dq"),
+    "counter-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "warm_kv=1", "fused-dq"),
+}
+
+
+@pytest.mark.parametrize("name", WARM_KV)
+def test_the_backward_warms_exactly_the_k_and_v_rows_it_then_loads(name, monkeypatch):
+    """With ``BackwardVariant.warm_kv`` the dK/dV producer prefetches each item's K and V rows into L2 before it
+    waits for their slot: the gradients still meet the oracle under a seeded schedule, the launches compiled it,
+    it ran, and every prefetched row is one the CTA's TMA loads then read (the simulator warns of any other and
+    refuses one outside the tensors)."""
+    case_name, switches, dq = WARM_KV[name]
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    built = []
+    real_launch = target.launch
+
+    def spy(kernel, grid, device, *args, **kwargs):
+        if kernel is tlx_backward.jagged_dkdv_tlx_kernel:
+            built.append(kwargs["WARM_KV"])
+        return real_launch(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(target, "launch", spy)
+    with knobs.scope(tlx_bwd_variant=switches):
+        report, session = _run_on_simulator(case, sim.Schedule.seeded(2), dq)
+    assert report.ok, str(report)
+    assert built and set(built) == {True}, built
+    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
+    assert sum(r.op_counts.get("prefetch_l2", 0) for r in session.reports if r.kernel == "jagged_dkdv_tlx_kernel")
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)

@@ -155,7 +155,7 @@ def offline_signature(kernel, constants: dict, types: dict) -> tuple[dict, dict]
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
         signature[name] = "constexpr" if name in constants else types.get(name, "i32")
-        if signature[name].startswith("*") or "stride" in name:
+        if signature[name] != "constexpr" and (signature[name].startswith("*") or "stride" in name):
             attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
 

@@ -218,8 +218,9 @@ def tlx_backward_targets() -> list:
                        variant="fused-dq", group=8)]
     targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
     # each item's K and V warmed in L2 (an experiment, ``BackwardVariant.warm_kv``): the shipped dense builds
-    # without and with the fused dQ (the producer's at D 64, the halves at D 128, whose producer has 24 registers),
-    # causal (the counter's), grouped heads with a broadcast Q, block-sparse
+    # without and with the fused dQ (the producer's at D 64, which warms the next item's too under a static schedule,
+    # the halves at D 128, whose producer has 24 registers), causal (the counter's), grouped heads with a broadcast
+    # Q, block-sparse
     for head_dim in SUPPORTED_HEAD_DIMS:
         for variant in ("warm_kv=1", "fused-dq,warm_kv=1"):
             for causal in (False, True):
@@ -227,6 +228,8 @@ def tlx_backward_targets() -> list:
                                       "bf16", head_dim, causal, False, backend="tlx", variant=variant))
     targets += [Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq,warm_kv=1]", "dkdv", "bf16", 128, False, True,
                        backend="tlx", variant="fused-dq,warm_kv=1", group=8),
+                Target("tlx-dkdv-bf16-D64-bcastq-gqa4[fused-dq,warm_kv=1]", "dkdv", "bf16", 64, False, True,
+                       backend="tlx", variant="fused-dq,warm_kv=1", group=4),
                 Target("tlx-dkdv-bf16-D128-sparse[fused-dq,warm_kv=1]", "dkdv", "bf16", 128, False, False,
                        backend="tlx", variant="fused-dq,warm_kv=1", sparse=True)]
     return targets
@@ -784,8 +787,12 @@ def _check_tlx(target: Target) -> Result:
         expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
             (result.details["global_atomics"] > 0) == dynamic
         result.details["l2_prefetches"] = compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2.global")
-        expected["L2 prefetches exactly in the build that warms K and V"] = \
-            (result.details["l2_prefetches"] > 0) == variant.warms(bool(target.mx))
+        warms = variant.warms(bool(target.mx))
+        expected["L2 prefetches exactly in the build that warms K and V"] = (result.details["l2_prefetches"] > 0) == warms
+        # the producer's dQ under a static schedule warms the next item's rows too: a second pair of prefetches
+        warms_next = warms and cfg.dq == "producer" and not dynamic
+        expected["the next item's rows warmed exactly in the static producer-dQ build"] = \
+            (result.details["l2_prefetches"] > 2) == warms_next
         launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
         expected.update(_compiles_with_llvm_setting(launch, tlx_backward.jagged_dkdv_tlx_kernel, cfg.llvm_o0))

@@ -206,9 +206,11 @@ class BackwardVariant:
     masked_schedule: str = "dynamic"
     sparse_schedule: str = "dynamic"
     # bf16/fp16 builds: the producer warms L2 with an item's K and V rows (``prefetch_l2``) before it waits for
-    # their slot, which the consumers free only when the previous item's last step retires. A K/V tile is read by
-    # one item only, so its load at the item boundary otherwise comes from HBM while the consumers wait. An
-    # experiment, not measured yet (NOTES.md session 40).
+    # their slot, which the consumers free only when the previous item's last step retires; with the producer's dQ
+    # under a static schedule, which holds the producer there until the consumers are done, also the next item's
+    # rows once the first steps' loads are issued. A K/V tile is read by one item only, so its load at the item
+    # boundary otherwise comes from HBM while the consumers wait. An experiment, not measured yet (NOTES.md
+    # session 40).
     warm_kv: bool = False
 
     def __post_init__(self):
@@ -270,19 +272,47 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
 
 
 @triton.jit
+def _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, n_start, kv_head, stride_kt, stride_vt, col_stride_k, col_stride_v,
+                  TILE_N: tl.constexpr, ROW_BYTES: tl.constexpr):
+    """L2 prefetches of a work item's K and V rows (both consumers' halves: the TILE_N rows from ``n_start`` of the
+    sequence at ``k_row0``; rows past the sequence, which the TMA boxes also read, left out; none for an item
+    without keys)."""
+    if len_k > 0:
+        rows = (k_row0 + tl.minimum(n_start + tl.arange(0, TILE_N), len_k - 1)).to(tl.int64)
+        prefetch_l2(K_ROWS + rows * stride_kt + kv_head * col_stride_k, ROW_BYTES)
+        prefetch_l2(V_ROWS + rows * stride_vt + kv_head * col_stride_v, ROW_BYTES)
+
+
+@triton.jit
+def _warm_next_item(next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_kv_heads, num_seqs, len_q_bcast, K_ROWS,
+                    V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v, BROADCAST_Q: tl.constexpr,
+                    SPARSE: tl.constexpr, TILE_N: tl.constexpr, ROW_BYTES: tl.constexpr):
+    """``_warm_kv_rows`` of work item ``next_item``, when it is one."""
+    if next_item < num_items:
+        kv_head, tile, _qr, _or, _lq, k_row0, len_k = item_sequence(
+            TILES, CU_Q, CU_K, next_item, num_slots, num_kv_heads, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
+        _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, tile * TILE_N, kv_head, stride_kt, stride_vt, col_stride_k,
+                      col_stride_v, TILE_N, ROW_BYTES)
+
+
+@triton.jit
 def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles, desc_q,
                         desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles,
                         dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties, Q_IDX, num_heads, col_stride_q,
-                        col_stride_do, sm_scale, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
-                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                        NUM_BUFFERS_DS: tl.constexpr, QDO_BYTES: tl.constexpr):
+                        col_stride_do, sm_scale, next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_seqs,
+                        len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v,
+                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                        QDO_BYTES: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                        WARM_NEXT: tl.constexpr, ROW_BYTES: tl.constexpr):
     """Producer, the steps of one query head of an item: per step the query tile's Q, dO and row statistics
     (lse2 and delta rows of the transposed stats tensor). With the producer's dQ also every step's dQ,
     DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG steps before it is
     needed), the last ones flushed before the head's steps end (the next head's dQ goes to other columns, the
     item's K is given up after the last head). Loads and dQ steps are counted by ``qdo_cnt`` alone (returned):
     both advance by the head's steps, so at its start the dQ count equals it (one register less in a producer
-    of 72)."""
+    of 72). WARM_NEXT (the producer's dQ, ``BackwardVariant.warm_kv``): work item ``next_item``'s K and V rows
+    warmed in L2 once the first steps' loads are issued (``_warm_next_item``; num_items: none)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
@@ -297,6 +327,11 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+        if WARM_NEXT:  # the producer reaches the next item only after its last dQ steps, when the consumers wait
+            # for K and V already: their rows are warmed here, where the producer next waits for a dS^T anyway
+            _warm_next_item(next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_heads // GROUP, num_seqs,
+                            len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v, BROADCAST_Q,
+                            SPARSE, TILE_N, ROW_BYTES)
         staged_row = dq_row0  # the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
             qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -328,23 +363,22 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                        num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                       col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt,
-                       CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, next_item,
+                       num_items, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr,
-                       WARM_KV: tl.constexpr):
+                       WARM_KV: tl.constexpr, WARM_NEXT: tl.constexpr):
     """Producer, one work item: each consumer's K and V half of the item's key/value head, then the steps of
-    each of its GROUP query heads in turn (``_produce_head_steps``). WARM_KV: the item's K and V rows warmed in
-    L2 before the wait for their slot (``BackwardVariant.warm_kv``)."""
+    each of its GROUP query heads in turn (``_produce_head_steps``). WARM_KV (``BackwardVariant.warm_kv``): the
+    item's K and V rows warmed in L2 before the wait for their slot; WARM_NEXT (with the producer's dQ under a
+    static schedule) also the next item's (``next_item``; num_items: none) early in this one."""
     head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
     if WARM_KV:
-        if len_k > 0:  # the tile's rows in its sequence (those past it, which the boxes also read, left out)
-            rows = (k_row0 + tl.minimum(n_start + tl.arange(0, TILE_N), len_k - 1)).to(tl.int64)
-            prefetch_l2(K_ROWS + rows * stride_kt + (head // GROUP) * col_stride_k, KV_BYTES // BLOCK_N)
-            prefetch_l2(V_ROWS + rows * stride_vt + (head // GROUP) * col_stride_v, KV_BYTES // BLOCK_N)
+        _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, n_start, head // GROUP, stride_kt, stride_vt, col_stride_k,
+                      col_stride_v, TILE_N, KV_BYTES // BLOCK_N)
     stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -358,11 +392,15 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
             head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
                 dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
+        # (the next item warmed once, during the first head's steps)
         qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles,
                                       desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles,
                                       delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
-                                      Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE, DQ, TILE_N,
-                                      BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
+                                      Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale,
+                                      tl.where(g == 0, next_item, num_items), num_items, TILES, CU_Q, CU_K, num_slots,
+                                      num_seqs, len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k,
+                                      col_stride_v, SPARSE, DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                                      NUM_BUFFERS_DS, QDO_BYTES, GROUP, BROADCAST_Q, WARM_NEXT, KV_BYTES // BLOCK_N)
     return qdo_cnt
 
 
@@ -698,6 +736,9 @@ def jagged_dkdv_tlx_kernel(
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     tl.static_assert(not WARM_KV or MX == "", "the MX producer loads K and V itself")
+    # the producer's dQ holds the producer past the consumers' last step of an item, so the item's own rows get no
+    # lead: it also warms the next item's, which a static schedule knows
+    WARM_NEXT: tl.constexpr = WARM_KV and DQ == DQ_PRODUCER and not DYNAMIC
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
@@ -767,9 +808,9 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                        col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, CAUSAL,
-                        WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
-                        NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV)
+                        col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, num_items,
+                        num_items, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
+                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV, WARM_NEXT)
                     rounds += 1
                     item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
@@ -794,8 +835,9 @@ def jagged_dkdv_tlx_kernel(
                                 qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                                 num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                                 col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt,
-                                CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
-                                NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV)
+                                static_item(rounds + 1, pid, num_progs, False), num_items, CAUSAL, WINDOW, GROUP,
+                                BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                                NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV, WARM_NEXT)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):

@@ -1188,3 +1188,10 @@ def test_the_makespan_model_reproduces_the_measurements_it_was_fitted_on():
     per_item, counter_cost, rms = makespan.fit(makespan.MEASURED_SESSION_38, {p.name: p for p in get_suite("causal")})
     assert (per_item, round(counter_cost, 2)) == (makespan.FITTED["per_item"], makespan.FITTED["counter_cost"])
     assert rms < 0.02
+
+
+def test_an_ablation_narrowed_to_some_columns_leaves_the_portable_one_out_unless_named():
+    from jfa.bench.ablation import times_portable
+
+    assert times_portable("") and times_portable("warm,portable") and times_portable("port")
+    assert not times_portable("warm") and not times_portable("dynamic,zig-zag,early")

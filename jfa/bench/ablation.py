@@ -71,6 +71,12 @@ def _selected(columns: dict, only: str, keep: str) -> dict:
     return {n: c for n, c in columns.items() if n == keep or not wanted or any(w in n for w in wanted)}
 
 
+def times_portable(only: str) -> bool:
+    """Whether ``--only`` leaves the portable kernels' column in (no selection, or one naming it): a selection of
+    TLX columns need not wait for the slowest column of all."""
+    return bool(_selected({"portable": None}, only, ""))
+
+
 def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1) -> dict:
     """TFLOP/s of the TLX forward with each ablation switch off, and of the portable forward."""
     from jfa.bench.runner import llvm_the_other_way
@@ -108,7 +114,8 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
                 return tlx_forward.jagged_forward_tlx(*args, variant=variant, **kwargs)
 
         columns: dict[str, Callable] = {name: (lambda vs=spec(cfg): launch(*vs)) for name, spec in columns_spec.items()}
-        columns["portable"] = lambda: jagged_forward(*args, **kwargs)
+        if times_portable(only):
+            columns["portable"] = lambda: jagged_forward(*args, **kwargs)
         ref = columns["shipped"]()
         row = _time_columns(columns, flops(problem, b.lengths_q, b.lengths_k, "fwd"), rep, rounds)
         for name, fn in columns.items():
@@ -176,7 +183,8 @@ def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1
                 return tlx_backward.jagged_backward_tlx(*grads, **extra, **kwargs)
 
         columns = {name: (lambda e=extra, s=settings: launch(e, s)) for name, (extra, settings) in columns_spec.items()}
-        columns["portable"] = lambda: jagged_backward(*grads, **kwargs)
+        if times_portable(only):
+            columns["portable"] = lambda: jagged_backward(*grads, **kwargs)
         ref = columns["shipped"]()
         row = _time_columns(columns, flops(problem, b.lengths_q, b.lengths_k, "bwd"), rep, rounds)
         for name, fn in columns.items():
@@ -216,7 +224,8 @@ def main(argv=None) -> int:
     parser.add_argument("what", choices=("forward", "backward", "profile"))
     parser.add_argument("--suite", default="gem", help="suite name (jfa.bench.suites)")
     parser.add_argument("--only", default="", help="forward, backward: comma-separated substrings of the columns "
-                        "to time (what ships always runs); profile: a substring of the shape names")
+                        "to time (what ships always runs, the portable kernels' column when named or without --only); "
+                        "profile: a substring of the shape names")
     parser.add_argument("--shapes", default="", help="backward: comma-separated substrings of the shapes to run")
     parser.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     parser.add_argument("--rounds", type=int, default=1, help="time the columns this many times in turn")

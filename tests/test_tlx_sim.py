@@ -241,10 +241,10 @@ def test_the_counters_early_fetch_meets_the_oracle(name, monkeypatch):
     _assert_forward_builds(case_name, switches, "EARLY_FETCH", early, 2, monkeypatch)
 
 
-# (case, JFA_TLX_BWD_VARIANT, backward, whether the producer also warms the next item's rows): ``BackwardVariant.warm_kv``
-# in the producer's dQ (D 64: under a static schedule the next item's too), the halves (D 128, broadcast Q) and
-# without the fused dQ, under the counter (causal; grouped heads with a window; block-sparse lists) and the static
-# schedule
+# (case, JFA_TLX_BWD_VARIANT, backward, whether the producer also warms the next item's rows):
+# ``BackwardVariant.warm_kv`` in the producer's dQ (D 64: under a static schedule the next item's too), the halves
+# (D 128, broadcast Q) and without the fused dQ, under the counter (causal; grouped heads with a window; block-sparse
+# lists) and the static schedule
 WARM_KV = {
     "static-fused-dq-D64": ("tlx-many-items-bf16-D64", "warm_kv=1", "fused-dq", True),
     "static-fused-dq-gqa-window-D64": ("tlx-wide-window-causal-gqa-bf16-D64", "masked_schedule=static,warm_kv=1",

@@ -4,8 +4,8 @@
                                                     # peeling, Q operand, LLVM setting, long causal zig-zag,
                                                     # the counter's early fetch
     python -m jfa.bench.ablation forward --suite causal-sweep --only "dynamic,zig-zag,early"   # the counter's rule
-    python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile switches,
-                                                    # K and V warmed in L2
+    python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile
+                                                    # switches, K and V warmed in L2
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
 
 Every column of one shape is timed in the same process on the same inputs (the launchers are called

@@ -788,7 +788,8 @@ def _check_tlx(target: Target) -> Result:
             (result.details["global_atomics"] > 0) == dynamic
         result.details["l2_prefetches"] = compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2.global")
         warms = variant.warms(bool(target.mx))
-        expected["L2 prefetches exactly in the build that warms K and V"] = (result.details["l2_prefetches"] > 0) == warms
+        expected["L2 prefetches exactly in the build that warms K and V"] = \
+            (result.details["l2_prefetches"] > 0) == warms
         # the producer's dQ under a static schedule warms the next item's rows too: a second pair of prefetches
         warms_next = warms and cfg.dq == "producer" and not dynamic
         expected["the next item's rows warmed exactly in the static producer-dQ build"] = \

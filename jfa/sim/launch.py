@@ -488,8 +488,8 @@ class Launch:
 
     def _prefetch_l2(self, ptrs, nbytes, out_type):
         """``common.device.prefetch_l2``: each pointer 16-byte aligned and its bytes inside the launch's tensors (as
-        every access is checked; a bulk prefetch past an allocation is undefined), remembered until a TMA load of the CTA reads that row
-        (``Cta.prefetched``); yields its dummy zeros."""
+        every access is checked; a bulk prefetch past an allocation is undefined), remembered until a TMA load of
+        the CTA reads that row (``Cta.prefetched``); yields its dummy zeros."""
         site = source.capture(3)
         addrs = np.asarray(ptrs.data).astype(np.uint64).reshape(-1)
         sizes = np.asarray(nbytes.data).astype(np.int64).reshape(-1)

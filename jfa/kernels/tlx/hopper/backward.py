@@ -364,11 +364,11 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                        num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                        col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, next_item,
-                       num_items, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                       SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr, QDO_BYTES: tl.constexpr,
-                       WARM_KV: tl.constexpr, WARM_NEXT: tl.constexpr):
+                       num_items, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+                       BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
+                       QDO_BYTES: tl.constexpr, WARM_KV: tl.constexpr, WARM_NEXT: tl.constexpr):
     """Producer, one work item: each consumer's K and V half of the item's key/value head, then the steps of
     each of its GROUP query heads in turn (``_produce_head_steps``). WARM_KV (``BackwardVariant.warm_kv``): the
     item's K and V rows warmed in L2 before the wait for their slot; WARM_NEXT (with the producer's dQ under a
@@ -1053,6 +1053,8 @@ class _PlannedBackward:
 
     @classmethod
     def replaced(cls, dynamic: bool, warms: bool) -> tuple:
+        """The names a planned launch of this build replaces (``target.prepare``), in the order ``__call__`` gives
+        their values."""
         return cls.REPLACED + (("COUNTER",) if dynamic else ()) + (("K_ROWS", "V_ROWS") if warms else ())
 
     def __init__(self, keep: dict, q, k):

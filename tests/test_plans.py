@@ -58,21 +58,6 @@ def test_a_planned_call_meets_the_oracle(case, planned_runs, validations, monkey
     assert planned_runs == {"forward": 1, "backward": 1}, "the second call did not take the prepared launches"
 
 
-@pytest.mark.parametrize("name", ["strided-fused-qkv", "gqa-causal-bf16-D64"])
-def test_a_planned_backward_that_warms_k_and_v_warms_the_calls_own(name, planned_runs, monkeypatch):
-    """The dK/dV build that prefetches K and V rows (``BackwardVariant.warm_kv``) addresses k and v as pointers: a
-    planned call replaces them with its own tensors (else the simulator sees prefetches outside the launch's
-    tensors, or of rows no load reads)."""
-    case = next(c for c in tlx_cases("sim") if c.name.startswith(name))
-    with knobs.scope(tlx_bwd_variant="warm_kv=1"), sim.simulated(arch=(9, 0), sm_count=3) as session:
-        first, second = run_twice(case, "cpu", monkeypatch)
-    assert first.ok and report_ran_tlx(second) and second.ok, str(second)
-    assert planned_runs["backward"] == 1, "the second call did not take the prepared launches"
-    dkdv = [r for r in session.reports if r.kernel == "jagged_dkdv_tlx_kernel"]
-    assert len(dkdv) == 2 and all(r.op_counts.get("prefetch_l2", 0) for r in dkdv), [r.op_counts for r in dkdv]
-    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
-
-
 def report_ran_tlx(report) -> bool:
     return (report.kernel, report.backward_kernel) == ("tlx-hopper", "tlx-hopper")
 

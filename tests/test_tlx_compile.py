@@ -70,8 +70,7 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     module = backward if target["kernel"] == "dkdv" else forward
     assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
-        fused = "fused-dq" in target["variant"].split(",")  # (then the backward's switches, if any)
-        regs = backward.config_for(target["head_dim"], fused, target["mx"]).consumer_regs
+        regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq", target["mx"]).consumer_regs
     else:
         regs = module.config_for(target["head_dim"], target["mx"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]

@@ -116,16 +116,6 @@ def test_the_backward_one_cta_per_item_meets_the_oracle(case):
     assert report.backward_kernel == "tlx-hopper" and report.ok, str(report)
 
 
-@pytest.mark.parametrize("case", ABLATION_CASES, ids=[c.id for c in ABLATION_CASES])
-def test_the_backward_with_k_and_v_warmed_in_l2_meets_the_oracle(case):
-    """The backward whose producer prefetches each item's K and V rows into L2 (``BackwardVariant.warm_kv``, an
-    experiment) judged like what ships (the prefetches' addresses are proven on the simulator:
-    tests/test_tlx_sim.py)."""
-    with knobs.scope(tlx_bwd_variant="warm_kv=1"):
-        report = run_case(case, backend="tlx", device="cuda", backward=True)
-    assert report.backward_kernel == "tlx-hopper" and report.ok, str(report)
-
-
 def test_auto_runs_tlx_for_bf16_and_fp16_d64_d128():
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim in (64, 128):

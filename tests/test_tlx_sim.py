@@ -241,52 +241,6 @@ def test_the_counters_early_fetch_meets_the_oracle(name, monkeypatch):
     _assert_forward_builds(case_name, switches, "EARLY_FETCH", early, 2, monkeypatch)
 
 
-# (case, JFA_TLX_BWD_VARIANT, backward, whether the producer also warms the next item's rows):
-# ``BackwardVariant.warm_kv`` in the producer's dQ (D 64: under a static schedule the next item's too), the halves
-# (D 128, broadcast Q) and without the fused dQ, under the counter (causal; grouped heads with a window; block-sparse
-# lists) and the static schedule
-WARM_KV = {
-    "static-fused-dq-D64": ("tlx-many-items-bf16-D64", "warm_kv=1", "fused-dq", True),
-    "static-fused-dq-gqa-window-D64": ("tlx-wide-window-causal-gqa-bf16-D64", "masked_schedule=static,warm_kv=1",
-                                       "fused-dq", True),
-    "static-halves-bcastq-D128": ("tlx-many-items-bcastq-bf16-D128", "warm_kv=1", "fused-dq", False),
-    "static-deterministic-D64": ("tlx-many-items-bf16-D64", "warm_kv=1", "deterministic", False),
-    "counter-causal-D64": ("tlx-many-items-causal-bf16-D64", "warm_kv=1", "fused-dq", False),
-    "counter-window-gqa": ("tlx-wide-window-causal-gqa-bf16-D128", "warm_kv=1", "fused-dq", False),
-    "counter-sparse": ("tlx-sparse-bcastq-causal-topk2-bs128-bf16-D128", "warm_kv=1", "fused-dq", False),
-}
-
-
-@pytest.mark.parametrize("name", WARM_KV)
-def test_the_backward_warms_exactly_the_k_and_v_rows_it_then_loads(name, monkeypatch):
-    """With ``BackwardVariant.warm_kv`` the dK/dV producer prefetches each item's K and V rows into L2 before it
-    waits for their slot (two prefetch calls an item at most), and with the producer's dQ under a static schedule
-    the next item's as well (more than two): the gradients still meet the oracle under a seeded schedule, the
-    launches compiled it, and every prefetched row is one the CTA's TMA loads then read (the simulator warns of any
-    other and refuses one outside the tensors)."""
-    case_name, switches, dq, warms_next = WARM_KV[name]
-    case = next(c for c in CATALOGUE if c.name == case_name)
-    built = []
-    real_launch = target.launch
-
-    def spy(kernel, grid, device, *args, **kwargs):
-        if kernel is tlx_backward.jagged_dkdv_tlx_kernel:
-            built.append((kwargs["WARM_KV"], args[kernel.arg_names.index("num_items")]))
-        return real_launch(kernel, grid, device, *args, **kwargs)
-
-    monkeypatch.setattr(target, "launch", spy)
-    with knobs.scope(tlx_bwd_variant=switches):
-        report, session = _run_on_simulator(case, sim.Schedule.seeded(2), dq)
-    assert report.ok, str(report)
-    assert built and {warm for warm, _ in built} == {True}, built
-    assert not [w for r in session.reports for w in r.warnings], [r.warnings for r in session.reports]
-    dkdv = [r for r in session.reports if r.kernel == "jagged_dkdv_tlx_kernel"]
-    assert len(dkdv) == len(built)
-    for r, (_, items) in zip(dkdv, built):
-        calls = r.op_counts.get("prefetch_l2", 0)
-        assert 0 < calls and (calls > 2 * items) == warms_next, (calls, items)
-
-
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)

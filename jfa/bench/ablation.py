@@ -5,7 +5,7 @@
                                                     # the counter's early fetch
     python -m jfa.bench.ablation forward --suite causal-sweep --only "dynamic,zig-zag,early"   # the counter's rule
     python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile
-                                                    # switches, K and V warmed in L2
+                                                    # switches
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
 
 Every column of one shape is timed in the same process on the same inputs (the launchers are called
@@ -148,10 +148,10 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep: int) -> dict:
 
 def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1, shapes: str = "") -> dict:
     """TFLOP/s of the TLX backward as it ships (fused dQ), with the deterministic dQ (the portable dQ
-    pass), not persistent, items from the global counter (the dynamic schedule), K and V warmed in L2 (an
-    experiment), the dK/dV kernel under Triton's generic pipeliner and with LLVM optimising its
-    IR (compile switches, set around each launch: part of the cache key, so both builds live in this
-    process), and of the portable backward; plus what the fused path runs outside its kernel."""
+    pass), not persistent, items from the global counter (the dynamic schedule), the dK/dV kernel under Triton's
+    generic pipeliner and with LLVM optimising its IR (compile switches, set around each launch: part of the
+    cache key, so both builds live in this process), and of the portable backward; plus what the fused path runs
+    outside its kernel."""
     from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import backward as tlx_backward
     from jfa.kernels.tlx.hopper import forward as tlx_forward
@@ -164,8 +164,6 @@ def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1
         "deterministic dQ": (dict(deterministic=True), {}),
         "not persistent": (dict(variant=BV(persistent=False)), {}),
         "dynamic schedule": (dict(variant=BV(dense_schedule="dynamic")), {}),
-        # each item's K and V rows warmed in L2 before the producer waits for their slot (an experiment)
-        "warm K/V": (dict(variant=BV(warm_kv=True)), {}),
         "generic pipeliner (dK/dV)": (dict(), {"tlx_own_waits": False}),
         "LLVM O3 (dK/dV)": (dict(), {"tlx_llvm_o0": False}),
     }, only, "shipped")

@@ -59,8 +59,7 @@ class Target:
     arch: int = 90
     backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
     # tlx forward: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped; dK/dV:
-    # "fused-dq" for the fused dQ's build, "" for the deterministic backward's, either followed by the backward's
-    # ablation switches ("fused-dq,warm_kv=1": ``_dkdv_variant``)
+    # "fused-dq" for the fused dQ's build, "" for the deterministic backward's
     variant: str = ""
     profile: bool = False  # tlx: the timeline (profiling) build
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
@@ -217,21 +216,6 @@ def tlx_backward_targets() -> list:
                 Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq]", "dkdv", "bf16", 128, False, True, backend="tlx",
                        variant="fused-dq", group=8)]
     targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
-    # each item's K and V warmed in L2 (an experiment, ``BackwardVariant.warm_kv``): the shipped dense builds
-    # without and with the fused dQ (the producer's at D 64, which warms the next item's too under a static schedule,
-    # the halves at D 128, whose producer has 24 registers), causal (the counter's), grouped heads with a broadcast
-    # Q, block-sparse
-    for head_dim in SUPPORTED_HEAD_DIMS:
-        for variant in ("warm_kv=1", "fused-dq,warm_kv=1"):
-            for causal in (False, True):
-                targets.append(Target(f"tlx-dkdv-bf16-D{head_dim}{'-causal' if causal else ''}[{variant}]", "dkdv",
-                                      "bf16", head_dim, causal, False, backend="tlx", variant=variant))
-    targets += [Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq,warm_kv=1]", "dkdv", "bf16", 128, False, True,
-                       backend="tlx", variant="fused-dq,warm_kv=1", group=8),
-                Target("tlx-dkdv-bf16-D64-bcastq-gqa4[fused-dq,warm_kv=1]", "dkdv", "bf16", 64, False, True,
-                       backend="tlx", variant="fused-dq,warm_kv=1", group=4),
-                Target("tlx-dkdv-bf16-D128-sparse[fused-dq,warm_kv=1]", "dkdv", "bf16", 128, False, False,
-                       backend="tlx", variant="fused-dq,warm_kv=1", sparse=True)]
     return targets
 
 
@@ -650,7 +634,7 @@ def dkdv_launch_binding(target: Target) -> dict:
     rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
     out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
     lse = torch.zeros(rows, q.shape[1])
-    fused, variant = _dkdv_variant(target)
+    fused = target.variant == "fused-dq"
     dq_accum = tlx_backward.DqAccumulator(q, zeroed=False) if fused else None
     with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
         tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None if fused else torch.zeros_like(lse),
@@ -659,7 +643,7 @@ def dkdv_launch_binding(target: Target) -> dict:
                                      num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
                                      outputs=(out, dout, None) if fused else None, window=target.window_size(),
                                      lists=_every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse
-                                     else None, variant=variant)
+                                     else None)
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
@@ -702,16 +686,6 @@ def _variant(target: Target):
     from jfa.kernels.tlx.hopper.forward import Variant
 
     return Variant.parse(target.variant)
-
-
-def _dkdv_variant(target: Target) -> tuple:
-    """(whether the Hopper dK/dV target is the fused dQ's build, its ``BackwardVariant``): ``target.variant`` is
-    "fused-dq" or "" for the deterministic backward's build, then the backward's ablation switches, if any."""
-    from jfa.kernels.tlx.hopper.backward import BackwardVariant
-
-    words = [w for w in target.variant.split(",") if w]
-    fused = "fused-dq" in words
-    return fused, BackwardVariant.parse(",".join(w for w in words if w != "fused-dq"))
 
 
 def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False, consumer_regs: int = None,
@@ -774,26 +748,19 @@ def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
-        fused, variant = _dkdv_variant(target)
+        fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
-                                         group=target.group, sparse=target.sparse, variant=variant, mx=target.mx)
+                                         group=target.group, sparse=target.sparse, mx=target.mx)
         cfg = tlx_backward.config_for(target.head_dim, fused, target.mx)
         compiled, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
         if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)
             _vector_loads(compiled, result, expected)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
-        dynamic = variant.dynamic(target.sparse, causal=target.causal, window=target.window, mx=bool(target.mx))
+        dynamic = tlx_backward.SHIPPED.dynamic(target.sparse, causal=target.causal, window=target.window,
+                                               mx=bool(target.mx))
         expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
             (result.details["global_atomics"] > 0) == dynamic
-        result.details["l2_prefetches"] = compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2.global")
-        warms = variant.warms(bool(target.mx))
-        expected["L2 prefetches exactly in the build that warms K and V"] = \
-            (result.details["l2_prefetches"] > 0) == warms
-        # the producer's dQ under a static schedule warms the next item's rows too: a second pair of prefetches
-        warms_next = warms and cfg.dq == "producer" and not dynamic
-        expected["the next item's rows warmed exactly in the static producer-dQ build"] = \
-            (result.details["l2_prefetches"] > 2) == warms_next
         launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)
         expected.update(_binds_as_compiled(launch, spec, result))
         expected.update(_compiles_with_llvm_setting(launch, tlx_backward.jagged_dkdv_tlx_kernel, cfg.llvm_o0))

@@ -53,8 +53,6 @@ class Cta:
         self.agents: list = cluster.agents if cluster is not None else []  # agent id -> name (cluster-wide)
         self.n_copies = 0
         self.regions_run = 0
-        # L2 prefetches no TMA load of this CTA has read yet: row start address -> (bytes, site)
-        self.prefetched: dict = {}
 
     # ---- agents, current task, trace -------------------------------------------------------------------
     def new_agent(self, name: str) -> int:
@@ -166,11 +164,6 @@ class Cta:
                 self.cluster.cta_exit(self)
 
     def _all_done(self) -> None:
-        if self.prefetched:  # a hint, not a protocol error: it costs an HBM read and warms nothing
-            addr, (nbytes, site) = next(iter(self.prefetched.items()))
-            where = self.launch.memory.describe_address(addr)
-            self.launch.warn(self, f"{len(self.prefetched)} L2 prefetch(es) of rows no TMA load of this CTA read "
-                                   f"afterwards (the first: {nbytes} bytes at {where}, {site.short()})")
         loads = [op for op in self.sched.inflight if op.kind == "TMA load" and op.cta is self]
         if loads:
             raise ProtocolError(

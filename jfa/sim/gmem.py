@@ -176,19 +176,6 @@ class Descriptor:
         if rng is not None:
             self._view(rng[0], what, offsets, site)
 
-    def row_starts(self, offsets) -> list:
-        """The byte address of each innermost row of the box's in-bounds part (what an L2 prefetch of a row that
-        the box reads starts at)."""
-        rng = self._inbounds(offsets)
-        if rng is None:
-            return []
-        t_rng = rng[0]
-        first = self.base + t_rng[-1][0] * self.strides[-1] * self.itemsize
-        offs = np.zeros(1, dtype=np.int64)
-        for (lo, hi), st in zip(t_rng[:-1], self.strides[:-1]):
-            offs = (offs[:, None] + np.arange(lo, hi, dtype=np.int64)[None, :] * st * self.itemsize).reshape(-1)
-        return (first + offs).tolist()
-
     def load_box(self, offsets, site) -> np.ndarray:
         """The box at ``offsets`` as TMA delivers it: zeros past the descriptor's shape."""
         box = np.zeros(self.block, dtype=self.np_dtype)

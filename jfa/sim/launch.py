@@ -486,34 +486,10 @@ class Launch:
         op.__name__ = name
         return op
 
-    def _prefetch_l2(self, ptrs, nbytes, out_type):
-        """``common.device.prefetch_l2``: each pointer 16-byte aligned and its bytes inside the launch's tensors (as
-        every access is checked; a bulk prefetch past an allocation is undefined), remembered until a TMA load of
-        the CTA reads that row (``Cta.prefetched``); yields its dummy zeros."""
-        site = source.capture(3)
-        addrs = np.asarray(ptrs.data).astype(np.uint64).reshape(-1)
-        sizes = np.asarray(nbytes.data).astype(np.int64).reshape(-1)
-        if addrs.size and (np.any(addrs % np.uint64(16)) or np.any(sizes % 16) or np.any(sizes <= 0)):
-            raise ProtocolError(f"L2 prefetch of {int(sizes[0])} bytes at {self.memory.describe_address(int(addrs[0]))}"
-                                ": a bulk prefetch takes 16-byte aligned addresses and a multiple of 16 bytes",
-                                site=site)
-        size = int(sizes.max()) if sizes.size else 0
-        self.memory.check(addrs, size, "L2 prefetch", site)
-        self.op_counts["prefetch_l2"] = self.op_counts.get("prefetch_l2", 0) + 1
-        cta = self.cta
-        # a warning names the helper's caller: the kernel line that chose the rows
-        caller = source.Site(site.frames[1:]) if site.function == "prefetch_l2" else site
-        for a in np.unique(addrs).tolist():
-            cta.prefetched.setdefault(int(a), (size, caller))
-        dtype = out_type.scalar if hasattr(out_type, "scalar") else out_type
-        zeros = np.zeros(np.asarray(ptrs.data).shape, dtype=_interp._get_np_dtype(dtype))
-        return _AsmCall([_interp.TensorHandle(zeros, dtype)])
-
     def _inline_asm(self, asm, constraints, values, types, is_pure, pack):
         """The inline-asm reads a profiling build uses, as scalars: %globaltimer and %clock64 (both host ns)
         and %smid (the CTA's index); the paired 16-bit conversions (``cvt.rn.bf16x2.f32``/``cvt.rn.f16x2.f32``
-        of two fp32 elements, round to nearest even like the cast); the L2 prefetch of ``common.device.prefetch_l2``;
-        any other asm is refused."""
+        of two fp32 elements, round to nearest even like the cast); any other asm is refused."""
         pair = re.fullmatch(r"cvt\.rn\.(bf16|f16)x2\.f32 \$0, \$2, \$1;", asm.strip())
         if pair and pack == 2 and len(values) == 1 and len(types) == 1:
             dst = types[0].scalar if hasattr(types[0], "scalar") else types[0]
@@ -521,8 +497,6 @@ class Launch:
                 raise UnsupportedError(f"inline asm {asm!r} on {values[0].dtype} -> {dst}: it converts fp32 to "
                                        f"{pair.group(1)}", site=source.capture(2))
             return _AsmCall([_interp.interpreter_builder.cast_impl(values[0], types[0])])
-        if _PREFETCH_ASM.fullmatch(asm.strip()) and len(values) == 2 and len(types) == 1:
-            return self._prefetch_l2(values[0], values[1], types[0])
         if values or len(types) != 1:
             raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
         if "%globaltimer" in asm or "%clock64" in asm:  # (no cycles here: a monotone clock stands in)
@@ -533,9 +507,6 @@ class Launch:
             raise UnsupportedError(f"inline asm {asm!r} is not simulated", site=source.capture(2))
         dtype = types[0].scalar if hasattr(types[0], "scalar") else types[0]
         return _AsmCall([_interp.TensorHandle(np.array([v], dtype=_interp._get_np_dtype(dtype)), dtype)])
-
-
-_PREFETCH_ASM = re.compile(r"mov\.u32 \$0, 0;\s*cp\.async\.bulk\.prefetch\.L2\.global \[\$1\], \$2;")
 
 
 class _AsmCall:

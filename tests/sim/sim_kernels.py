@@ -14,7 +14,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
-from jfa.kernels.tlx.common.device import prefetch_l2, to_16bit_pairs
+from jfa.kernels.tlx.common.device import to_16bit_pairs
 from word_ring import WORD_RING_BUGS, word_ring_kernel
 
 HERE = os.path.abspath(__file__)
@@ -32,7 +32,6 @@ def line_of(marker: str, path: str = HERE) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # A TMA ring: the producer loads tiles into NUM_BUF buffers, the consumer sums them (local_load).
 # ---------------------------------------------------------------------------------------------------------
-RING_PREFETCHES = {"none": 0, "next_tile": 1, "stray_rows": 2, "misaligned": 3, "past_the_tensor": 4}
 RING_BUGS = {
     "none": 0,
     "producer_wrong_parity": 1,  # waits for the empty barrier's phase of the wrong parity
@@ -52,7 +51,7 @@ RING_BUGS = {
 
 @triton.jit
 def ring_kernel(desc_x, OUT, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, NUM_BUF: tl.constexpr,
-                BUG: tl.constexpr, PREFETCH: tl.constexpr = 0, X=None):
+                BUG: tl.constexpr):
     bufs = tlx.local_alloc((BLOCK, D), tl.float32, NUM_BUF)
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUF, arrive_count=1)
     if BUG == 9:
@@ -75,17 +74,6 @@ def ring_kernel(desc_x, OUT, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, NUM_
                 else:
                     tlx.barrier_expect_bytes(fulls[b], BLOCK * D * 4)
                 tlx.async_descriptor_load(desc_x, bufs[b], [i * BLOCK, 0], fulls[b])  # <ring-load>
-                rows = (i + 1) * BLOCK + tl.arange(0, BLOCK)  # the next tile's rows (X: the tensor desc_x covers)
-                if PREFETCH == 1:  # warmed in L2 while this tile lands
-                    if i + 1 < N_TILES:
-                        prefetch_l2(X + rows * D, D * 4)
-                elif PREFETCH == 2:  # 16 bytes into each row: no TMA load starts there
-                    if i + 1 < N_TILES:
-                        prefetch_l2(X + rows * D + 4, D * 4 - 16)  # <ring-stray-prefetch>
-                elif PREFETCH == 3:  # 4 bytes into each row
-                    prefetch_l2(X + rows * D + 1, D * 4)  # <ring-misaligned-prefetch>
-                elif PREFETCH == 4:  # the last tile's "next" rows lie past X
-                    prefetch_l2(X + rows * D, D * 4)  # <ring-prefetch-past-x>
         with tlx.async_task(num_warps=4):  # consumer
             acc = tl.zeros((BLOCK, D), dtype=tl.float32)
             n = N_TILES
@@ -121,16 +109,14 @@ def ring_kernel(desc_x, OUT, N_TILES, BLOCK: tl.constexpr, D: tl.constexpr, NUM_
             tl.store(OUT + offs, acc)  # <ring-store>
 
 
-def run_ring(bug="none", n_tiles=5, block=16, d=32, num_buf=2, prefetch="none", **launch_kw):
-    """(max |out - expected|, LaunchReport) of the ring kernel with ``bug`` and the producer's L2 prefetches
-    ``prefetch`` (RING_PREFETCHES)."""
+def run_ring(bug="none", n_tiles=5, block=16, d=32, num_buf=2, **launch_kw):
+    """(max |out - expected|, LaunchReport) of the ring kernel with ``bug``."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n_tiles * block, d, generator=g)
     out = torch.zeros(block, d)
     desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block, d])
     report = sim.launch(ring_kernel, (1,), desc, out, n_tiles, BLOCK=block, D=d, NUM_BUF=num_buf,
-                        BUG=RING_BUGS[bug], PREFETCH=RING_PREFETCHES[prefetch], X=x if prefetch != "none" else None,
-                        **launch_kw)
+                        BUG=RING_BUGS[bug], **launch_kw)
     expected = x.view(n_tiles, block, d).sum(0)
     return (out - expected).abs().max().item(), report
 

@@ -23,33 +23,6 @@ def test_the_correct_ring_sums_every_tile(schedule):
     assert report.ctas == 1 and report.copies == 5 and report.op_counts["async_descriptor_load"] == 5
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=lambda s: s.describe())
-def test_l2_prefetches_of_the_rows_loaded_next_pass_without_a_warning(schedule):
-    err, report = run_ring("none", prefetch="next_tile", schedule=schedule)
-    assert err == 0.0 and not report.warnings and report.op_counts["prefetch_l2"] == 4
-
-
-def test_l2_prefetches_no_tma_load_reads_are_a_warning_naming_the_first():
-    err, report = run_ring("none", prefetch="stray_rows", n_tiles=3)
-    assert err == 0.0  # a prefetch changes no data
-    assert len(report.warnings) == 1, report.warnings
-    w = report.warnings[0]
-    assert "32 L2 prefetch(es)" in w and "112 bytes" in w and "float32[48, 32]" in w, w
-    assert f"sim_kernels.py:{line_of('ring-stray-prefetch')}" in w
-
-
-def test_an_l2_prefetch_of_a_misaligned_row_is_refused():
-    with pytest.raises(sim.ProtocolError) as info:
-        run_ring("none", prefetch="misaligned")
-    assert names_line(info.value, "ring-misaligned-prefetch") and "16-byte aligned" in str(info.value)
-
-
-def test_an_l2_prefetch_past_the_tensor_is_out_of_bounds():
-    with pytest.raises(sim.OutOfBoundsError) as info:
-        run_ring("none", prefetch="past_the_tensor", n_tiles=3)
-    assert names_line(info.value, "ring-prefetch-past-x") and "L2 prefetch" in str(info.value)
-
-
 def test_a_deeper_ring_and_more_tiles_pass_too():
     err, _ = run_ring("none", n_tiles=9, num_buf=3, schedule=sim.Schedule.seeded(5))
     assert err == 0.0

@@ -410,9 +410,6 @@ def async_descriptor_load(cta, desc, result, offsets, barrier, pred=None, cache_
     _tma_check(cta, d, view, offs, "TMA load", site)
     view.check_index(site, "TMA load")
     d.check_box(offs, "TMA load", site)  # bounds checked at issue; the data is read when it lands
-    if cta.prefetched:  # the rows an L2 prefetch warmed for this load
-        for addr in d.row_starts(offs):
-            cta.prefetched.pop(addr, None)
     dests = [(cta, view, bar)]
     if targets or two:
         dests = _cluster_destinations(cta, view, bar, targets, two, site)

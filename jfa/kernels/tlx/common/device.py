@@ -131,17 +131,6 @@ def to_16bit_pairs(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs, ROW_BYTES: tl.constexpr):
-    """Warm L2 with the ROW_BYTES contiguous bytes at each of ``ptrs`` (16-byte aligned, inside their tensor:
-    ``cp.async.bulk.prefetch.L2.global``, a hint with nothing to wait for and no shared memory). The uTLX wheel
-    cannot lower ``tlx.async_descriptor_prefetch_tensor``, hence the raw rows. Inline asm must yield a value:
-    a 0 per pointer, unused."""
-    nbytes = tl.full(ptrs.shape, ROW_BYTES, tl.int32)
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tcp.async.bulk.prefetch.L2.global [$1], $2;", "=r,l,r",
-                              [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def online_softmax_step(qk, m_i, l_i, n_start, offs_m, len_k, causal_shift, qk_scale, lo, hi, MASKED: tl.constexpr,
                         CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SCALE_NONNEG: tl.constexpr,
                         BLOCK_N: tl.constexpr):

@@ -79,8 +79,8 @@ from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, prefetch_l2,
-                                           receive_item, retire_counter, static_item, to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
+                                           retire_counter, static_item, to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq,
@@ -162,9 +162,6 @@ MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four byte tensors in the descriptors' places: constexpr None in the
 # bf16/fp16 builds (no parameters there)
 MX_ARGS = ("QS", "QT", "QTS", "QB_OFF", "KS", "VS", "DOS", "DOT_", "DOTS", "OB_OFF")
-# k and v as pointers with their token strides: the build that warms L2 with each item's K and V rows addresses them
-# (``BackwardVariant.warm_kv``); constexpr None in every other build
-PREFETCH_ARGS = ("K_ROWS", "V_ROWS", "stride_kt", "stride_vt")
 
 
 def config_for(head_dim: int, fused_dq: bool = True, mx: str = "") -> HopperDkDvConfig:
@@ -205,13 +202,6 @@ class BackwardVariant:
     dense_schedule: str = "static"
     masked_schedule: str = "dynamic"
     sparse_schedule: str = "dynamic"
-    # bf16/fp16 builds: the producer warms L2 with an item's K and V rows (``prefetch_l2``) before it waits for
-    # their slot, which the consumers free only when the previous item's last step retires; with the producer's dQ
-    # under a static schedule, which holds the producer there until the consumers are done, also the next item's
-    # rows once the first steps' loads are issued. A K/V tile is read by one item only, so its load at the item
-    # boundary otherwise comes from HBM while the consumers wait. An experiment, not measured yet (NOTES.md
-    # session 40).
-    warm_kv: bool = False
 
     def __post_init__(self):
         for name in ("dense_schedule", "masked_schedule", "sparse_schedule"):
@@ -227,11 +217,6 @@ class BackwardVariant:
         if sparse:
             return self.sparse_schedule == "dynamic"
         return (self.masked_schedule if causal or window else self.dense_schedule) == "dynamic"
-
-    def warms(self, mx: bool = False) -> bool:
-        """Whether a build warms L2 with each item's K and V rows: ``warm_kv`` where they are loaded by TMA (not in
-        an MX build, whose producer loads and dequantizes them itself)."""
-        return self.warm_kv and not mx
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -272,47 +257,19 @@ def _producer_dq_step(s, ds_cnt, staged_row, k_tiles, ds_tiles, ds_fulls, ds_emp
 
 
 @triton.jit
-def _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, n_start, kv_head, stride_kt, stride_vt, col_stride_k, col_stride_v,
-                  TILE_N: tl.constexpr, ROW_BYTES: tl.constexpr):
-    """L2 prefetches of a work item's K and V rows (both consumers' halves: the TILE_N rows from ``n_start`` of the
-    sequence at ``k_row0``; rows past the sequence, which the TMA boxes also read, left out; none for an item
-    without keys)."""
-    if len_k > 0:
-        rows = (k_row0 + tl.minimum(n_start + tl.arange(0, TILE_N), len_k - 1)).to(tl.int64)
-        prefetch_l2(K_ROWS + rows * stride_kt + kv_head * col_stride_k, ROW_BYTES)
-        prefetch_l2(V_ROWS + rows * stride_vt + kv_head * col_stride_v, ROW_BYTES)
-
-
-@triton.jit
-def _warm_next_item(next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_kv_heads, num_seqs, len_q_bcast, K_ROWS,
-                    V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v, BROADCAST_Q: tl.constexpr,
-                    SPARSE: tl.constexpr, TILE_N: tl.constexpr, ROW_BYTES: tl.constexpr):
-    """``_warm_kv_rows`` of work item ``next_item``, when it is one."""
-    if next_item < num_items:
-        kv_head, tile, _qr, _or, _lq, k_row0, len_k = item_sequence(
-            TILES, CU_Q, CU_K, next_item, num_slots, num_kv_heads, num_seqs, len_q_bcast, BROADCAST_Q, SPARSE)
-        _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, tile * TILE_N, kv_head, stride_kt, stride_vt, col_stride_k,
-                      col_stride_v, TILE_N, ROW_BYTES)
-
-
-@triton.jit
 def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles, desc_q,
                         desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles,
                         dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties, Q_IDX, num_heads, col_stride_q,
-                        col_stride_do, sm_scale, next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_seqs,
-                        len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v,
-                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
-                        QDO_BYTES: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                        WARM_NEXT: tl.constexpr, ROW_BYTES: tl.constexpr):
+                        col_stride_do, sm_scale, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+                        NUM_BUFFERS_DS: tl.constexpr, QDO_BYTES: tl.constexpr):
     """Producer, the steps of one query head of an item: per step the query tile's Q, dO and row statistics
     (lse2 and delta rows of the transposed stats tensor). With the producer's dQ also every step's dQ,
     DQ_LAG (= NUM_BUFFERS_DS) steps behind the loads (so that a load is issued DQ_LAG steps before it is
     needed), the last ones flushed before the head's steps end (the next head's dQ goes to other columns, the
     item's K is given up after the last head). Loads and dQ steps are counted by ``qdo_cnt`` alone (returned):
     both advance by the head's steps, so at its start the dQ count equals it (one register less in a producer
-    of 72). WARM_NEXT (the producer's dQ, ``BackwardVariant.warm_kv``): work item ``next_item``'s K and V rows
-    warmed in L2 once the first steps' loads are issued (``_warm_next_item``; num_items: none)."""
+    of 72)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register
     # where the int64 row takes two, in a producer of 72 registers
@@ -327,11 +284,6 @@ def _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_le
                                     delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
                                     n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
                                     SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
-        if WARM_NEXT:  # the producer reaches the next item only after its last dQ steps, when the consumers wait
-            # for K and V already: their rows are warmed here, where the producer next waits for a dS^T anyway
-            _warm_next_item(next_item, num_items, TILES, CU_Q, CU_K, num_slots, num_heads // GROUP, num_seqs,
-                            len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k, col_stride_v, BROADCAST_Q,
-                            SPARSE, TILE_N, ROW_BYTES)
         staged_row = dq_row0  # the row of the step staged and not yet sent
         for j in tl.range(DQ_LAG, n_steps):
             qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
@@ -363,22 +315,16 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                        num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                       col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, next_item,
-                       num_items, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-                       BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       col_stride_do, sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                       GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
+                       TILE_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, KV_BYTES: tl.constexpr,
-                       QDO_BYTES: tl.constexpr, WARM_KV: tl.constexpr, WARM_NEXT: tl.constexpr):
+                       QDO_BYTES: tl.constexpr):
     """Producer, one work item: each consumer's K and V half of the item's key/value head, then the steps of
-    each of its GROUP query heads in turn (``_produce_head_steps``). WARM_KV (``BackwardVariant.warm_kv``): the
-    item's K and V rows warmed in L2 before the wait for their slot; WARM_NEXT (with the producer's dQ under a
-    static schedule) also the next item's (``next_item``; num_items: none) early in this one."""
-    head, q_row0, out_row0, len_q, k_row0, len_k, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
+    each of its GROUP query heads in turn (``_produce_head_steps``)."""
+    head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
-    if WARM_KV:
-        _warm_kv_rows(K_ROWS, V_ROWS, k_row0, len_k, n_start, head // GROUP, stride_kt, stride_vt, col_stride_k,
-                      col_stride_v, TILE_N, KV_BYTES // BLOCK_N)
     stats_col0 = aligned_column(TILES, STATS_CU, item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     kv_phase = kv_cnt & 1
     for c in tl.static_range(_CONSUMERS):
@@ -392,15 +338,11 @@ def _produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, d
             head, q_row0, out_row0, _lq, _kr, _lk, _ns, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
                 dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
-        # (the next item warmed once, during the first head's steps)
         qdo_cnt = _produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles,
                                       desc_q, desc_do, desc_stats, desc_dq, k_tiles, q_tiles, do_tiles, lse_tiles,
                                       delta_tiles, ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties,
-                                      Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale,
-                                      tl.where(g == 0, next_item, num_items), num_items, TILES, CU_Q, CU_K, num_slots,
-                                      num_seqs, len_q_bcast, K_ROWS, V_ROWS, stride_kt, stride_vt, col_stride_k,
-                                      col_stride_v, SPARSE, DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
-                                      NUM_BUFFERS_DS, QDO_BYTES, GROUP, BROADCAST_Q, WARM_NEXT, KV_BYTES // BLOCK_N)
+                                      Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale, SPARSE, DQ, TILE_N,
+                                      BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES)
     return qdo_cnt
 
 
@@ -722,11 +664,10 @@ def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, K_ROWS, V_ROWS, stride_kt, stride_vt,
-    HEAD_DIM: tl.constexpr,
+    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, WARM_KV: tl.constexpr, MX: tl.constexpr = "",
+    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
@@ -735,10 +676,6 @@ def jagged_dkdv_tlx_kernel(
     in the other builds."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
-    tl.static_assert(not WARM_KV or MX == "", "the MX producer loads K and V itself")
-    # the producer's dQ holds the producer past the consumers' last step of an item, so the item's own rows get no
-    # lead: it also warms the next item's, which a static schedule knows
-    WARM_NEXT: tl.constexpr = WARM_KV and DQ == DQ_PRODUCER and not DYNAMIC
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
@@ -808,9 +745,8 @@ def jagged_dkdv_tlx_kernel(
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                        col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt, num_items,
-                        num_items, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
-                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV, WARM_NEXT)
+                        col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                        NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
                     rounds += 1
                     item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
@@ -834,10 +770,8 @@ def jagged_dkdv_tlx_kernel(
                                 v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                                 qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                                 num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
-                                col_stride_do, sm_scale, band_lo, band_hi, K_ROWS, V_ROWS, stride_kt, stride_vt,
-                                static_item(rounds + 1, pid, num_progs, False), num_items, CAUSAL, WINDOW, GROUP,
-                                BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
-                                NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, WARM_KV, WARM_NEXT)
+                                col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO,
+                                NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -883,21 +817,16 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "",
-                warm_kv: bool = False) -> dict:
+                group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "") -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
-    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build and the
-    rows to prefetch (``PREFETCH_ARGS``) outside the build that prefetches them."""
+    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs,
-                     WARM_KV=warm_kv, MX=mx)
+                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     if not mx:
         constants.update({name: None for name in MX_ARGS})
-    if not warm_kv:
-        constants.update({name: None for name in PREFETCH_ARGS})
     return constants
 
 
@@ -912,10 +841,9 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     heads per key/value head) of the build ``variant`` (default: what ships) launches. ``mx``: the MXFP8 build
     with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
     cfg = config_for(head_dim, fused_dq, mx)
-    variant = variant or SHIPPED
-    dynamic = variant.dynamic(sparse, causal=causal, window=window, mx=bool(mx))
+    dynamic = (variant or SHIPPED).dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=dynamic, mx=mx, warm_kv=variant.warms(bool(mx)))
+                            sparse=sparse, dynamic=dynamic, mx=mx)
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -927,7 +855,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
         desc_dq=(f"tensordesc<fp32[1, {cfg.block_m}]>" if mx else
                  f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>"),
         DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
-        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32", K_ROWS=f"*{dtype}", V_ROWS=f"*{dtype}",
+        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32",
         OB_OFF="*i64" if broadcast_q else "*i32",  # (a broadcast Q's output offsets are int64)
         **{name: "*u8" for name in ("QS", "QT", "QTS", "KS", "VS", "DOS", "DOT_", "DOTS")})
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
@@ -1022,12 +950,10 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
-    warms = variant.warms()
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None, dynamic=dynamic, warm_kv=warms)
+                            sparse=lists is not None, dynamic=dynamic)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
     band += tuple(constants.pop(name) for name in MX_ARGS)  # (None: the MX build's operands)
-    band += tuple(constants.pop(name, value) for name, value in zip(PREFETCH_ARGS, (k, v, k.stride(0), v.stride(0))))
     counter = schedule_counter(dynamic, q.device, tiles.tiles)
     args = (desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, dk, dv, cu_q, cu_k, stats_cu, tiles.tiles, col_off,
             q_idx, counter, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), col_q, col_k, col_v, col_do,
@@ -1037,9 +963,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_dkdv_tlx_kernel, (grid,), q.device, *args, **kwargs)
         if keep is not None:
-            replaced = _PlannedBackward.replaced(dynamic, warms)
+            replaced = _PlannedBackward.REPLACED_DYNAMIC if dynamic else _PlannedBackward.REPLACED
             keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
-                            grid, cfg.llvm_o0, args[:6], zero is not None, dynamic, warms)
+                            grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
 
 
 class _PlannedBackward:
@@ -1048,20 +974,14 @@ class _PlannedBackward:
     descriptors on its tensors and launches the statistics' pass and the dK/dV kernel."""
 
     # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists,
-    # under the dynamic schedule the current stream's work counter, in the build that prefetches them k and v
+    # and under the dynamic schedule the current stream's work counter
     REPLACED = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_stats", "desc_dq", "DK", "DV")
-
-    @classmethod
-    def replaced(cls, dynamic: bool, warms: bool) -> tuple:
-        """The names a planned launch of this build replaces (``target.prepare``), in the order ``__call__`` gives
-        their values."""
-        return cls.REPLACED + (("COUNTER",) if dynamic else ()) + (("K_ROWS", "V_ROWS") if warms else ())
+    REPLACED_DYNAMIC = REPLACED + ("COUNTER",)
 
     def __init__(self, keep: dict, q, k):
         """From what ``jagged_dkdv_tlx`` kept (``keep``) of a fused launch on q, k."""
         self.row_stats, self.stats_grid = keep["row_stats"]
-        self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats, self.dynamic, self.warms = \
-            keep["dkdv"]
+        self.dkdv, self.grid, self.llvm_o0, self.descriptors, self.zero_in_stats, self.dynamic = keep["dkdv"]
         self.stats_shape = self.descriptors[4].base.shape
 
     def __call__(self, q, k, v, out, lse, dout, dlse):
@@ -1082,8 +1002,6 @@ class _PlannedBackward:
                         rebased(desc_stats, stats), rebased(desc_dq, accumulator), dk, dv)
         if self.dynamic:
             replacements += (work_counter(device),)
-        if self.warms:
-            replacements += (k, v)
         with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, self.llvm_o0):
             ran = self.dkdv.run((self.grid,), replacements)
         if not ran:

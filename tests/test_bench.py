@@ -123,6 +123,16 @@ def test_the_causal_sweep_straddles_the_forwards_counter_threshold_at_each_head_
     assert picks == {64: {"zigzag", "dynamic"}, 128: {"zigzag", "dynamic"}}, picks
 
 
+def test_the_broadcast_q_sweep_spans_query_lengths_and_key_lengths_at_each_head_dim():
+    """The broadcast-Q sweep asks which schedule a broadcast Q's launches should take: every problem is a
+    broadcast Q, over more than one query length and key length per head dim, and it is run by name only."""
+    problems = get_suite("bcastq-sweep")
+    assert all(p.broadcast_q and not p.causal for p in problems)
+    for D in (64, 128):
+        assert len({p.Lq for p in problems if p.D == D}) >= 3 and len({p.max_len for p in problems if p.D == D}) >= 2
+    assert "bcastq-sweep" in suites.LAB_SUITES
+
+
 def test_sweep_sparsity_is_close_to_nominal_when_unclamped():
     for p in get_suite("sweep"):
         s = float(p.name.split("-s")[1].split("-")[0])

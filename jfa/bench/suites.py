@@ -221,6 +221,21 @@ def _causal_sweep() -> tuple[Problem, ...]:
     return tuple(problems)
 
 
+def _bcastq_sweep() -> tuple[Problem, ...]:
+    """A broadcast Q of 128 to 512 rows over short (mean ~500) and long (mean ~2048) jagged keys, at D 128 and
+    D 64: whether such launches, whose items are few query tiles each streaming one sequence's keys, are better
+    taken from the counter than dealt zig-zag (``python -m jfa.bench.ablation forward --suite bcastq-sweep --only
+    dynamic``; zig-zag was ahead or within 4% on all twelve, NOTES.md session 41)."""
+    problems = []
+    for D in (128, 64):
+        for len_q in (128, 256, 512):
+            for B, max_len in ((1152, 1000), (256, 4096)):
+                problems.append(Problem(f"bcastq-sweep-Lq{len_q}-B{B}-L{max_len}-H4-D{D}", B=B, H=4, D=D,
+                                        max_len=max_len, lengths_fn=_uniform(B, max_len), broadcast_q=True,
+                                        Lq=len_q))
+    return tuple(problems)
+
+
 SUITES: dict[str, tuple[Problem, ...]] = {
     "gem": _gem(),
     "sweep": _sweep(),
@@ -228,9 +243,10 @@ SUITES: dict[str, tuple[Problem, ...]] = {
     "gqa": _gqa(),
     "causal": _causal(),
     "causal-sweep": _causal_sweep(),
+    "bcastq-sweep": _bcastq_sweep(),
 }
 #: Suites that measure one kernel decision (the lab's, run by name): ``--suite all`` leaves them out.
-LAB_SUITES = ("causal-sweep",)
+LAB_SUITES = ("causal-sweep", "bcastq-sweep")
 
 
 def get_suite(name: str) -> tuple[Problem, ...]:

@@ -98,16 +98,21 @@ _FORWARD_LAUNCHERS = {"triton": ("jfa.kernels.triton.forward", "jagged_forward")
                       "tlx_blackwell": ("jfa.kernels.tlx.blackwell.forward", "jagged_forward_blackwell")}
 # the launchers that keep prepared launches in a call plan (``plan=``; jfa.plans): the Hopper TLX kernels
 _PLANNED = frozenset({"tlx"})
+# the forward launchers that deal their items by how the sequences' lengths spread (``longest_q=``): the Hopper TLX one
+_LENGTH_SCHEDULED = frozenset({"tlx"})
 
 
 def _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                 window_left, window_right, plan=None):
+                 longest_q, window_left, window_right, plan=None):
     """(out, lse) from ``backend``'s forward kernel. Every forward keeps one out/lse contract, so any
-    backward can follow any forward. ``plan``: the call's plan (``jfa.plans``), for the launchers that use one."""
+    backward can follow any forward. ``longest_q``: the longest query sequence's rows (``Problem.longest_q``).
+    ``plan``: the call's plan (``jfa.plans``), for the launchers that use one."""
     launch = launcher(*_FORWARD_LAUNCHERS[backend])
-    planned = {"plan": plan} if plan is not None and backend in _PLANNED else {}
+    extra = {"plan": plan} if plan is not None and backend in _PLANNED else {}
+    if backend in _LENGTH_SCHEDULED:
+        extra["longest_q"] = longest_q
     result = launch(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                    num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=(window_left, window_right), **planned)
+                    num_seqs=num_seqs, len_q_bcast=len_q_bcast, window=(window_left, window_right), **extra)
     record("forward", backend, q.device)
     return result
 
@@ -166,22 +171,22 @@ def _run_backward(backend, q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, so
     return grads
 
 
-def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left,
-                  window_right, deterministic):
+def _forward_fake(q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, longest_q,
+                  window_left, window_right, deterministic):
     rows = num_seqs * len_q_bcast if broadcast_q else q.shape[0]
     out = q.new_empty((rows, q.shape[1], q.shape[2]))
     return out, q.new_empty((rows, q.shape[1]), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left, window_right,
-     deterministic) = inputs
+    (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, _longest_q, window_left,
+     window_right, deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.args = (causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left, window_right, deterministic)
 
 
-_NO_GRADS = (None,) * 10  # for the forward's non-tensor inputs, cu_q .. deterministic
+_NO_GRADS = (None,) * 11  # for the forward's non-tensor inputs, cu_q .. deterministic
 
 
 def _grad_inputs(ctx, dout):
@@ -219,10 +224,11 @@ def _forward_op(backend: str, backward_op):
     @torch.library.custom_op(f"jfa::{backend}_forward", mutates_args=())
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: torch.Tensor,
            causal: bool, softmax_scale: float, broadcast_q: bool, num_seqs: int, len_q_bcast: int,
-           window_left: int, window_right: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+           longest_q: int, window_left: int, window_right: int,
+           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         # (deterministic: for the backward)
         return _run_forward(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-                            window_left, window_right)
+                            longest_q, window_left, window_right)
 
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, dout, cu_q, cu_k = _grad_inputs(ctx, dout)
@@ -254,7 +260,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, call):
         """``call``: (backend, plan, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-        window_left, window_right, deterministic)."""
+        longest_q, window_left, window_right, deterministic)."""
         backend, plan, cu_q, cu_k, *args = call
         out, lse = _run_forward(backend, q, k, v, cu_q, cu_k, *args[:-1], plan)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, *args), (out, lse))
@@ -271,10 +277,10 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def _attention(backend, q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast,
-               window_left, window_right, deterministic, plan=None):
+               longest_q, window_left, window_right, deterministic, plan=None):
     """(out, lse) of ``backend``'s kernels ("triton" or "tlx"), differentiable in q, k, v. ``plan``: the
     call's plan (``jfa.plans``; eager calls only)."""
-    args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, window_left,
+    args = (q, k, v, cu_q, cu_k, causal, softmax_scale, broadcast_q, num_seqs, len_q_bcast, longest_q, window_left,
             window_right, deterministic)
     if traced(q, k, v):
         return _FORWARD_OPS[backend](*args)
@@ -441,10 +447,10 @@ def jagged_attention(
     else:
         if problem.q is q and problem.k is k and problem.v is v:  # (a copied input: its key names the original)
             plan = plans.make(key, offsets, (problem.backend, problem.softmax_scale, broadcast_q, problem.num_seqs,
-                                             problem.len_q_bcast, *problem.window))
+                                             problem.len_q_bcast, problem.longest_q, *problem.window))
         out, lse = _attention(problem.backend, problem.q, problem.k, problem.v, cu_seqlens_q, cu_seqlens_k, causal,
                               problem.softmax_scale, broadcast_q, problem.num_seqs, problem.len_q_bcast,
-                              *problem.window, deterministic, plan)
+                              problem.longest_q, *problem.window, deterministic, plan)
     if wrap is not None:
         out = wrap(out)
     return (out, lse) if return_lse else out

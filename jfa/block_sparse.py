@@ -13,10 +13,9 @@ from typing import Optional, Union
 
 import torch
 
-from jfa import knobs
 from jfa.plans import call_key, plans
-from jfa.dispatch import (Problem, check_offsets_values, last_dim_contiguous, launcher,
-                          log_fallback_once, record, resolve_backend, tlx_or_fallback, traced, untraced, validate)
+from jfa.dispatch import (Problem, last_dim_contiguous, launcher,
+                          log_fallback_once, record, resolve_backend, tlx_or_fallback, traced, validate)
 
 SPARSE_BLOCK_SIZES = (16, 32, 64, 128, 256)
 # per kernel backend: the forward and backward launchers, as (module, name); the TLX forward's backward is
@@ -251,11 +250,7 @@ def _validate_sparse(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *, causal,
                        backend="auto" if backend == "tlx" else backend, return_lse=return_lse)
     if problem.backend != "torch" or backend == "tlx":
         problem = dataclasses.replace(problem, backend=sparse_backend(backend, q, k, v, block_size)[0])
-    if max_seqlen_k is not None and knobs.trust_offsets:
-        longest_k = max_seqlen_k
-    else:
-        longest_k = untraced(check_offsets_values)("cu_seqlens_k", cu_k, k.shape[0], max_seqlen_k)
-    return problem, longest_k
+    return problem, problem.longest_k
 
 
 def _run_sparse_forward(backend, q, k, v, cu_q, cu_k, offsets, indices, block_size, num_q_slots, causal,

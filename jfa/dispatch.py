@@ -36,6 +36,10 @@ class Problem:
 
     num_seqs: int
     len_q_bcast: int  # Lq of a broadcast Q, else 0
+    # the longest query and key sequences (read from the offsets, or the hints when they are trusted; Lq for a
+    # broadcast Q's queries)
+    longest_q: int
+    longest_k: int
     softmax_scale: float
     window: tuple  # (left, right) as the call gave it, -1 unbounded (causal: right 0)
     backend: str  # resolved: "tlx", "triton" or "torch"
@@ -366,17 +370,18 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     resolved = resolve_backend(backend, q.device) if mx_rule is None else mx_backend(backend, q.device)
 
     hints_given = max_seqlen_k is not None and (broadcast_q or max_seqlen_q is not None)
-    if not (hints_given and knobs.trust_offsets):
+    if hints_given and knobs.trust_offsets:
+        longest_q, longest_k = (q.shape[0] if broadcast_q else max_seqlen_q), max_seqlen_k
+    else:
         check = untraced(check_offsets_values)
-        check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
-        if not broadcast_q:
-            check("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+        longest_k = check("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
+        longest_q = q.shape[0] if broadcast_q else check("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
     if resolved != "torch":  # every check passed: the one copy a kernel may need, made once
         q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     if resolved == "tlx" and mx_rule is None:  # (MXFP8: decided on the quantized operands, mx_tlx_or_portable)
         resolved, _ = tlx_or_portable(backend, q, k, v, window)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, scale, window, resolved, q, k, v)
+    return Problem(num_seqs, q.shape[0] if broadcast_q else 0, longest_q, longest_k, scale, window, resolved, q, k, v)
 
 
 

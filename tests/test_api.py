@@ -68,7 +68,7 @@ def test_custom_op_registration_passes_opcheck(device):
     from jfa.api import _triton_forward
 
     inp = _inputs(device, "fp32")
-    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0, 8, -1, False)
+    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_q, inp.cu_k, False, 0.2, False, 3, 0, 70, 8, -1, False)
     torch.library.opcheck(_triton_forward, args, test_utils=("test_schema", "test_faketensor",
                                                              "test_autograd_registration"))
 
@@ -164,14 +164,15 @@ def test_the_tlx_ops_autograd_traces_under_torch_compile(monkeypatch, device):
 
     monkeypatch.setattr(tlx_forward, "supports", layout_rules_only)
     monkeypatch.setattr(tlx_backward, "supports", layout_rules_only)
-    monkeypatch.setattr(tlx_forward, "jagged_forward_tlx", portable_forward.jagged_forward)
+    monkeypatch.setattr(tlx_forward, "jagged_forward_tlx",
+                        lambda *args, longest_q, **kwargs: portable_forward.jagged_forward(*args, **kwargs))
     monkeypatch.setattr(tlx_backward, "jagged_backward_tlx",
                         lambda *args, deterministic, **kwargs: portable_backward.jagged_backward(*args, **kwargs))
     # a head dim the TLX backward takes (64), or the choice never reaches the layout rules
     inp = make_inputs(Case((5, 0, 70), (9, 3, 64), heads=2, head_dim=64, dtype="fp32"), device)
 
     def step(q, k, v):  # compiled: the custom ops; eager: their autograd.Function twin (both: the stand-ins)
-        return api._attention("tlx", q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, -1, -1, False)[0]
+        return api._attention("tlx", q, k, v, inp.cu_q, inp.cu_k, False, 0.125, False, 3, 0, 70, -1, -1, False)[0]
 
     compiled, eager = _compiled_and_eager(inp, step, fullgraph=True)
     for a, b in zip(compiled, eager):
@@ -286,6 +287,64 @@ def test_tlx_forward_takes_the_counter_on_long_causal_sequences_only():
     assert Variant.parse("schedule=dynamic").for_launch(causal=False, window=(-1, -1), **launch).dynamic
     with pytest.raises(ValueError, match="long_causal_schedule: must be one of"):
         Variant.parse("long_causal_schedule=static")
+
+
+def test_validation_learns_the_longest_sequences_from_the_offsets_or_the_trusted_hints(device):
+    from jfa.dispatch import validate
+
+    inp = _inputs(device)
+    call = dict(causal=False, softmax_scale=None, deterministic=False, precision="auto", backend="auto",
+                return_lse=False)
+    read = validate(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, None, None, broadcast_q=False, **call)
+    assert (read.longest_q, read.longest_k) == (70, 64)
+    with knobs.scope(trust_offsets=True):
+        hinted = validate(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, 80, 96, broadcast_q=False, **call)
+    assert (hinted.longest_q, hinted.longest_k) == (80, 96), "trusted hints stand for the offsets unread"
+    bcast = make_inputs(Case((7,), (3, 0, 10), broadcast_q=True), device)
+    problem = validate(bcast.q, bcast.k, bcast.v, None, bcast.cu_k, None, None, broadcast_q=True, **call)
+    assert (problem.longest_q, problem.longest_k) == (7, 10)
+
+
+def test_the_tlx_forward_launcher_is_told_the_longest_query_sequence(monkeypatch):
+    """The Hopper TLX forward deals long causal launches by how uneven their lengths are: the op passes the
+    longest query sequence it validated to that launcher (and to no other, whose signature has no such rule)."""
+    from jfa import api
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.kernels.triton import forward as portable_forward
+
+    told = {}
+
+    def stand_in(name):  # the launcher's keyword arguments, and the outputs' shapes
+        def launch(q, k, v, cu_q, cu_k, **kwargs):
+            told[name] = kwargs
+            return torch.zeros_like(q), q.new_zeros(q.shape[:2], dtype=torch.float32)
+        return launch
+
+    monkeypatch.setattr(tlx_forward, "jagged_forward_tlx", stand_in("tlx"))
+    monkeypatch.setattr(portable_forward, "jagged_forward", stand_in("triton"))
+    inp = _inputs("cpu", "fp32", causal=True)
+    with torch.no_grad():
+        for backend in ("tlx", "triton"):
+            api._attention(backend, inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, True, 0.125, False, 3, 0, 70, -1, 0,
+                           False)
+    assert told["tlx"]["longest_q"] == 70 and "longest_q" not in told["triton"]
+
+
+def test_tlx_forward_deals_long_causal_sequences_of_even_lengths_zigzag_unless_very_long():
+    from jfa.kernels.tlx.hopper.forward import (LONG_CAUSAL_TILES, SHIPPED, UNEVEN_LENGTHS,
+                                                VERY_LONG_CAUSAL_TILES)
+
+    def dynamic(mean_tiles: int, longest_rows: int) -> bool:
+        return SHIPPED.for_launch(causal=True, window=(-1, -1), rows=mean_tiles * 128 * 4, num_seqs=4, tile_rows=128,
+                                  longest_rows=longest_rows).dynamic
+
+    mean = LONG_CAUSAL_TILES * 128
+    assert not dynamic(LONG_CAUSAL_TILES, mean), "sequences of one length: zig-zag balances them"
+    assert not dynamic(LONG_CAUSAL_TILES, int(UNEVEN_LENGTHS * mean) - 1)
+    assert dynamic(LONG_CAUSAL_TILES, int(UNEVEN_LENGTHS * mean)), "the longest 1.5x the mean: the counter"
+    assert dynamic(LONG_CAUSAL_TILES, None), "lengths unknown: taken as uneven"
+    assert not dynamic(VERY_LONG_CAUSAL_TILES - 1, (VERY_LONG_CAUSAL_TILES - 1) * 128)
+    assert dynamic(VERY_LONG_CAUSAL_TILES, VERY_LONG_CAUSAL_TILES * 128), "very long sequences: the counter"
 
 
 def test_tlx_backward_switches_parse_and_reject_typos():

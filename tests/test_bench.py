@@ -118,7 +118,7 @@ def test_the_causal_sweep_straddles_the_forwards_counter_threshold_at_each_head_
         lengths = make_lengths(p)
         tile_rows = tlx_forward.NUM_CONSUMERS * tlx_forward.config_for(p.D).block_m
         variant = tlx_forward.SHIPPED.for_launch(causal=True, window=(-1, -1), rows=int(lengths.sum()),
-                                                 num_seqs=p.B, tile_rows=tile_rows)
+                                                 num_seqs=p.B, tile_rows=tile_rows, longest_rows=int(lengths.max()))
         picks.setdefault(p.D, set()).add(variant.schedule)
     assert picks == {64: {"zigzag", "dynamic"}, 128: {"zigzag", "dynamic"}}, picks
 

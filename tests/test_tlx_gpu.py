@@ -225,17 +225,18 @@ def test_dynamic_counter_is_zero_after_each_launch():
 
 
 def test_long_causal_sequences_take_the_counter_and_compute_bitwise_what_zigzag_computes():
-    """Causal launches whose sequences average LONG_CAUSAL_TILES items take the counter (``for_launch``); a
+    """Causal launches whose uneven sequences average LONG_CAUSAL_TILES items take the counter (``for_launch``); a
     schedule changes which CTA runs an item, not one bit of it, and the counter is zero after each launch."""
     lengths = [1500, 0, 900, 2000, 5] * 6
     q, k, v, cu = packed(lengths)
-    launch = dict(causal=True, window=(-1, -1), rows=sum(lengths), num_seqs=len(lengths), tile_rows=128)
+    launch = dict(causal=True, window=(-1, -1), rows=sum(lengths), num_seqs=len(lengths), tile_rows=128,
+                  longest_rows=max(lengths))
     assert tlx_forward.SHIPPED.for_launch(**launch).dynamic
     zigzag = tlx_forward.Variant(long_causal_schedule="zigzag")
     assert not zigzag.for_launch(**launch).dynamic
-    want_out, want_lse = run(q, k, v, cu, causal=True, variant=zigzag)
+    want_out, want_lse = run(q, k, v, cu, causal=True, variant=zigzag, longest_q=max(lengths))
     for _ in range(2):
-        out, lse = run(q, k, v, cu, causal=True, variant=tlx_forward.SHIPPED)
+        out, lse = run(q, k, v, cu, causal=True, variant=tlx_forward.SHIPPED, longest_q=max(lengths))
         torch.cuda.synchronize()
         assert torch.equal(work_counter(q.device).cpu(), torch.zeros(2, dtype=torch.int32))
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
@@ -347,7 +348,8 @@ def test_a_training_step_under_torch_compile_runs_the_tlx_kernels(head_dim):
     assert jfa.which_kernels(q, k, v).backward == "tlx-hopper"
 
     def ops(q, k, v):
-        return api._attention("tlx", q, k, v, cu, cu, True, head_dim ** -0.5, False, num_seqs, 0, -1, -1, True)[0]
+        return api._attention("tlx", q, k, v, cu, cu, True, head_dim ** -0.5, False, num_seqs, 0, 512, -1, -1,
+                              True)[0]
 
     def public(q, k, v):
         return jfa.jagged_attention(q, k, v, cu, cu, causal=True, deterministic=True)

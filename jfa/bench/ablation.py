@@ -111,7 +111,7 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
 
         def launch(variant, settings):
             with knobs.scope(**settings):
-                return tlx_forward.jagged_forward_tlx(*args, variant=variant, **kwargs)
+                return tlx_forward.jagged_forward_tlx(*args, variant=variant, longest_q=b.max_q, **kwargs)
 
         columns: dict[str, Callable] = {name: (lambda vs=spec(cfg): launch(*vs)) for name, spec in columns_spec.items()}
         if times_portable(only):

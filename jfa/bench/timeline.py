@@ -105,7 +105,7 @@ def record_steps(problem, steps: int) -> np.ndarray:
     b, kwargs = launcher_inputs(problem)
     for _ in range(2):  # the first run compiles and warms up
         _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, profile=True,
-                                                        trace_steps=steps, **kwargs)
+                                                        trace_steps=steps, longest_q=b.max_q, **kwargs)
     torch.cuda.synchronize()
     return timeline.steps.cpu().numpy()
 
@@ -123,7 +123,7 @@ def record(problem, variants: dict) -> dict:
         variant = tlx_forward.Variant(**switches)
         for _ in range(2):  # the first run compiles and warms up
             _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, variant=variant,
-                                                            profile=True, **kwargs)
+                                                            profile=True, longest_q=b.max_q, **kwargs)
         torch.cuda.synchronize()
         out[label] = timeline.records.cpu().numpy()
     return out

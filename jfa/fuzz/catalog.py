@@ -189,10 +189,10 @@ def tlx_cases(scale: str = "gpu") -> list:
             lens = (300, 257) * 2 if sim else (600, 513) * 20
             out.append(Case(lens, lens, heads=2 if sim else 4, head_dim=head_dim, dtype="bf16", causal=causal,
                             name=f"tlx-long-items{'-causal' if causal else ''}-D{head_dim}"))
-    # causal sequences long enough for the forward's counter schedule (``Variant.for_launch``), Lq != Lk both
-    # ways (the first rows of the first sequence see no key)
+    # causal sequences long and uneven enough for the forward's counter schedule (``Variant.for_launch``), Lq != Lk
+    # both ways (the first rows of the first sequence see no key)
     for head_dim in TLX_HEAD_DIMS:
-        out.append(Case((1100, 900), (1000, 1150), heads=2, head_dim=head_dim, dtype="bf16", causal=True,
+        out.append(Case((1500, 300), (1400, 450), heads=2, head_dim=head_dim, dtype="bf16", causal=True,
                         name=f"tlx-long-causal-counter-D{head_dim}"))
     # sliding windows wide enough for unmasked work between the band's edges (the forward's K/V blocks a half
     # sees whole, visited first; the backward's query steps that see every key of an item), Lq != Lk both

@@ -11,7 +11,7 @@ Shape of the kernel (the structure of the TLX tutorial ``hopper_fa_ws_pipelined_
 * Persistent grid: one CTA per SM walks work items (tile-list slot, head). The tile list
   (:func:`jfa.kernels.schedule.build_tile_list`) has tiles of ``2 * BLOCK_M`` query rows ordered by
   decreasing key length (longest first); items are dealt zig-zag (``common.device.static_item``).
-  Causal launches over long sequences (``Variant.for_launch``) instead have the producer take the next
+  Causal launches over long sequences of uneven lengths (``Variant.for_launch``) instead have the producer take the next
   item from a global atomic counter; the counter resets itself at the end of each launch. Spare slots
   carry the sentinel sequence ``B`` and are skipped. The producer decodes each item (tile list,
   offsets, block-sparse list counts) and hands it to the consumers through a shared-memory ring
@@ -140,9 +140,12 @@ BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
-# A causal launch (no window) whose output rows average at least this many work items per sequence takes its
-# items from the counter (``Variant.long_causal_schedule``, ``Variant.for_launch``)
+# A causal launch (no window) takes its items from the counter (``Variant.long_causal_schedule``,
+# ``Variant.for_launch``) when its sequences average at least LONG_CAUSAL_TILES work items and the longest has
+# at least UNEVEN_LENGTHS times the mean rows, or when they average at least VERY_LONG_CAUSAL_TILES items
 LONG_CAUSAL_TILES = 6
+UNEVEN_LENGTHS = 1.5
+VERY_LONG_CAUSAL_TILES = 20
 
 
 
@@ -751,9 +754,10 @@ class Variant:
     # How a persistent grid deals the items (one of SCHEDULES). Zig-zag over the longest-first list: the items
     # at work at one time share their sequences' keys in L2, and without a mask a sequence's items cost the
     # same (from the counter: 0-12% slower on the gem shapes, 8% on windows, NOTES.md session 38). A causal
-    # item's cost grows with its tile's place in the sequence, so on long causal sequences the zig-zag CTAs end
-    # unevenly: those launches (``for_launch``) take ``long_causal_schedule`` (from the counter: 1.13x longtail,
-    # 1.17x full-B8, 1.01x GQA-4 at 4096 keys; 0.92x on sequences averaging 506 rows, which stay zig-zag)
+    # item's cost grows with its tile's place in the sequence: where long sequences differ in length the zig-zag
+    # CTAs end unevenly, and those launches (``for_launch``) take ``long_causal_schedule`` (from the counter:
+    # 1.13x longtail, 1.17x full-B8, 1.03-1.16x on uniform lengths averaging 7-12 tiles; 0.74-0.92x on sequences
+    # of one length up to 8 tiles and 0.98x at 16, which stay zig-zag; NOTES.md sessions 38, 41)
     schedule: str = "zigzag"
     long_causal_schedule: str = "dynamic"
     persistent: bool = True  # False: one CTA per work item, dealt by the hardware block scheduler
@@ -772,12 +776,18 @@ class Variant:
             if getattr(self, name) not in SCHEDULES:
                 raise ValueError(f"Variant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
 
-    def for_launch(self, *, causal: bool, window, rows: int, num_seqs: int, tile_rows: int) -> "Variant":
+    def for_launch(self, *, causal: bool, window, rows: int, num_seqs: int, tile_rows: int,
+                   longest_rows: Optional[int] = None) -> "Variant":
         """The variant one dense launch runs: ``long_causal_schedule`` as its schedule where the launch is
-        causal without a window (``jfa.kernels.bands.window_band``) and its ``rows`` output rows average at
-        least LONG_CAUSAL_TILES items of ``tile_rows`` over the ``num_seqs`` sequences; itself otherwise."""
+        causal without a window (``jfa.kernels.bands.window_band``) and its ``rows`` output rows over the
+        ``num_seqs`` sequences average at least LONG_CAUSAL_TILES items of ``tile_rows`` with the longest
+        sequence's ``longest_rows`` at least UNEVEN_LENGTHS times that mean (None, unknown: taken as uneven), or
+        average at least VERY_LONG_CAUSAL_TILES items; itself otherwise."""
         causal, banded, _, _ = window_band(causal, window)
-        if causal and not banded and rows >= LONG_CAUSAL_TILES * tile_rows * num_seqs:
+        if not causal or banded or rows < LONG_CAUSAL_TILES * tile_rows * num_seqs:
+            return self
+        uneven = longest_rows is None or longest_rows * num_seqs >= UNEVEN_LENGTHS * rows
+        if uneven or rows >= VERY_LONG_CAUSAL_TILES * tile_rows * num_seqs:
             return replace(self, schedule=self.long_causal_schedule)
         return self
 
@@ -966,13 +976,16 @@ class _PlannedForward:
 
 
 def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: float, broadcast_q: bool,
-                       num_seqs: int, len_q_bcast: int = 0, variant: Optional[Variant] = None,
-                       profile: bool = False, window=(-1, -1), plan=None, trace_steps: int = 0):
+                       num_seqs: int, len_q_bcast: int = 0, longest_q: Optional[int] = None,
+                       variant: Optional[Variant] = None, profile: bool = False, window=(-1, -1), plan=None,
+                       trace_steps: int = 0):
     """Launch the forward; same contract as ``jfa.kernels.triton.forward.jagged_forward``. Returns
     (out [rows, H, D] in q's dtype, lse [rows, H] float32), rows = ``total_q`` or ``B * Lq`` for a
     broadcast Q (``cu_q`` is ignored then). Raises ValueError when ``supports`` says no.
 
     ``window``: as the API's ``window_size``; ``k``/``v`` may have fewer heads (a divisor of q's).
+    ``longest_q``: the longest query sequence's rows, if known: with the mean it says whether a long causal
+    launch's lengths are uneven enough for the counter (``Variant.for_launch``).
     ``variant``: ablation switches (default: ``knobs.tlx_variant`` or what ships). ``profile=True``
     launches the profiling build and returns ``(out, lse, Timeline)`` (None for the timeline when no
     kernel ran); ``trace_steps`` > 0 (with ``profile``) also logs CTA 0's first K/V steps (``Timeline.steps``).
@@ -998,8 +1011,9 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     if rows == 0 or k.shape[0] == 0:
         # no row, or no key anywhere: every row sees none (and TMA cannot describe an empty tensor)
         return (*alloc.unseen(out, lse), None) if profile else alloc.unseen(out, lse)
+    # (a broadcast Q's sequences all have Lq rows; its items' work differs with the keys: unknown)
     variant = variant.for_launch(causal=causal, window=window, rows=rows, num_seqs=num_seqs,
-                                 tile_rows=NUM_CONSUMERS * cfg.block_m)
+                                 tile_rows=NUM_CONSUMERS * cfg.block_m, longest_rows=None if broadcast_q else longest_q)
     tiles = build_tile_list(out_cu, rows, NUM_CONSUMERS * cfg.block_m,
                             work_offsets=cu_k if variant.longest_first else None)
     counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)

@@ -103,7 +103,7 @@ KNOBS: dict = {k.name: k for k in (
          "run); 0 takes the portable dQ pass, as deterministic=True does per call"),
     Knob("tlx_variant", "JFA_TLX_VARIANT", parse_switches, {},
          "ablation switches of the TLX forward, key=value pairs (schedule=dynamic, long_causal_schedule=zigzag, "
-         "persistent=0, longest_first=0, pingpong=0, peel=0, q_regs=0|1, early_fetch=1); measurements only"),
+         "persistent=0, longest_first=0, pingpong=0, peel=0, q_regs=0|1); measurements only"),
     Knob("tlx_bwd_variant", "JFA_TLX_BWD_VARIANT", parse_switches, {},
          "ablation switches of the TLX backward (persistent=0, dense_schedule=, masked_schedule=, "
          "sparse_schedule= static|dynamic); measurements only"),

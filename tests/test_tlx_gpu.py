@@ -177,8 +177,7 @@ def test_stores_stay_inside_their_own_sequence(head_dim, causal):
 
 
 VARIANTS = [tlx_forward.Variant(schedule="dynamic"), tlx_forward.Variant(persistent=False),
-            tlx_forward.Variant(longest_first=False), tlx_forward.Variant(pingpong=False),
-            tlx_forward.Variant(schedule="dynamic", early_fetch=True)]
+            tlx_forward.Variant(longest_first=False), tlx_forward.Variant(pingpong=False)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name() for v in VARIANTS])

@@ -131,9 +131,6 @@ SCHEDULES = {
     "dense-dynamic": ("tlx-many-items-bcastq-causal-bf16-D128", "schedule=dynamic", "dense_schedule=dynamic", True,
                       True),
     "window-dynamic-fwd": ("tlx-wide-window-both-bf16-D64", "schedule=dynamic", "", True, True),
-    "dense-long-causal-early-fetch": ("tlx-long-causal-counter-D64", "early_fetch=1", "", True, True),
-    "sparse-dynamic-early-fetch": ("tlx-sparse-bcastq-ratio0.5-bs128-bf16-D128", "schedule=dynamic,early_fetch=1", "",
-                                   True, True),
 }
 
 
@@ -223,22 +220,6 @@ def test_work_items_reach_the_consumers_decoded_through_the_ring_under_either_sc
     case_name, switches, dynamic = ITEM_RING[name]
     _assert_forward_builds(case_name, switches, "DYNAMIC", dynamic, 3, monkeypatch)
 
-
-# (case, JFA_TLX_VARIANT, whether the forward's build takes the next item early): the counter's early fetch, and
-# the switch without the counter (a static schedule has nothing to fetch)
-EARLY_FETCH = {"counter-causal": ("tlx-many-items-causal-bf16-D64", "schedule=dynamic,early_fetch=1", True),
-               "counter-long-causal": ("tlx-long-causal-counter-D128", "early_fetch=1", True),
-               "counter-window-gqa": ("tlx-wide-window-causal-gqa-bf16-D64", "schedule=dynamic,early_fetch=1", True),
-               "static-ignores-it": ("tlx-many-items-bf16-D64", "early_fetch=1", False)}
-
-
-@pytest.mark.parametrize("name", EARLY_FETCH)
-def test_the_counters_early_fetch_meets_the_oracle(name, monkeypatch):
-    """With ``Variant.early_fetch`` the producer takes item n + 1 from the counter while item n's blocks are still
-    being loaded (an item with no block takes it at once): every item is still computed once, under a seeded
-    schedule, and only counter builds compile it."""
-    case_name, switches, early = EARLY_FETCH[name]
-    _assert_forward_builds(case_name, switches, "EARLY_FETCH", early, 2, monkeypatch)
 
 
 def _packed(lengths, heads=2, head_dim=64, seed=0):

@@ -1,9 +1,8 @@
 """The TLX kernels' ablation study on a GPU: each reported switch off in turn, against what ships.
 
     python -m jfa.bench.ablation forward            # persistence, LPT order, dynamic scheduler, pingpong,
-                                                    # peeling, Q operand, LLVM setting, long causal zig-zag,
-                                                    # the counter's early fetch
-    python -m jfa.bench.ablation forward --suite causal-sweep --only "dynamic,zig-zag,early"   # the counter's rule
+                                                    # peeling, Q operand, LLVM setting, long causal zig-zag
+    python -m jfa.bench.ablation forward --suite causal-sweep --only "dynamic,zig-zag"   # the counter's rule
     python -m jfa.bench.ablation backward           # persistence, deterministic dQ, the dK/dV kernel's compile
                                                     # switches
     ncu ... python -m jfa.bench.ablation profile --only longtail   # plain launches for a profiler
@@ -96,9 +95,6 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
         "no pingpong": fixed(V(pingpong=False)), "no loop peeling": fixed(V(peel=False)),
         # causal launches over long sequences dealt zig-zag too (``Variant.for_launch``; elsewhere what ships)
         "long causal zig-zag": fixed(V(long_causal_schedule="zigzag")),
-        # the counter taking the next item after the current one's first block (its long causal launches, and
-        # every launch beside "dynamic scheduler")
-        "early fetch": fixed(V(early_fetch=True)), "dynamic early fetch": fixed(V(schedule="dynamic", early_fetch=True)),
         # the bulk loop's Q operand from where the config does not take it (registers or shared memory)
         "Q the other way": lambda cfg: (V(q_regs=not cfg.q_in_registers), {}),
         # LLVM optimising the IR where the config leaves it to ptxas, and the other way round

@@ -10,7 +10,9 @@ measured counter / zig-zag ratios (``fit``) and then read on shapes not measured
     python -m jfa.bench.makespan --suite causal-sweep      # predictions with the constants fitted in NOTES.md
 
 Session 39's constants (``FITTED``): per_item 0, counter_cost 0.55 blocks, fitted on session 38's four measured
-causal-suite ratios (rms error 0.012).
+causal-suite ratios (rms error 0.012). On session 41's causal sweep it ranks the D 128 problems right (within ~0.05)
+but underrates the counter's cost at D 64 (1.07 predicted where 0.89 was measured); the shipped rule
+(``Variant.for_launch``) is keyed on that sweep's measurements, not on this model.
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def _causal_sweep() -> tuple[Problem, ...]:
     """Causal batches of ~262k tokens whose sequences average 512 to 1536 rows, at D 128 (4 heads) and D 64 (2):
     where a causal forward's items are better taken from the counter than dealt zig-zag
     (``jfa.kernels.tlx.hopper.forward.LONG_CAUSAL_TILES``; ``python -m jfa.bench.ablation forward --suite
-    causal-sweep --only "dynamic,zig-zag,early"``). Uniform lengths in [1, L] (mean ~L / 2) and all sequences of L;
+    causal-sweep --only "dynamic,zig-zag"``). Uniform lengths in [1, L] (mean ~L / 2) and all sequences of L;
     then equal lengths of 2048-4096 keys in batches whose items take few or many rounds of the grid (a makespan
     model, NOTES.md session 39, predicts the counter's gain there from how zig-zag's rounds meet the sequences,
     not from the rows per sequence)."""

@@ -123,9 +123,6 @@ def tlx_targets() -> list:
     for variant in ("pingpong=0", "peel=0"):
         targets.append(Target(f"tlx-forward-bf16-D128-causal[{variant}]", "forward", "bf16", 128, True, False,
                               backend="tlx", variant=variant))
-    for head_dim in (64, 128):  # the counter's early fetch (an experiment, ``Variant.early_fetch``)
-        targets.append(Target(f"tlx-forward-bf16-D{head_dim}-causal[schedule=dynamic,early_fetch=1]", "forward",
-                              "bf16", head_dim, True, False, backend="tlx", variant="schedule=dynamic,early_fetch=1"))
     targets.append(Target("tlx-forward-bf16-D128[profile]", "forward", "bf16", 128, False, False, backend="tlx",
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,

@@ -407,19 +407,11 @@ def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexp
 @triton.jit
 def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
                   q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX,
-                  COUNTER, col_stride_q, col_stride_k, col_stride_v, GROUP: tl.constexpr, SPARSE: tl.constexpr,
-                  WINDOW: tl.constexpr, EARLY_FETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr,
-                  KV_BYTES: tl.constexpr):
+                  col_stride_q, col_stride_k, col_stride_v, GROUP: tl.constexpr, SPARSE: tl.constexpr,
+                  WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one decoded work item: TMA loads of both consumers' Q halves, then every K/V block the item
-    needs in ``_block_start``'s order, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)
-    and, with EARLY_FETCH, the next item from the counter (else -1).
-
-    EARLY_FETCH: the next item is taken once the first K/V block's loads are issued, where the producer then
-    waits for a free slot anyway, so the atomic's round trip (one thread's, broadcast by a warpgroup barrier)
-    is not added to the item boundary; relaxed, since the counter only hands out indices (``retire_counter``'s
-    acq_rel add orders every fetch before the reset)."""
-    next_item = -1
+    needs in ``_block_start``'s order, each into the next free ring slot. Returns the advanced (q_cnt, kv_cnt)."""
     if n_blocks > 0:
         q_buf, q_phase = bufidx_phase(q_cnt, NUM_BUFFERS_Q)
         q_col = head * col_stride_q
@@ -440,30 +432,23 @@ def _produce_item(head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cn
             tlx.barrier_wait(v_empties[kv_buf], kv_phase ^ 1)
             tlx.barrier_expect_bytes(v_fulls[kv_buf], KV_BYTES)
             tlx.async_descriptor_load(desc_v, v_tiles[kv_buf], [kv_row, v_col], v_fulls[kv_buf])
-            if EARLY_FETCH:
-                if j == 0:
-                    next_item = tl.atomic_add(COUNTER, 1, sem="relaxed")
             kv_cnt += 1
         q_cnt += 1
-    if EARLY_FETCH:
-        if n_blocks == 0:
-            next_item = tl.atomic_add(COUNTER, 1, sem="relaxed")
-    return q_cnt, kv_cnt, next_item
+    return q_cnt, kv_cnt
 
 
 @triton.jit
 def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF, TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi, ring,
-               ring_fulls, ring_empties, count, COUNTER, PEEL: tl.constexpr, CAUSAL: tl.constexpr,
+               ring_fulls, ring_empties, count, PEEL: tl.constexpr, CAUSAL: tl.constexpr,
                WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
-               MX: tl.constexpr, EARLY_FETCH: tl.constexpr, TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-               NUM_BUFFERS_KV: tl.constexpr, Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
+               MX: tl.constexpr, TILE_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+               Q_BYTES: tl.constexpr, KV_BYTES: tl.constexpr):
     """Producer, one work item: decodes it once, hands it to the consumers (the item ring), then fills its
     buffers by TMA straight into the MMA buffers, or (MX: desc_q/k/v are then the E4M3 bytes) loaded and
-    dequantized. Returns the advanced (q_cnt, kv_cnt) and the next item when EARLY_FETCH took it
-    (``_produce_item``; -1 otherwise)."""
+    dequantized. Returns the advanced (q_cnt, kv_cnt)."""
     head, q_row0, out_row0, len_q, k_row0, len_k, m_start, causal_shift, j0, n_blocks, lo, hi, rot = _work_item(
         TILES, CU_Q, CU_K, ROW_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
         CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_M, BLOCK_N)
@@ -472,19 +457,18 @@ def _fill_item(item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_
                               PEEL, BLOCK_M, BLOCK_N),
                  _bulk_blocks(KV_IDX, j0, n_blocks, rot, m_start, len_k, causal_shift, hi, 1, CAUSAL, WINDOW, SPARSE,
                               PEEL, BLOCK_M, BLOCK_N), lo, hi, rot, WINDOW)
-    next_item = -1
     if MX != "":
         q_cnt, kv_cnt = produce_forward_item_mx(
             item, head, q_row0, m_start, len_q, k_row0, len_k, j0, n_blocks, q_cnt, kv_cnt, desc_q, desc_k, desc_v,
             QS, KS, VS, VB_OFF, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls,
             v_empties, TILES, num_heads, _CONSUMERS, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV)
     else:
-        q_cnt, kv_cnt, next_item = _produce_item(
+        q_cnt, kv_cnt = _produce_item(
             head, q_row0, m_start, k_row0, j0, n_blocks, rot, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles,
-            k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX, COUNTER,
-            col_stride_q, col_stride_k, col_stride_v, GROUP, SPARSE, WINDOW, EARLY_FETCH, BLOCK_M, BLOCK_N,
-            NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
-    return q_cnt, kv_cnt, next_item
+            k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties, v_fulls, v_empties, KV_IDX, col_stride_q,
+            col_stride_k, col_stride_v, GROUP, SPARSE, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES,
+            KV_BYTES)
+    return q_cnt, kv_cnt
 
 
 @triton.jit
@@ -640,7 +624,7 @@ def jagged_fwd_tlx_kernel(
     BROADCAST_Q: tl.constexpr, SCALE_NONNEG: tl.constexpr, SPARSE: tl.constexpr, MX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
     CONSUMER_REGS: tl.constexpr, DYNAMIC: tl.constexpr, PINGPONG: tl.constexpr, PEEL: tl.constexpr,
-    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, EARLY_FETCH: tl.constexpr, TRACE_STEPS: tl.constexpr,
+    PROFILE: tl.constexpr, Q_REGS: tl.constexpr, TRACE_STEPS: tl.constexpr,
 ):
     """MX ("" or the P rule): "" reads q, k, v (bf16/fp16) by TMA straight into the MMA buffers; an MXFP8
     build reads E4M3 bytes (desc_q/k/v are then uint8 pointers) and the scales QS, KS (D-axis) and VS
@@ -648,7 +632,6 @@ def jagged_fwd_tlx_kernel(
     (``mx_producers.produce_forward_item_mx``)."""
     tl.static_assert(_CONSUMERS == 2, "the pingpong handshake (named barriers 9/10) is written for two")
     tl.static_assert(MX == "" or not WINDOW, "the MX producer loads its blocks in ascending order: no window")
-    tl.static_assert(not EARLY_FETCH or (DYNAMIC and MX == ""), "the early fetch is the bf16 counter's")
     TILE_M: tl.constexpr = _CONSUMERS * BLOCK_M  # rows of one work item: one BLOCK_M half per consumer
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     Q_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
@@ -684,31 +667,28 @@ def jagged_fwd_tlx_kernel(
             if DYNAMIC:
                 item = tl.atomic_add(COUNTER, 1)
                 while item < num_items:
-                    q_cnt, kv_cnt, next_item = _fill_item(
+                    q_cnt, kv_cnt = _fill_item(
                         item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                         k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                         TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots, num_heads,
                         num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo, band_hi,
-                        ring, ring_fulls, ring_empties, count, COUNTER, PEEL, CAUSAL, WINDOW, GROUP, BROADCAST_Q,
-                        SPARSE, MX, EARLY_FETCH, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                        Q_BYTES, KV_BYTES)
+                        ring, ring_fulls, ring_empties, count, PEEL, CAUSAL,
+                        WINDOW, GROUP, BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q,
+                        NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                     count += 1
-                    if EARLY_FETCH:
-                        item = next_item
-                    else:
-                        item = tl.atomic_add(COUNTER, 1)
+                    item = tl.atomic_add(COUNTER, 1)
                 retire_counter(COUNTER, num_progs)
             else:
                 for rounds in range(0, tl.cdiv(num_items, num_progs)):
                     item = static_item(rounds, pid, num_progs, True)
                     if item < num_items:
-                        q_cnt, kv_cnt, _next = _fill_item(
+                        q_cnt, kv_cnt = _fill_item(
                             item, q_cnt, kv_cnt, desc_q, desc_k, desc_v, q_tiles, k_tiles, v_tiles, q_fulls,
                             q_empties, k_fulls, k_empties, v_fulls, v_empties, QS, KS, VS, VB_OFF,
                             TILES, CU_Q, CU_K, ROW_OFF, KV_IDX, num_slots,
                             num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v, band_lo,
-                            band_hi, ring, ring_fulls, ring_empties, count, COUNTER, PEEL, CAUSAL, WINDOW, GROUP,
-                            BROADCAST_Q, SPARSE, MX, EARLY_FETCH, TILE_M, HEAD_DIM, BLOCK_M,
+                            band_hi, ring, ring_fulls, ring_empties, count, PEEL, CAUSAL, WINDOW, GROUP,
+                            BROADCAST_Q, SPARSE, MX, TILE_M, HEAD_DIM, BLOCK_M,
                             BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, Q_BYTES, KV_BYTES)
                         count += 1
             publish_end(ring, ring_fulls, ring_empties, count, num_items, WINDOW)
@@ -767,9 +747,6 @@ class Variant:
     # the bulk loop's Q operand: None = the config's (``HopperForwardConfig.q_in_registers``), True registers,
     # False shared memory. bf16/fp16 builds only: the MX builds keep Q in shared memory
     q_regs: Optional[bool] = None
-    # the counter's builds take the next item once the current one's first K/V block is issued, not after its
-    # last (``_produce_item``; an experiment: not measured yet, NOTES.md session 39)
-    early_fetch: bool = False
 
     def __post_init__(self):
         for name in ("schedule", "long_causal_schedule"):
@@ -807,8 +784,6 @@ class Variant:
         flags = [f" -{f}" for f in ("persistent", "longest_first", "pingpong", "peel") if not getattr(self, f)]
         if self.q_regs is not None:
             flags.append(" +q_regs" if self.q_regs else " -q_regs")
-        if self.early_fetch:
-            flags.append(" +early_fetch")
         if self.long_causal_schedule != SHIPPED.long_causal_schedule:
             flags.append(f" long_causal={self.long_causal_schedule}")
         return self.schedule + "".join(flags)
@@ -834,7 +809,7 @@ def _constexprs(cfg: HopperForwardConfig, head_dim: int, *, causal: bool, broadc
                      CONSUMER_REGS=cfg.consumer_regs, DYNAMIC=variant.dynamic,
                      PINGPONG=variant.pingpong, PEEL=variant.peel, PROFILE=profile,
                      Q_REGS=not mx and (cfg.q_in_registers if variant.q_regs is None else variant.q_regs),
-                     EARLY_FETCH=variant.early_fetch and variant.dynamic and not mx, TRACE_STEPS=trace_steps)
+                     TRACE_STEPS=trace_steps)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     return constants

@@ -1166,6 +1166,29 @@ def test_step_phases_are_the_medians_of_each_consumers_stamps():
     assert phases["turn offset"] == 65  # steps 1 and 2: 170 - 110 and 400 - 330
 
 
+def test_item_phases_read_the_boundary_and_the_step_cost_off_the_backward_records():
+    """``item_phases`` takes the SM clock from the records themselves (cycles over global-timer ns between a
+    CTA's item starts), the phases' medians, and the line through an item's cycles against its steps, whose
+    intercept is the cost of an item beside its steps; rows never run (-1) and items without steps are left out."""
+    from jfa.bench.timeline import item_phases
+
+    ghz, boundary, per_step = 2.0, 3000, 1000  # cycles; at 2 GHz: 1.5 us and 0.5 us
+    rows, t = [], {0: 0, 1: 0}
+    for i, steps in enumerate([1, 4, 2, 6, 3, 5, 2, 4]):
+        cta = i % 2
+        start = t[cta]
+        kv, done = start + 1000, start + boundary - 600 + per_step * steps
+        end = done + 600
+        rows.append([cta + 7, int(start / ghz), start, kv, done, end, cta, steps])
+        t[cta] = end + 200  # 0.1 us to the CTA's next item
+    rows += [[-1] * 8, [3, 10, 10, 20, 30, 40, 0, 0]]
+    phases = item_phases(np.array(rows))
+    assert phases["items"] == 8 and phases["clock GHz"] == 2.0
+    assert (phases["K/V wait"], phases["epilogue"], phases["to the next item"]) == (0.5, 0.3, 0.1)
+    assert phases["fit"] == {"boundary": 1.5, "per step": 0.5}
+    assert item_phases(np.array([[-1] * 8]))["items"] == 0
+
+
 def test_the_makespan_model_costs_a_causal_tile_by_its_blocks_up_to_the_diagonal():
     """Item costs follow the causal forward: a 300-row sequence's tiles see 1, 2 and 3 blocks of 128 keys (the
     last tile's keys end at row 299), a 0-row one has none; each tile once per head."""

@@ -26,7 +26,8 @@ SUITE_TARGETS = (
     "tlx-forward-bf16-D128-causal-window", "tlx-forward-bf16-D128-gqa4", "tlx-forward-bf16-D128-bcastq-sparse",
     "tlx-forward-mxfloor-bf16-D64-causal", "tlx-forward-mxfloor-bf16-D128-causal-bcastq",
     "tlx-dkdv-bf16-D64-causal", "tlx-dkdv-bf16-D128-bcastq", "tlx-dkdv-bf16-D64-bcastq[fused-dq]",
-    "tlx-dkdv-bf16-D128-causal[fused-dq]", "tlx-dkdv-bf16-D128-causal-window[fused-dq]", "tlx-dkdv-bf16-D128-gqa4",
+    "tlx-dkdv-bf16-D128-causal[fused-dq]", "tlx-dkdv-bf16-D128-causal[fused-dq,profile]",
+    "tlx-dkdv-bf16-D128-causal-window[fused-dq]", "tlx-dkdv-bf16-D128-gqa4",
     "tlx-dkdv-bf16-D64-causal-sparse[fused-dq]", "tlx-dkdv-bf16-D128-bcastq-sparse[fused-dq]",
     "tlx-dkdv-mxrceil-bf16-D128", "tlx-dkdv-mxfloor-fp32-D128-causal",
 )

@@ -270,6 +270,35 @@ def test_timeline_records_every_item_once(schedule):
     assert timeline.seq.numel() == rec.shape[0]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_dkdv_profiling_build_records_every_item_once(head_dim, causal):
+    """The dK/dV kernel's profiling build (static schedule, or the counter's under causal) writes the dK and dV
+    bits the shipped build does and one record per item: a real SM and CTA, its phases in order on the SM clock,
+    the global timer running, and every query step counted once."""
+    lengths = [300, 0, 900, 5, 1024] * 8
+    q, k, v, cu = packed(lengths, head_dim=head_dim)
+    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2], device="cuda"), torch.randn_like(q)
+    grads, records = [], None
+    for profile in (False, True):
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        records = tlx_backward.jagged_dkdv_tlx(
+            q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal, softmax_scale=head_dim ** -0.5,
+            broadcast_q=False, num_seqs=len(lengths), dq_accum=tlx_backward.DqAccumulator(q),
+            outputs=(out, dout, None), profile=profile)
+        grads.append((dk, dv))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    rec = records.cpu()
+    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = rec.T
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert (rec >= 0).all() and (sm < sms).all() and (cta < sms).all() and (start_ns > 0).all()
+    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all()
+    if not causal:  # (causal: a key tile's steps start at its diagonal)
+        cfg = tlx_backward.config_for(head_dim)
+        tiles = [-(-n // (tlx_backward.NUM_CONSUMERS * cfg.block_n)) * -(-n // cfg.block_m) for n in lengths]
+        assert int(steps.sum()) == q.shape[1] * sum(tiles)
+
+
 def test_the_step_trace_logs_cta_0s_steps_in_cycle_order():
     """The profiling build with ``trace_steps`` computes what the plain build does and logs CTA 0's steps of
     both consumers, each row's SM clock stamps in order, the consumers' rows for the same steps."""

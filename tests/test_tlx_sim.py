@@ -286,6 +286,39 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkey
         assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
+def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once(head_dim):
+    """The dK/dV kernel's profiling build writes the dK and dV bits the shipped build does, and one record per
+    work item (``PROFILE_FIELDS``): its CTA and SM, its phases in order, the items of a CTA one after another,
+    and every query step of the launch counted once (a key tile's steps: its sequence's query blocks)."""
+    lengths = [77, 130, 0, 200, 3]
+    q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=2)
+    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2]), torch.randn_like(q)
+    grads, records = [], None
+    for profile in (False, True):
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        with sim.simulated(sm_count=2):
+            records = tlx_backward.jagged_dkdv_tlx(
+                q, k, v, dout, lse, None, dk, dv, cu, cu, causal=False, softmax_scale=head_dim ** -0.5,
+                broadcast_q=False, num_seqs=len(lengths), dq_accum=tlx_backward.DqAccumulator(q),
+                outputs=(out, dout, None), profile=profile)
+        grads.append((dk, dv))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert records is not None and records.shape[1] == len(tlx_backward.PROFILE_FIELDS)
+    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = records.T
+    assert (records >= 0).all(), "an item without a record"
+    assert ((cta == 0) | (cta == 1)).all() and torch.equal(sm, cta)  # (the simulator's SM is the CTA)
+    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all()
+    for c in (0, 1):
+        mine = records[cta == c]
+        mine = mine[mine[:, 2].argsort()]
+        assert (mine[1:, 2] >= mine[:-1, 5]).all(), f"CTA {c}'s items overlap"
+    cfg = tlx_backward.config_for(head_dim)
+    key_tiles = [-(-n // (tlx_backward.NUM_CONSUMERS * cfg.block_n)) for n in lengths]
+    query_steps = [-(-n // cfg.block_m) for n in lengths]
+    assert int(steps.sum()) == q.shape[1] * sum(t * s for t, s in zip(key_tiles, query_steps))
+
+
 def test_grouped_heads_at_d128_take_the_fused_dq_build(monkeypatch):
     """Grouped key/value heads take the fused-dQ build at D 128 (an item runs its key/value head's query heads
     in turn, dK and dV stored once per key/value head): the dK/dV kernel alone runs, never the portable dQ

@@ -15,6 +15,12 @@ consumers (four SM clock stamps a step, ``Timeline.steps``), and the summary is 
 consumer's step takes and how far apart the two consumers pass the pingpong turn (``step_phases``):
 
     python -m jfa.bench.timeline --shape full-B8-L4096-H16-D128 --steps 256 --out DIR
+
+``--backward`` runs the dK/dV kernel's profiling build instead (the fused dQ, as it ships): consumer 0 stamps each
+work item's phases (``jfa.kernels.tlx.hopper.backward.PROFILE_FIELDS``), and the summary is what an item costs
+beyond its query steps (``item_phases``):
+
+    python -m jfa.bench.timeline --backward --shape bcastq-Lq256-B1152-L1000-H4-D128 --out DIR
 """
 from __future__ import annotations
 
@@ -95,6 +101,66 @@ def step_phases(steps: np.ndarray) -> dict:
     return out
 
 
+def item_phases(records: np.ndarray) -> dict:
+    """What the dK/dV kernel's items cost, from its profiling records (rows of ``PROFILE_FIELDS``: SM, start ns,
+    then SM cycles start, K/V ready, steps done, end, then CTA, steps; -1 rows: no item ran there), in us at the
+    SM clock the records themselves show ("clock GHz": cycles over global-timer ns between a CTA's first and last
+    item starts, the median over CTAs): medians over the items with steps of "K/V wait" (start to K and V ready:
+    the item decoded and its K and V waited for), "per step" (the steps' cycles over their number), "epilogue"
+    (last step done to dK and dV stored) and "to the next item" (end to the same CTA's next start); and the
+    least-squares line ``cycles = boundary + per_step * steps`` over every such item ("fit": its boundary and
+    per-step us), whose boundary is what an item costs beside its steps. ``items`` counts the items used."""
+    rec = np.asarray(records, dtype=np.int64)
+    rec = rec[(rec >= 0).all(1) & (rec[:, 7] > 0)]
+    if not rec.size:
+        return {"items": 0}
+    steps = rec[:, 7].astype(np.float64)
+    gaps, clocks = [], []
+    for cta in np.unique(rec[:, 6]):
+        mine = rec[rec[:, 6] == cta]
+        mine = mine[np.argsort(mine[:, 2])]
+        gaps.append(mine[1:, 2] - mine[:-1, 5])
+        if mine[-1, 1] > mine[0, 1]:
+            clocks.append((mine[-1, 2] - mine[0, 2]) / (mine[-1, 1] - mine[0, 1]))
+    gaps = np.concatenate(gaps)
+    clock_ghz = float(np.median(clocks)) if clocks else float("nan")
+    us = 1e-3 / clock_ghz
+    cycles = (rec[:, 5] - rec[:, 2]).astype(np.float64)
+    if np.unique(steps).size > 1:
+        slope, boundary = np.polyfit(steps, cycles, 1)
+    else:  # (one step count: no line through the points; all of it counted as steps)
+        slope, boundary = float(np.median(cycles / steps)), 0.0
+    return {"items": int(rec.shape[0]), "mean steps": round(float(steps.mean()), 2), "clock GHz": round(clock_ghz, 3),
+            "K/V wait": round(float(np.median(rec[:, 3] - rec[:, 2])) * us, 3),
+            "per step": round(float(np.median((rec[:, 4] - rec[:, 3]) / steps)) * us, 3),
+            "epilogue": round(float(np.median(rec[:, 5] - rec[:, 4])) * us, 3),
+            "to the next item": round(float(np.median(gaps)) * us, 3) if gaps.size else None,
+            "fit": {"boundary": round(float(boundary) * us, 3), "per step": round(float(slope) * us, 3)}}
+
+
+def record_backward(problem) -> np.ndarray:
+    """The dK/dV kernel's profiling records of ``problem`` (the fused dQ's build, after a warm-up run)."""
+    import torch
+
+    from jfa.bench.runner import launcher_inputs
+    from jfa.kernels.schedule import output_offsets
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    b, kwargs = launcher_inputs(problem)
+    out, lse = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, longest_q=b.max_q, **kwargs)
+    dout = torch.randn_like(out)
+    out_cu = output_offsets(b.cu_q, problem.B, problem.Lq or 0, problem.broadcast_q, b.q.device)
+    for _ in range(2):  # the first run compiles and warms up
+        records = tlx_backward.jagged_dkdv_tlx(
+            b.q, b.k, b.v, dout, lse, None, torch.empty_like(b.k), torch.empty_like(b.v), out_cu, b.cu_k,
+            causal=problem.causal, softmax_scale=kwargs["softmax_scale"], broadcast_q=problem.broadcast_q,
+            num_seqs=problem.B, len_q_bcast=problem.Lq or 0, dq_accum=tlx_backward.DqAccumulator(b.q, zeroed=False),
+            outputs=(out, dout, None), window=problem.window, profile=True)
+    torch.cuda.synchronize()
+    return records.cpu().numpy()
+
+
 def record_steps(problem, steps: int) -> np.ndarray:
     """CTA 0's first ``steps`` K/V steps of ``problem`` with the shipped build (after a warm-up run)."""
     import torch
@@ -163,6 +229,8 @@ def main(argv=None) -> int:
                         + ", ".join(SCHEDULES))
     parser.add_argument("--steps", type=int, default=0, help="instead: log CTA 0's first STEPS K/V steps and "
                         "summarise their phases (step_phases)")
+    parser.add_argument("--backward", action="store_true", help="instead: the dK/dV kernel's per-item phases "
+                        "(item_phases)")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
 
@@ -184,6 +252,13 @@ def main(argv=None) -> int:
     for name in shapes:
         if name not in problems:
             parser.error(f"--shape: {name!r} is not in suite {args.suite} ({list(problems)})")
+        if args.backward:
+            records = record_backward(problems[name])
+            phases = item_phases(records)
+            (out_dir / f"items-{name}.json").write_text(json.dumps({"phases": phases, "records": records.tolist()})
+                                                        + "\n")
+            print(f"{name}: {json.dumps(phases)}")
+            continue
         if args.steps:
             steps = record_steps(problems[name], args.steps)
             phases = step_phases(steps)

@@ -213,6 +213,12 @@ def tlx_backward_targets() -> list:
                 Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq]", "dkdv", "bf16", 128, False, True, backend="tlx",
                        variant="fused-dq", group=8)]
     targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
+    # the profiling build (measured, never shipped) of the fused dQ's builds: the producer's at D 64 (static
+    # schedule), the halves at D 128 (causal: the counter's)
+    targets += [Target("tlx-dkdv-bf16-D64[fused-dq,profile]", "dkdv", "bf16", 64, False, False, backend="tlx",
+                       variant="fused-dq", profile=True),
+                Target("tlx-dkdv-bf16-D128-causal[fused-dq,profile]", "dkdv", "bf16", 128, True, False,
+                       backend="tlx", variant="fused-dq", profile=True)]
     return targets
 
 
@@ -640,7 +646,7 @@ def dkdv_launch_binding(target: Target) -> dict:
                                      num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
                                      outputs=(out, dout, None) if fused else None, window=target.window_size(),
                                      lists=_every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse
-                                     else None)
+                                     else None, profile=target.profile)
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
@@ -748,9 +754,12 @@ def _check_tlx(target: Target) -> Result:
         fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
-                                         group=target.group, sparse=target.sparse, mx=target.mx)
+                                         group=target.group, sparse=target.sparse, mx=target.mx,
+                                         profile=target.profile)
         cfg = tlx_backward.config_for(target.head_dim, fused, target.mx)
         compiled, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
+        expected["global-timer reads exactly in the profiling build"] = \
+            ("%globaltimer" in compiled.asm["ptx"]) == target.profile
         if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)
             _vector_loads(compiled, result, expected)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused

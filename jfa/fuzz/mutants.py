@@ -188,7 +188,7 @@ MUTANTS: tuple = (
            "expect-tx of a V block counts half its bytes: the phase completes with the copy half landed"),
     Mutant("tlx-fwd-v-released-before-pv-retired", TLX_FORWARD,
            "    acc = tlx.async_dot_wait(0, acc)\n    if TRACE_STEPS > 0:\n        _log_step(STEP_LOG, pid, CID, kv_cnt, "
-           "TRACE_STEPS, t_start, t_issued, t_v, _clock())\n    tlx.barrier_arrive(v_empties[v_buf], 1)\n",
+           "TRACE_STEPS, t_start, t_issued, t_v, clock64())\n    tlx.barrier_arrive(v_empties[v_buf], 1)\n",
            "    tlx.barrier_arrive(v_empties[v_buf], 1)\n    acc = tlx.async_dot_wait(0, acc)\n",
            "a V buffer handed back to the producer while the PV wgmma reading it may still run"),
     Mutant("tlx-fwd-missing-q-full-wait", TLX_FORWARD,

@@ -181,3 +181,23 @@ def mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, B
         qb0 = tl.load(QB_OFF + seq)
     ob0 = tl.load(OB_OFF + seq)
     return qb0, ob0
+
+
+# ----------------------------------------------------------------------------------------------------
+# clocks of the profiling builds (the simulator answers these reads: ``jfa.sim.launch``)
+@triton.jit
+def globaltimer():
+    """Nanoseconds of the GPU's global timer (one clock for every SM, unlike clock64)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def smid():
+    """The SM running the CTA."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def clock64():
+    """The SM's cycle counter: one clock for the warps of a CTA, not comparable across SMs."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)

@@ -79,8 +79,9 @@ from jfa.kernels.bands import window_band
 from jfa.kernels.schedule import build_tile_list, output_offsets
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, fetch_item, item_sequence, receive_item,
-                                           retire_counter, static_item, to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, fetch_item, globaltimer,
+                                           item_sequence, receive_item, retire_counter, smid, static_item,
+                                           to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq,
@@ -162,6 +163,11 @@ MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four byte tensors in the descriptors' places: constexpr None in the
 # bf16/fp16 builds (no parameters there)
 MX_ARGS = ("QS", "QT", "QTS", "QB_OFF", "KS", "VS", "DOS", "DOT_", "DOTS", "OB_OFF")
+# the profiling build's record of one work item, written by consumer 0 (``_stamp``; read by
+# ``jfa.bench.timeline.item_phases``): the SM, the start on the global timer (ns), then in SM cycles the start,
+# K and V ready, the last step done and the dK/dV stores done, the CTA, and the query steps the item took
+PROFILE_FIELDS = ("sm", "start_ns", "start", "kv_ready", "steps_done", "end", "cta", "steps")
+_RECORD = tl.constexpr(len(PROFILE_FIELDS))
 
 
 def config_for(head_dim: int, fused_dq: bool = True, mx: str = "") -> HopperDkDvConfig:
@@ -599,6 +605,13 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
 
 
 @triton.jit
+def _stamp(TIMELINE, item, FIELD: tl.constexpr, value):
+    """Field FIELD (an index of PROFILE_FIELDS) of ``item``'s record, written as the phase ends: nothing of the
+    record stays in registers across the item's steps."""
+    tl.store(TIMELINE + item.to(tl.int64) * _RECORD + FIELD, value.to(tl.int64))
+
+
+@triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
                        TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
@@ -607,10 +620,15 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
-                       MX: tl.constexpr = ""):
+                       MX: tl.constexpr = "", TIMELINE=None, pid=0, PROFILE: tl.constexpr = False):
     """Consumer ``cid``, one work item: its BLOCK_N key rows of the item's key/value head against every query
     step of each of the group's GROUP query heads in turn (``_consume_head_steps``), then one store of dK
-    (scaled) and dV."""
+    (scaled) and dV. PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
+    if PROFILE:
+        if cid == 0:
+            _stamp(TIMELINE, item, 1, globaltimer())
+            _stamp(TIMELINE, item, 2, clock64())
+            _stamp(TIMELINE, item, 7, qdo_cnt)  # (the steps so far: the item's count replaces it at the end)
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
@@ -619,6 +637,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             tlx.barrier_wait(kv_fulls[c], kv_cnt & 1)
     else:
         tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
+    if PROFILE:
+        if cid == 0:
+            _stamp(TIMELINE, item, 3, clock64())
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
@@ -632,6 +653,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, ds_tiles,
             ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, WINDOW, SPARSE,
             DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+    if PROFILE:
+        if cid == 0:
+            _stamp(TIMELINE, item, 4, clock64())
     if DQ == DQ_HALVES:  # every MMA of this consumer reading the item's K and V (both halves of K) has retired
         for c in tl.static_range(_CONSUMERS):
             tlx.barrier_arrive(kv_empties[c], 1)
@@ -655,6 +679,12 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
              (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])
     tl.store(DV + rows[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=row_ok[:, None])
+    if PROFILE:
+        if cid == 0:
+            _stamp(TIMELINE, item, 5, clock64())
+            _stamp(TIMELINE, item, 0, smid())
+            _stamp(TIMELINE, item, 6, pid)
+            _stamp(TIMELINE, item, 7, qdo_cnt - tl.load(TIMELINE + item.to(tl.int64) * _RECORD + 7))
     return qdo_cnt
 
 
@@ -664,16 +694,18 @@ def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, HEAD_DIM: tl.constexpr,
+    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
     SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
+    PROFILE: tl.constexpr = False,
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
-    in the other builds."""
+    in the other builds. PROFILE: the profiling build, one record per item in TIMELINE ([items, 8] int64,
+    ``PROFILE_FIELDS``; constexpr None elsewhere)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -788,7 +820,7 @@ def jagged_dkdv_tlx_kernel(
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                         cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -801,7 +833,7 @@ def jagged_dkdv_tlx_kernel(
                             desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                             stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                             cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -817,12 +849,16 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
-                group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "") -> dict:
+                group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "",
+                profile: bool = False) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
-    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build."""
+    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build and
+    the timeline outside the profiling build (the launcher passes it by name)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx)
+                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx, PROFILE=profile)
+    if not profile:
+        constants.update(TIMELINE=None)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     if not mx:
@@ -836,14 +872,14 @@ def _launch_options() -> dict:
 
 def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, fused_dq: bool,
                  window: bool = False, group: int = 1, sparse: bool = False, variant: BackwardVariant = None,
-                 mx: str = ""):
+                 mx: str = "", profile: bool = False):
     """``(kernel, signature, constants, attrs, options)`` for an offline ``triton.compile`` (``group``: query
     heads per key/value head) of the build ``variant`` (default: what ships) launches. ``mx``: the MXFP8 build
-    with this rule (E4M3 inputs; ``dtype`` is the gradients')."""
+    with this rule (E4M3 inputs; ``dtype`` is the gradients'); ``profile``: the profiling build."""
     cfg = config_for(head_dim, fused_dq, mx)
     dynamic = (variant or SHIPPED).dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=dynamic, mx=mx)
+                            sparse=sparse, dynamic=dynamic, mx=mx, profile=profile)
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
@@ -855,7 +891,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
         desc_dq=(f"tensordesc<fp32[1, {cfg.block_m}]>" if mx else
                  f"tensordesc<{'fp32' if fused_dq else dtype}[{dq_box[0]}, {dq_box[1]}]>"),
         DK=f"*{grad}", DV=f"*{grad}", CU_Q="*i32", CU_K="*i32", TILES="*i32", STATS_CU="*i64", COL_OFF="*i32",
-        Q_IDX="*i32", COUNTER="*i32", sm_scale="fp32", QB_OFF="*i32",
+        Q_IDX="*i32", COUNTER="*i32", TIMELINE="*i64", sm_scale="fp32", QB_OFF="*i32",
         OB_OFF="*i64" if broadcast_q else "*i32",  # (a broadcast Q's output offsets are int64)
         **{name: "*u8" for name in ("QS", "QT", "QTS", "KS", "VS", "DOS", "DOT_", "DOTS")})
     signature, attrs = offline_signature(jagged_dkdv_tlx_kernel, constants, types)
@@ -894,7 +930,7 @@ class DqAccumulator:
 def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: bool, softmax_scale: float,
                     broadcast_q: bool, num_seqs: int, len_q_bcast: int = 0, dq_accum: Optional[DqAccumulator] = None,
                     variant: BackwardVariant = SHIPPED, outputs=None, window=(-1, -1), lists=None,
-                    keep: Optional[dict] = None) -> None:
+                    keep: Optional[dict] = None, profile: bool = False) -> Optional[torch.Tensor]:
     """Write dK and dV (``dk``, ``dv``: like k, v) of the jagged attention; ``delta`` is
     rowsum(dO * O) - dlse per output row and head (float32, like ``lse``), or None with
     ``outputs=(out, dout, dlse or None)`` to compute it with the row statistics (``row_stats``). With
@@ -905,7 +941,11 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     key/value head, whose dK and dV sum its query heads' steps. ``lists``: block-sparse attention's
     (``jfa.kernels.block_lists.BlockLists``, blocks of one work item's keys): each key tile then steps over
     the query blocks that list it (``sparse_key_tiles``). ``keep``: a dict that receives the launches made,
-    prepared for repeats (``_PlannedBackward``), when kernels ran."""
+    prepared for repeats (``_PlannedBackward``), when kernels ran. ``profile=True`` launches the profiling build
+    and returns its records ([items, len(PROFILE_FIELDS)] int64, -1 where no item ran), None
+    when no kernel ran; without it the call returns None."""
+    if profile and keep is not None:
+        raise ValueError("jagged_dkdv_tlx: a profiling launch is never kept for repeats (keep with profile=True)")
     head_dim, num_heads = q.shape[-1], q.shape[1]
     ok, reason = supports(q, dout, k=k, v=v)
     if not ok:
@@ -922,7 +962,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             dq_accum.zeroed = True
         dk.zero_()  # no query anywhere: every key gets zero gradients
         dv.zero_()
-        return
+        return None
     if lists is None:
         tiles = build_tile_list(cu_k, k.shape[0], NUM_CONSUMERS * cfg.block_n,
                                 work_offsets=None if broadcast_q else out_cu)
@@ -951,7 +991,11 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None, dynamic=dynamic)
+                            sparse=lists is not None, dynamic=dynamic, profile=profile)
+    timeline = None
+    if profile:
+        constants["TIMELINE"] = timeline = torch.full((num_items, len(PROFILE_FIELDS)), -1, dtype=torch.int64,
+                                                      device=q.device)
     band = (constants.pop("band_lo", band_lo), constants.pop("band_hi", band_hi))  # None: constexpr
     band += tuple(constants.pop(name) for name in MX_ARGS)  # (None: the MX build's operands)
     counter = schedule_counter(dynamic, q.device, tiles.tiles)
@@ -966,6 +1010,7 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             replaced = _PlannedBackward.REPLACED_DYNAMIC if dynamic else _PlannedBackward.REPLACED
             keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
                             grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
+    return timeline
 
 
 class _PlannedBackward:

@@ -79,8 +79,8 @@ from jfa.kernels.cache import IdentityCache
 from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
-from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, item_sequence, online_softmax_step,
-                                           retire_counter, static_item, to_16bit_pairs)
+from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, globaltimer, item_sequence,
+                                           online_softmax_step, retire_counter, smid, static_item, to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.item_ring import (ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_end, publish_item,
@@ -342,17 +342,17 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     PV runs, then rescale the accumulator. Releases K(j) and V(j - 1) to the producer. TRACE_STEPS > 0 (a
     profiling build): CTA 0 logs the step's clock stamps (``_log_step``)."""
     if TRACE_STEPS > 0:
-        t_start = _clock()
+        t_start = clock64()
     k_buf, k_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[k_buf], k_phase)
     qk = _issue_qk(q_tile, k_tiles[k_buf], CID, PINGPONG)
     if TRACE_STEPS > 0:
-        t_issued = _clock()
+        t_issued = clock64()
 
     v_buf, v_phase = bufidx_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[v_buf], v_phase)
     if TRACE_STEPS > 0:
-        t_v = _clock()
+        t_v = clock64()
     acc = tlx.async_dot(p, v_tiles[v_buf], acc)
 
     qk = tlx.async_dot_wait(1, qk)  # wgmma groups retire in order: QK(j) is done, PV(j - 1) may run on
@@ -361,7 +361,7 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
                                          MASKED, CAUSAL, WINDOW, SCALE_NONNEG, BLOCK_N, MX)
     acc = tlx.async_dot_wait(0, acc)
     if TRACE_STEPS > 0:
-        _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_v, _clock())
+        _log_step(STEP_LOG, pid, CID, kv_cnt, TRACE_STEPS, t_start, t_issued, t_v, clock64())
     tlx.barrier_arrive(v_empties[v_buf], 1)
     # P is carried to the next step in 16 bits (half the registers of fp32; carrying fp32 spills), two values
     # per conversion straight into the packed registers the PV wgmma reads (no byte permutes).
@@ -369,23 +369,6 @@ def _kv_step(acc, p, m_i, l_i, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_f
     p = to_16bit_pairs(p, DTYPE)
     acc = acc * alpha[:, None]
     return acc, p, m_i, l_i
-
-
-@triton.jit
-def _globaltimer():
-    """Nanoseconds of the GPU's global timer (one clock for every SM, unlike clock64)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _clock():
-    """The SM's cycle counter: one clock for the warps of a CTA, not comparable across SMs."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -514,7 +497,7 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     Q_REGS: the bulk loop's QK^T takes Q from registers (loaded once per item; an RS wgmma), the peeled
     block and the masked tail from shared memory (SS): outside the bulk loop the registers are not free."""
     if PROFILE:
-        started = _globaltimer()
+        started = globaltimer()
     head, m_start, len_q, len_k, out_row0, j0, n_blocks, n_bulk, lo, hi, rot = take_item(
         ring, ring_empties, count, cid, WINDOW)
     causal_shift = len_k - len_q
@@ -606,9 +589,9 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     if PROFILE:
         if cid == 0:  # one record per item: SM, start and end (ns), CTA
             record = TIMELINE + item.to(tl.int64) * 4
-            tl.store(record, _smid().to(tl.int64))
+            tl.store(record, smid().to(tl.int64))
             tl.store(record + 1, started)
-            tl.store(record + 2, _globaltimer())
+            tl.store(record + 2, globaltimer())
             tl.store(record + 3, pid.to(tl.int64))
     return q_cnt, kv_cnt
 

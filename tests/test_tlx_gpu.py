@@ -18,6 +18,7 @@ from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.common.host import work_counter
 from planned_calls import (SPARSE_RULE_IDS, SPARSE_RULES, planned_cases, run_twice, sparse_planned_and_unplanned,
                            spy_on_planned_launchers)
+from profiled_dkdv import assert_one_ordered_record_per_item, profiled_dkdv, query_steps
 
 pytestmark = pytest.mark.gpu
 
@@ -274,29 +275,16 @@ def test_timeline_records_every_item_once(schedule):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_the_dkdv_profiling_build_records_every_item_once(head_dim, causal):
     """The dK/dV kernel's profiling build (static schedule, or the counter's under causal) writes the dK and dV
-    bits the shipped build does and one record per item: a real SM and CTA, its phases in order on the SM clock,
-    the global timer running, and every query step counted once."""
+    bits the shipped build does and one record per item: a real SM, its phases in order on the SM clock, the
+    CTA's items one after another, and (without the mask) every query step counted once."""
     lengths = [300, 0, 900, 5, 1024] * 8
     q, k, v, cu = packed(lengths, head_dim=head_dim)
-    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2], device="cuda"), torch.randn_like(q)
-    grads, records = [], None
-    for profile in (False, True):
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        records = tlx_backward.jagged_dkdv_tlx(
-            q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal, softmax_scale=head_dim ** -0.5,
-            broadcast_q=False, num_seqs=len(lengths), dq_accum=tlx_backward.DqAccumulator(q),
-            outputs=(out, dout, None), profile=profile)
-        grads.append((dk, dv))
-    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
-    rec = records.cpu()
-    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = rec.T
+    records = profiled_dkdv(q, k, v, cu, causal=causal)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert (rec >= 0).all() and (sm < sms).all() and (cta < sms).all() and (start_ns > 0).all()
-    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all()
+    assert_one_ordered_record_per_item(records, grid=sms)
+    assert (records[:, 0] < sms).all()
     if not causal:  # (causal: a key tile's steps start at its diagonal)
-        cfg = tlx_backward.config_for(head_dim)
-        tiles = [-(-n // (tlx_backward.NUM_CONSUMERS * cfg.block_n)) * -(-n // cfg.block_m) for n in lengths]
-        assert int(steps.sum()) == q.shape[1] * sum(tiles)
+        assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)
 
 
 def test_the_step_trace_logs_cta_0s_steps_in_cycle_order():

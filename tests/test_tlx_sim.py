@@ -17,6 +17,7 @@ from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 from jfa.kernels.tlx.hopper import forward as tlx_forward
+from profiled_dkdv import assert_one_ordered_record_per_item, profiled_dkdv, query_steps
 
 SM_COUNT = 3  # fewer CTAs than work items: every CTA walks several items (ring and phase wrap-around)
 SEEDS = (1, 2, 3)
@@ -293,30 +294,10 @@ def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once
     and every query step of the launch counted once (a key tile's steps: its sequence's query blocks)."""
     lengths = [77, 130, 0, 200, 3]
     q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=2)
-    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2]), torch.randn_like(q)
-    grads, records = [], None
-    for profile in (False, True):
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        with sim.simulated(sm_count=2):
-            records = tlx_backward.jagged_dkdv_tlx(
-                q, k, v, dout, lse, None, dk, dv, cu, cu, causal=False, softmax_scale=head_dim ** -0.5,
-                broadcast_q=False, num_seqs=len(lengths), dq_accum=tlx_backward.DqAccumulator(q),
-                outputs=(out, dout, None), profile=profile)
-        grads.append((dk, dv))
-    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
-    assert records is not None and records.shape[1] == len(tlx_backward.PROFILE_FIELDS)
-    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = records.T
-    assert (records >= 0).all(), "an item without a record"
-    assert ((cta == 0) | (cta == 1)).all() and torch.equal(sm, cta)  # (the simulator's SM is the CTA)
-    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all()
-    for c in (0, 1):
-        mine = records[cta == c]
-        mine = mine[mine[:, 2].argsort()]
-        assert (mine[1:, 2] >= mine[:-1, 5]).all(), f"CTA {c}'s items overlap"
-    cfg = tlx_backward.config_for(head_dim)
-    key_tiles = [-(-n // (tlx_backward.NUM_CONSUMERS * cfg.block_n)) for n in lengths]
-    query_steps = [-(-n // cfg.block_m) for n in lengths]
-    assert int(steps.sum()) == q.shape[1] * sum(t * s for t, s in zip(key_tiles, query_steps))
+    records = profiled_dkdv(q, k, v, cu, causal=False, launching=lambda: sim.simulated(sm_count=2))
+    assert_one_ordered_record_per_item(records, grid=2)
+    assert torch.equal(records[:, 0], records[:, 6]), "the simulator's SM is the CTA"
+    assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)
 
 
 def test_grouped_heads_at_d128_take_the_fused_dq_build(monkeypatch):

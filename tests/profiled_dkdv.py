@@ -1,0 +1,47 @@
+"""Shared by the simulator and GPU tests of the dK/dV kernel's profiling build: the fused-dQ launch run as it
+ships and as the profiling build, and what every launch's records must show."""
+import contextlib
+
+import torch
+
+from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+
+def profiled_dkdv(q, k, v, cu, *, causal: bool, launching=contextlib.nullcontext) -> torch.Tensor:
+    """The profiling build's records of the fused-dQ dK/dV launch on this self-attention batch (random out, lse
+    and dout), after asserting that its dK and dV are bitwise the shipped build's. ``launching``: the context
+    each launch runs in (the simulator's)."""
+    out, lse, dout = torch.randn_like(q), torch.randn(q.shape[:2], device=q.device), torch.randn_like(q)
+    grads, records = [], None
+    for profile in (False, True):
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        with launching():
+            records = tlx_backward.jagged_dkdv_tlx(
+                q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal, softmax_scale=q.shape[-1] ** -0.5,
+                broadcast_q=False, num_seqs=cu.numel() - 1, dq_accum=tlx_backward.DqAccumulator(q),
+                outputs=(out, dout, None), profile=profile)
+        grads.append((dk, dv))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1]), "profiling changed dK/dV"
+    assert records is not None and records.shape[1] == len(tlx_backward.PROFILE_FIELDS)
+    return records.cpu()
+
+
+def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int) -> None:
+    """Every item recorded (no -1 left), by a CTA of the grid, its phases in order, and each CTA's items one
+    after another."""
+    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = records.T
+    assert (records >= 0).all(), "an item without a record"
+    assert (cta < grid).all() and (start_ns > 0).all()
+    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all(), "phases out of order"
+    for c in cta.unique().tolist():
+        mine = records[cta == c]
+        mine = mine[mine[:, 2].argsort()]
+        assert (mine[1:, 2] >= mine[:-1, 5]).all(), f"CTA {c}'s items overlap"
+
+
+def query_steps(lengths, heads: int, head_dim: int) -> int:
+    """The query steps of a non-causal self-attention launch: each key tile of a sequence steps over its query
+    blocks, once per head."""
+    cfg = tlx_backward.config_for(head_dim)
+    tile = tlx_backward.NUM_CONSUMERS * cfg.block_n
+    return heads * sum(-(-n // tile) * -(-n // cfg.block_m) for n in lengths)

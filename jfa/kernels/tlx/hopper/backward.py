@@ -605,10 +605,16 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
 
 
 @triton.jit
+def _field(TIMELINE, item, FIELD: tl.constexpr):
+    """The address of field FIELD (an index of PROFILE_FIELDS) of ``item``'s record."""
+    return TIMELINE + item.to(tl.int64) * _RECORD + FIELD
+
+
+@triton.jit
 def _stamp(TIMELINE, item, FIELD: tl.constexpr, value):
-    """Field FIELD (an index of PROFILE_FIELDS) of ``item``'s record, written as the phase ends: nothing of the
-    record stays in registers across the item's steps."""
-    tl.store(TIMELINE + item.to(tl.int64) * _RECORD + FIELD, value.to(tl.int64))
+    """Field FIELD of ``item``'s record, written as the phase ends: nothing of the record stays in registers
+    across the item's steps."""
+    tl.store(_field(TIMELINE, item, FIELD), value.to(tl.int64))
 
 
 @triton.jit
@@ -684,7 +690,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             _stamp(TIMELINE, item, 5, clock64())
             _stamp(TIMELINE, item, 0, smid())
             _stamp(TIMELINE, item, 6, pid)
-            _stamp(TIMELINE, item, 7, qdo_cnt - tl.load(TIMELINE + item.to(tl.int64) * _RECORD + 7))
+            _stamp(TIMELINE, item, 7, qdo_cnt - tl.load(_field(TIMELINE, item, 7)))
     return qdo_cnt
 
 

@@ -287,14 +287,18 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkey
         assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"
 
 
+@pytest.mark.parametrize("schedule", ["deterministic", *[f"seed{s}" for s in SEEDS[:2]]])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
-def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once(head_dim):
+def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once(head_dim, schedule):
     """The dK/dV kernel's profiling build writes the dK and dV bits the shipped build does, and one record per
     work item (``PROFILE_FIELDS``): its CTA and SM, its phases in order, the items of a CTA one after another,
     and every query step of the launch counted once (a key tile's steps: its sequence's query blocks)."""
     lengths = [77, 130, 0, 200, 3]
     q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=2)
-    records = profiled_dkdv(q, k, v, cu, causal=False, launching=lambda: sim.simulated(sm_count=2))
+    interleaving = (sim.Schedule.deterministic() if schedule == "deterministic"
+                    else sim.Schedule.seeded(int(schedule.removeprefix("seed"))))
+    records = profiled_dkdv(q, k, v, cu, causal=False,
+                            launching=lambda: sim.simulated(sm_count=2, schedule=interleaving))
     assert_one_ordered_record_per_item(records, grid=2)
     assert torch.equal(records[:, 0], records[:, 6]), "the simulator's SM is the CTA"
     assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)

@@ -17,6 +17,7 @@ from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 from jfa.kernels.tlx.hopper import forward as tlx_forward
+from launch_spies import constexpr_per_launch
 from profiled_dkdv import assert_one_ordered_record_per_item, profiled_dkdv, query_steps
 
 SM_COUNT = 3  # fewer CTAs than work items: every CTA walks several items (ring and phase wrap-around)
@@ -167,15 +168,7 @@ def _forward_builds(case_name, switches, constexpr, schedule, monkeypatch):
     """(the report of the catalogue case ``case_name`` on the simulator under ``JFA_TLX_VARIANT=switches``, the
     value of the forward's ``constexpr`` in each of its launches)."""
     case = next(c for c in CATALOGUE if c.name == case_name)
-    built = []
-    real_launch = target.launch
-
-    def spy(kernel, grid, device, *args, **kwargs):
-        if kernel is tlx_forward.jagged_fwd_tlx_kernel:
-            built.append(kwargs[constexpr])
-        return real_launch(kernel, grid, device, *args, **kwargs)
-
-    monkeypatch.setattr(target, "launch", spy)
+    built = constexpr_per_launch(monkeypatch, tlx_forward.jagged_fwd_tlx_kernel, constexpr)
     with knobs.scope(tlx_variant=switches):
         report, _ = _run_on_simulator(case, schedule, "fused-dq")
     return report, built
@@ -223,6 +216,36 @@ def test_work_items_reach_the_consumers_decoded_through_the_ring_under_either_sc
 
 
 
+# (case, backward): the TMA epilogue's builds, the halves (tails at both ends of a tile, many items wrapping
+# the rings, a broadcast Q, grouped heads, block-sparse lists, the counter's causal items) and the
+# deterministic backward's build without the fused dQ at both head dims
+TMA_EPILOGUE = {"halves-tails": ("tlx-tails-128-causal-bf16-D128", "fused-dq"),
+                "halves-many-items-bcastq": ("tlx-many-items-bcastq-bf16-D128", "fused-dq"),
+                "halves-gqa-causal": ("gqa-causal-bf16-D128", "fused-dq"),
+                "halves-sparse": ("tlx-sparse-gqa-causal-ratio0.5-bs128-bf16-D128", "fused-dq"),
+                "halves-long-causal": ("tlx-long-causal-counter-D128", "fused-dq"),
+                "no-dq-tails-D64": ("tlx-tails-64-bf16-D64", "deterministic"),
+                "no-dq-many-items-D128": ("tlx-many-items-causal-bf16-D128", "deterministic")}
+
+
+@pytest.mark.parametrize("seed", [0, *SEEDS[:2]], ids=lambda s: f"seed{s}" if s else "deterministic")
+@pytest.mark.parametrize("name", TMA_EPILOGUE)
+def test_the_tma_epilogue_meets_the_oracle_under_each_schedule(name, seed, monkeypatch):
+    """dK and dV staged in the consumers' K and V tiles and written by TMA stores (``tma_epilogue``; a
+    sequence's tail tile from registers) meet the oracle under the deterministic schedule and seeded ones:
+    the simulator checks that no tile is overwritten by the next item's loads before its stores read it, and
+    that the halves' K tiles are staged only once both consumers' MMAs retired. Every dK/dV launch compiled
+    the TMA epilogue."""
+    case_name, dq = TMA_EPILOGUE[name]
+    case = next(c for c in CATALOGUE if c.name == case_name)
+    built = constexpr_per_launch(monkeypatch, tlx_backward.jagged_dkdv_tlx_kernel, "TMA_EPILOGUE")
+    schedule = sim.Schedule.seeded(seed) if seed else sim.Schedule.deterministic()
+    with knobs.scope(tlx_bwd_variant="tma_epilogue=1"):
+        report, _ = _run_on_simulator(case, schedule, dq)
+    assert report.ok, str(report)
+    assert built and set(built) == {True}, built
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
@@ -257,11 +280,15 @@ def test_forward_stores_stay_inside_their_own_sequence(head_dim, causal):
             assert torch.equal(out[rows], reference[rows]), f"sequence {seq} rows differ from the full launch"
 
 
+@pytest.mark.parametrize("epilogue", ["registers", "tma"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
-def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkeypatch):
+def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, epilogue, monkeypatch):
     """The dK/dV kernel run on one sequence's key tiles only writes that sequence's dk and dv rows (the
-    neighbours keep their canary), and its fused dQ reduce-adds land in that sequence's dq rows only."""
+    neighbours keep their canary), and its fused dQ reduce-adds land in that sequence's dq rows only; with
+    dK and dV stored from registers (what ships) or by TMA boxes (``tma_epilogue``: at D 128 the halves, at
+    D 64 the build without the fused dQ, since the fused one's producer reads K)."""
+    fused = not (epilogue == "tma" and head_dim == 64)
     lengths = [77, 130, 3, 200]
     q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=1)
     out, lse = (torch.randn_like(q), torch.randn(q.shape[:2]))
@@ -275,15 +302,16 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, monkey
 
         monkeypatch.setattr(tlx_backward, "build_tile_list", one_sequence)
         dk, dv = torch.full_like(k, 7.0), torch.full_like(v, 7.0)
-        accum = tlx_backward.DqAccumulator(q)
+        accum = tlx_backward.DqAccumulator(q) if fused else None
+        variant = tlx_backward.BackwardVariant(tma_epilogue=epilogue == "tma")
         with sim.simulated(sm_count=2):
             tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal,
                                          softmax_scale=head_dim ** -0.5, broadcast_q=False, num_seqs=len(lengths),
-                                         dq_accum=accum, outputs=(out, dout, None))
+                                         dq_accum=accum, outputs=(out, dout, None), variant=variant)
         rows = torch.zeros(q.shape[0], dtype=torch.bool)
         rows[int(cu[seq]):int(cu[seq + 1])] = True
         assert (dk[~rows] == 7.0).all() and (dv[~rows] == 7.0).all(), f"sequence {seq}: dk/dv outside its rows"
-        assert (accum.tensor[~rows] == 0).all(), f"sequence {seq}: dq reduce-adds outside its rows"
+        assert not fused or (accum.tensor[~rows] == 0).all(), f"sequence {seq}: dq reduce-adds outside its rows"
         assert not (dk[rows] == 7.0).all(), f"sequence {seq}: its own dk rows were never written"
 
 

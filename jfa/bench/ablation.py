@@ -160,6 +160,7 @@ def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1
         "deterministic dQ": (dict(deterministic=True), {}),
         "not persistent": (dict(variant=BV(persistent=False)), {}),
         "dynamic schedule": (dict(variant=BV(dense_schedule="dynamic")), {}),
+        "TMA epilogue": (dict(variant=BV(tma_epilogue=True)), {}),
         "generic pipeliner (dK/dV)": (dict(), {"tlx_own_waits": False}),
         "LLVM O3 (dK/dV)": (dict(), {"tlx_llvm_o0": False}),
     }, only, "shipped")

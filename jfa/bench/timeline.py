@@ -139,7 +139,8 @@ def item_phases(records: np.ndarray) -> dict:
 
 
 def record_backward(problem) -> np.ndarray:
-    """The dK/dV kernel's profiling records of ``problem`` (the fused dQ's build, after a warm-up run)."""
+    """The dK/dV kernel's profiling records of ``problem`` (the fused dQ's build of the variant
+    ``knobs.tlx_bwd_variant`` names, after a warm-up run)."""
     import torch
 
     from jfa.bench.runner import launcher_inputs
@@ -156,7 +157,8 @@ def record_backward(problem) -> np.ndarray:
             b.q, b.k, b.v, dout, lse, None, torch.empty_like(b.k), torch.empty_like(b.v), out_cu, b.cu_k,
             causal=problem.causal, softmax_scale=kwargs["softmax_scale"], broadcast_q=problem.broadcast_q,
             num_seqs=problem.B, len_q_bcast=problem.Lq or 0, dq_accum=tlx_backward.DqAccumulator(b.q, zeroed=False),
-            outputs=(out, dout, None), window=problem.window, profile=True)
+            outputs=(out, dout, None), window=problem.window, profile=True,
+            variant=tlx_backward.variant_from_knobs())
     torch.cuda.synchronize()
     return records.cpu().numpy()
 

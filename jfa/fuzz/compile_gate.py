@@ -62,6 +62,8 @@ class Target:
     # "fused-dq" for the fused dQ's build, "" for the deterministic backward's
     variant: str = ""
     profile: bool = False  # tlx: the timeline (profiling) build
+    # tlx dK/dV: switches of the backward's ablation study (``BackwardVariant.parse``), "" = what ships
+    switches: str = ""
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
     sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
@@ -219,6 +221,16 @@ def tlx_backward_targets() -> list:
                        variant="fused-dq", profile=True),
                 Target("tlx-dkdv-bf16-D128-causal[fused-dq,profile]", "dkdv", "bf16", 128, True, False,
                        backend="tlx", variant="fused-dq", profile=True)]
+    # dK and dV by TMA stores (the ablation's "TMA epilogue"): the halves (plain, broadcast Q, causal's
+    # counter, its profiling build), fp16 without the fused dQ at D 128, and the D 64 build without it
+    tma = "tma_epilogue=1"
+    targets += [Target(f"tlx-dkdv-bf16-D128{name}[fused-dq,{tma}{',profile' if profile else ''}]", "dkdv", "bf16",
+                       128, causal, bcast, backend="tlx", variant="fused-dq", switches=tma, profile=profile)
+                for name, causal, bcast, profile in (("", False, False, False), ("-bcastq", False, True, False),
+                                                     ("-causal", True, False, False), ("", False, False, True))]
+    targets += [Target(f"tlx-dkdv-fp16-D128-causal[{tma}]", "dkdv", "fp16", 128, True, False, backend="tlx",
+                       switches=tma),
+                Target(f"tlx-dkdv-bf16-D64[{tma}]", "dkdv", "bf16", 64, False, False, backend="tlx", switches=tma)]
     return targets
 
 
@@ -426,6 +438,7 @@ def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
         "setmaxnreg": {kind: sorted({int(n) for k, n in setmaxnreg if k == kind}) for kind in ("dec", "inc")},
         "tma_loads": ptx.count("cp.async.bulk.tensor"),
         "tma_reduce_adds": ptx.count("cp.reduce.async.bulk.tensor"),
+        "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
         "global_atomics": len(re.findall(r"\batom\.global\.", ptx)),
         "expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
         "mbarrier_waits": ptx.count("mbarrier.try_wait"),
@@ -646,7 +659,7 @@ def dkdv_launch_binding(target: Target) -> dict:
                                      num_seqs=num_seqs, len_q_bcast=len_q, dq_accum=dq_accum,
                                      outputs=(out, dout, None) if fused else None, window=target.window_size(),
                                      lists=_every_block(out_cu, cu_k, q.shape[1], target.causal) if target.sparse
-                                     else None, profile=target.profile)
+                                     else None, profile=target.profile, variant=_backward_variant(target))
     return seen[tlx_backward.jagged_dkdv_tlx_kernel.fn.__name__]
 
 
@@ -689,6 +702,12 @@ def _variant(target: Target):
     from jfa.kernels.tlx.hopper.forward import Variant
 
     return Variant.parse(target.variant)
+
+
+def _backward_variant(target: Target):
+    from jfa.kernels.tlx.hopper.backward import SHIPPED, BackwardVariant
+
+    return BackwardVariant.parse(target.switches) if target.switches else SHIPPED
 
 
 def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False, consumer_regs: int = None,
@@ -752,19 +771,25 @@ def _check_tlx(target: Target) -> Result:
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
         fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
+        variant = _backward_variant(target)
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
                                          group=target.group, sparse=target.sparse, mx=target.mx,
-                                         profile=target.profile)
+                                         profile=target.profile, variant=variant)
         cfg = tlx_backward.config_for(target.head_dim, fused, target.mx)
         compiled, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
+        tma_stores = variant.tma_stores(cfg, bool(target.mx))
+        expected["TMA stores of dK and dV exactly in the TMA epilogue's build"] = \
+            (result.details["tma_stores"] > 0) == tma_stores
+        # the halves' TMA epilogue: both consumers' warpgroups meet before a K tile is overwritten
+        expected["named barrier 13 of both consumers exactly in the halves' TMA epilogue"] = \
+            result.details["named_barriers"] == ([13] if tma_stores and cfg.dq == "halves" else [])
         expected["global-timer reads exactly in the profiling build"] = \
             ("%globaltimer" in compiled.asm["ptx"]) == target.profile
         if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)
             _vector_loads(compiled, result, expected)
         expected["TMA reduce-adds of dQ exactly in the fused build"] = (result.details["tma_reduce_adds"] > 0) == fused
-        dynamic = tlx_backward.SHIPPED.dynamic(target.sparse, causal=target.causal, window=target.window,
-                                               mx=bool(target.mx))
+        dynamic = variant.dynamic(target.sparse, causal=target.causal, window=target.window, mx=bool(target.mx))
         expected["the work counter's atomics exactly in the dynamic schedule's build"] = \
             (result.details["global_atomics"] > 0) == dynamic
         launch = mx_dkdv_launch_binding(target) if target.mx else dkdv_launch_binding(target)

@@ -208,6 +208,11 @@ class BackwardVariant:
     dense_schedule: str = "static"
     masked_schedule: str = "dynamic"
     sparse_schedule: str = "dynamic"
+    # dK and dV written by TMA stores from shared memory (staged in the consumer's own K and V tiles, handed
+    # back to the producer once the copy has read them) instead of register stores; a sequence's tail tile
+    # keeps the masked register stores (a box there would write the next sequence's rows). Builds whose K and
+    # V tiles only the consumers read: without the fused dQ or with the halves, not MX (``tma_stores``).
+    tma_epilogue: bool = False
 
     def __post_init__(self):
         for name in ("dense_schedule", "masked_schedule", "sparse_schedule"):
@@ -223,6 +228,11 @@ class BackwardVariant:
         if sparse:
             return self.sparse_schedule == "dynamic"
         return (self.masked_schedule if causal or window else self.dense_schedule) == "dynamic"
+
+    def tma_stores(self, cfg: HopperDkDvConfig, mx: bool = False) -> bool:
+        """Whether build ``cfg`` writes dK and dV by TMA stores (``tma_epilogue``): never where the producer
+        reads K for its dQ (``dq="producer"``), nor in an MX build (its gradients may be fp32)."""
+        return self.tma_epilogue and cfg.dq != "producer" and not mx
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -618,6 +628,52 @@ def _stamp(TIMELINE, item, FIELD: tl.constexpr, value):
 
 
 @triton.jit
+def _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale,
+                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """dK (scaled) and dV of key rows [n0, n0 + BLOCK_N) of the sequence from registers; rows at or past
+    ``len_k`` belong to the next sequence and are never written."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    row_ok = offs_n < len_k
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
+    tl.store(DK + rows[:, None] * stride_dkt + kv_head * stride_dkh + offs_d[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(DV + rows[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _store_dkdv_staged(dk, dv, k_tiles, v_tiles, kv_empties, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
+                       kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid: tl.constexpr,
+                       DQ: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """``tma_epilogue``: dK (scaled) and dV of consumer ``cid``'s key rows staged in its own K and V tiles and
+    written by TMA stores, then the tiles handed back (``kv_empties[cid]``) once the stores have read them. A
+    tile reaching past the sequence (its rows past ``len_k`` belong to the next one, which a box would write)
+    is stored from registers (``_store_dkdv``) and its tiles handed back at once."""
+    n0 = n_start + cid * BLOCK_N
+    whole = n0 + BLOCK_N <= len_k
+    if whole:  # only this consumer's MMAs read its V tile, and they have retired
+        tlx.local_store(v_tiles[cid], dv.to(DTYPE))
+    if DQ == DQ_HALVES:
+        # the other consumer's dQ MMAs read this consumer's K tile: both consumers pass this point (on either
+        # path) only once their last MMAs have retired. Named barrier 13: both consumers' warpgroups.
+        tlx.named_barrier_wait(13, 2 * 128)
+    if whole:
+        tlx.local_store(k_tiles[cid], (dk * sm_scale).to(DTYPE))
+        tlx.fence_async_shared()  # generic-proxy stores made visible to the TMA engine (async proxy)
+        # every thread of the warpgroup stored and fenced before the elected one issues the stores
+        tlx.named_barrier_wait(11 + cid, 128)
+        row = k_row0 + n0
+        tlx.async_descriptor_store(desc_dk, k_tiles[cid], [row, kv_head * stride_dkh])
+        tlx.async_descriptor_store(desc_dv, v_tiles[cid], [row, kv_head * stride_dvh])
+        tlx.async_descriptor_store_wait(0)  # the producer's next K and V overwrite the tiles
+    else:
+        _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                    sm_scale, BLOCK_N, HEAD_DIM)
+    tlx.barrier_arrive(kv_empties[cid], 1)
+
+
+@triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
                        kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
                        TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
@@ -626,10 +682,12 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
-                       MX: tl.constexpr = "", TIMELINE=None, pid=0, PROFILE: tl.constexpr = False):
+                       MX: tl.constexpr = "", TIMELINE=None, pid=0, PROFILE: tl.constexpr = False, desc_dk=None,
+                       desc_dv=None, TMA_EPILOGUE: tl.constexpr = False):
     """Consumer ``cid``, one work item: its BLOCK_N key rows of the item's key/value head against every query
     step of each of the group's GROUP query heads in turn (``_consume_head_steps``), then one store of dK
-    (scaled) and dV. PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
+    (scaled) and dV (TMA_EPILOGUE: by TMA, ``_store_dkdv_staged``). PROFILE: consumer 0 records the item's
+    phases (``PROFILE_FIELDS``)."""
     if PROFILE:
         if cid == 0:
             _stamp(TIMELINE, item, 1, globaltimer())
@@ -662,11 +720,14 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     if PROFILE:
         if cid == 0:
             _stamp(TIMELINE, item, 4, clock64())
-    if DQ == DQ_HALVES:  # every MMA of this consumer reading the item's K and V (both halves of K) has retired
+    # every MMA of this consumer reading the item's K and V (with the halves: both consumers' K) has retired;
+    # with TMA stores its own tiles are handed back once the stores have read them (``_store_dkdv_staged``)
+    if DQ == DQ_HALVES:
         for c in tl.static_range(_CONSUMERS):
-            tlx.barrier_arrive(kv_empties[c], 1)
-    else:
-        tlx.barrier_arrive(kv_empties[cid], 1)  # every MMA reading this item's K and V has retired
+            if not TMA_EPILOGUE or c != cid:
+                tlx.barrier_arrive(kv_empties[c], 1)
+    elif not TMA_EPILOGUE:
+        tlx.barrier_arrive(kv_empties[cid], 1)
 
     # epilogue: key rows past the sequence belong to the next one and are never written
     kv_head = head // GROUP
@@ -677,14 +738,13 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                                                                   num_heads // GROUP, num_seqs, len_q_bcast,
                                                                   BROADCAST_Q, SPARSE)
         n_start = _t * TILE_N
-    offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = offs_n < len_k
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = k_row0.to(tl.int64) + offs_n.to(tl.int64)
-    tl.store(DK + rows[:, None] * stride_dkt + kv_head * stride_dkh + offs_d[None, :],
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(DV + rows[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
-             mask=row_ok[:, None])
+    if TMA_EPILOGUE:
+        _store_dkdv_staged(dk, dv, k_tiles, v_tiles, kv_empties, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
+                           kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid, DQ, BLOCK_N,
+                           HEAD_DIM, DTYPE)
+    else:
+        _store_dkdv(dk, dv, DK, DV, k_row0, n_start + cid * BLOCK_N, len_k, kv_head, stride_dkt, stride_dkh,
+                    stride_dvt, stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
     if PROFILE:
         if cid == 0:
             _stamp(TIMELINE, item, 5, clock64())
@@ -700,20 +760,23 @@ def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
     col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, HEAD_DIM: tl.constexpr,
-    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
-    SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, desc_dk, desc_dv,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
-    PROFILE: tl.constexpr = False,
+    PROFILE: tl.constexpr = False, TMA_EPILOGUE: tl.constexpr = False,
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
     in the other builds. PROFILE: the profiling build, one record per item in TIMELINE ([items, 8] int64,
-    ``PROFILE_FIELDS``; constexpr None elsewhere)."""
+    ``PROFILE_FIELDS``; constexpr None elsewhere). TMA_EPILOGUE: dK and dV written through desc_dk and desc_dv
+    (``BackwardVariant.tma_epilogue``; constexpr None elsewhere)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
+    tl.static_assert(not TMA_EPILOGUE or (MX == "" and DQ != DQ_PRODUCER),
+                     "TMA stores of dK and dV need K and V tiles that only the consumers read")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
@@ -826,7 +889,8 @@ def jagged_dkdv_tlx_kernel(
                         desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                         cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE)
+                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
+                        desc_dk, desc_dv, TMA_EPILOGUE)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -839,7 +903,8 @@ def jagged_dkdv_tlx_kernel(
                             desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
                             stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                             cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE)
+                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
+                            desc_dk, desc_dv, TMA_EPILOGUE)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -856,15 +921,19 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
                 group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "",
-                profile: bool = False) -> dict:
+                profile: bool = False, tma_stores: bool = False) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
-    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build and
-    the timeline outside the profiling build (the launcher passes it by name)."""
+    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build,
+    the timeline outside the profiling build and the dK/dV descriptors without TMA stores (``tma_stores``; the
+    launcher passes those by name)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx, PROFILE=profile)
+                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx, PROFILE=profile,
+                     TMA_EPILOGUE=tma_stores)
     if not profile:
         constants.update(TIMELINE=None)
+    if not tma_stores:
+        constants.update(desc_dk=None, desc_dv=None)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     if not mx:
@@ -883,12 +952,15 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     heads per key/value head) of the build ``variant`` (default: what ships) launches. ``mx``: the MXFP8 build
     with this rule (E4M3 inputs; ``dtype`` is the gradients'); ``profile``: the profiling build."""
     cfg = config_for(head_dim, fused_dq, mx)
-    dynamic = (variant or SHIPPED).dynamic(sparse, causal=causal, window=window, mx=bool(mx))
+    variant = variant or SHIPPED
+    dynamic = variant.dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
-                            sparse=sparse, dynamic=dynamic, mx=mx, profile=profile)
+                            sparse=sparse, dynamic=dynamic, mx=mx, profile=profile,
+                            tma_stores=variant.tma_stores(cfg, bool(mx)))
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
-             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
+             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n),
+                             ("dk", cfg.block_n), ("dv", cfg.block_n))}
     # without the fused dQ the launcher passes desc_q in desc_dq's place (never read); the MX launcher the
     # statistics' descriptor
     dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim) if fused_dq else head_dim)
@@ -996,8 +1068,13 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
+    tma_stores = variant.tma_stores(cfg)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None, dynamic=dynamic, profile=profile)
+                            sparse=lists is not None, dynamic=dynamic, profile=profile, tma_stores=tma_stores)
+    staged = None  # the dK and dV descriptors of TMA stores (boxes of a consumer's key rows), by name
+    if tma_stores:
+        staged = constants["desc_dk"], constants["desc_dv"] = (descriptor(dk, cfg.block_n)[0],
+                                                                descriptor(dv, cfg.block_n)[0])
     timeline = None
     if profile:
         constants["TIMELINE"] = timeline = torch.full((num_items, len(PROFILE_FIELDS)), -1, dtype=torch.int64,
@@ -1013,9 +1090,10 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_dkdv_tlx_kernel, (grid,), q.device, *args, **kwargs)
         if keep is not None:
-            replaced = _PlannedBackward.REPLACED_DYNAMIC if dynamic else _PlannedBackward.REPLACED
+            replaced = (_PlannedBackward.REPLACED + (_PlannedBackward.STAGED if staged else ())
+                        + (("COUNTER",) if dynamic else ()))
             keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
-                            grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
+                            grid, cfg.llvm_o0, args[:6] + (staged or ()), zero is not None, dynamic)
     return timeline
 
 
@@ -1025,9 +1103,10 @@ class _PlannedBackward:
     descriptors on its tensors and launches the statistics' pass and the dK/dV kernel."""
 
     # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists,
-    # and under the dynamic schedule the current stream's work counter
+    # with TMA stores the dK and dV descriptors (STAGED), and under the dynamic schedule the current stream's
+    # work counter
     REPLACED = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_stats", "desc_dq", "DK", "DV")
-    REPLACED_DYNAMIC = REPLACED + ("COUNTER",)
+    STAGED = ("desc_dk", "desc_dv")
 
     def __init__(self, keep: dict, q, k):
         """From what ``jagged_dkdv_tlx`` kept (``keep``) of a fused launch on q, k."""
@@ -1048,9 +1127,11 @@ class _PlannedBackward:
         if not self.row_stats.run(self.stats_grid, (lse, lse, out, dout, dlse, stats,
                                                     accumulator if self.zero_in_stats else stats)):
             return None
-        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq = self.descriptors
+        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, *staged = self.descriptors
         replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), rebased(desc_do, dout),
                         rebased(desc_stats, stats), rebased(desc_dq, accumulator), dk, dv)
+        if staged:
+            replacements += (rebased(staged[0], dk), rebased(staged[1], dv))
         if self.dynamic:
             replacements += (work_counter(device),)
         with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, self.llvm_o0):

@@ -46,6 +46,7 @@ TLX_BLACKWELL = "jfa.kernels.tlx.blackwell.forward"
 TLX_BLACKWELL_BACKWARD = "jfa.kernels.tlx.blackwell.backward"
 TLX_MX_TILES = "jfa.kernels.tlx.hopper.mx_tiles"
 TLX_MX_PRODUCERS = "jfa.kernels.tlx.hopper.mx_producers"
+TLX_DKDV_PRODUCERS = "jfa.kernels.tlx.hopper.dkdv_producers"
 TLX_ITEM_RING = "jfa.kernels.tlx.hopper.item_ring"
 TLX_FORWARD = "jfa.kernels.tlx.hopper.forward"
 TLX_DKDV_STEPS = "jfa.kernels.tlx.hopper.dkdv_steps"
@@ -53,9 +54,11 @@ TLX_BACKWARD = "jfa.kernels.tlx.hopper.backward"
 MX_ATTENTION = "jfa.kernels.triton.mx_attention"
 # dependency order: each may import from the ones before it
 MODULES = (SCHEDULE, FORWARD, BACKWARD, BLOCK_SPARSE, MX_ATTENTION, TLX_COMMON, TLX_BLACKWELL, TLX_MX_TILES,
-           TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_FORWARD, TLX_BACKWARD, TLX_BLACKWELL_BACKWARD)
+           TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_DKDV_PRODUCERS, TLX_FORWARD, TLX_BACKWARD,
+           TLX_BLACKWELL_BACKWARD)
 # their mutants run on the TLX simulator
-TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_FORWARD, TLX_BACKWARD)
+TLX_MODULES = (TLX_COMMON, TLX_MX_TILES, TLX_ITEM_RING, TLX_DKDV_STEPS, TLX_MX_PRODUCERS, TLX_DKDV_PRODUCERS,
+               TLX_FORWARD, TLX_BACKWARD)
 
 
 class MutantError(RuntimeError):
@@ -261,11 +264,11 @@ MUTANTS: tuple = (
            "    tlx.fence_async_shared()  # generic-proxy stores made visible to the readers' wgmma (async proxy)\n",
            "",
            "dS^T stored by generic stores is read by another warpgroup's wgmma (async proxy) with no fence"),
-    Mutant("tlx-bwd-dq-stage-reused-early", TLX_BACKWARD,
+    Mutant("tlx-bwd-dq-stage-reused-early", TLX_DKDV_PRODUCERS,
            "tlx.async_descriptor_store_wait(1)  # this stage's reduce-add two steps back has read it",
            "tlx.async_descriptor_store_wait(2)",
            "a dQ stage rewritten while the TMA reduce-add of its last contents may still read it"),
-    Mutant("tlx-bwd-ds-slot-released-before-dq-retired", TLX_BACKWARD,
+    Mutant("tlx-bwd-ds-slot-released-before-dq-retired", TLX_DKDV_PRODUCERS,
            "    dq = tlx.async_dot_wait(0, dq)\n    tlx.barrier_arrive(ds_empties[buf], 1)\n",
            "    tlx.barrier_arrive(ds_empties[buf], 1)\n    dq = tlx.async_dot_wait(0, dq)\n",
            "the producer hands a dS^T slot back before its dQ MMAs reading it retired"),

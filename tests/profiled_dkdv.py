@@ -27,16 +27,21 @@ def profiled_dkdv(q, k, v, cu, *, causal: bool, launching=contextlib.nullcontext
 
 
 def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int) -> None:
-    """Every item recorded (no -1 left), by a CTA of the grid, its phases in order, and each CTA's items one
-    after another."""
-    sm, start_ns, start, kv_ready, steps_done, end, cta, steps = records.T
+    """Every item recorded (no -1 left), by a CTA of the grid, the consumers' phases and the producer's each in
+    order, and each CTA's items one after another (the consumers' and the producer's: the producer starts an
+    item once it is done with the previous one)."""
+    (sm, start_ns, start, kv_ready, steps_done, end, cta, steps, producer_start, kv_issued, loads_done,
+     producer_end) = records.T
     assert (records >= 0).all(), "an item without a record"
     assert (cta < grid).all() and (start_ns > 0).all()
     assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all(), "phases out of order"
+    assert ((producer_start <= kv_issued) & (kv_issued <= loads_done) & (loads_done <= producer_end)).all(), \
+        "the producer's phases out of order"
     for c in cta.unique().tolist():
         mine = records[cta == c]
         mine = mine[mine[:, 2].argsort()]
         assert (mine[1:, 2] >= mine[:-1, 5]).all(), f"CTA {c}'s items overlap"
+        assert (mine[1:, 8] >= mine[:-1, 11]).all(), f"CTA {c}'s producer overlaps its items"
 
 
 def query_steps(lengths, heads: int, head_dim: int) -> int:

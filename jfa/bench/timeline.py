@@ -16,9 +16,10 @@ consumer's step takes and how far apart the two consumers pass the pingpong turn
 
     python -m jfa.bench.timeline --shape full-B8-L4096-H16-D128 --steps 256 --out DIR
 
-``--backward`` runs the dK/dV kernel's profiling build instead (the fused dQ, as it ships): consumer 0 stamps each
-work item's phases (``jfa.kernels.tlx.hopper.backward.PROFILE_FIELDS``), and the summary is what an item costs
-beyond its query steps (``item_phases``):
+``--backward`` runs the dK/dV kernel's profiling build instead (the fused dQ; the variant ``JFA_TLX_BWD_VARIANT``
+names, what ships by default): consumer 0 and the producer stamp each work item's phases
+(``jfa.kernels.tlx.hopper.dkdv_steps.PROFILE_FIELDS``), and the summary is what an item costs beyond its query
+steps and where the producer is meanwhile (``item_phases``):
 
     python -m jfa.bench.timeline --backward --shape bcastq-Lq256-B1152-L1000-H4-D128 --out DIR
 """
@@ -102,40 +103,57 @@ def step_phases(steps: np.ndarray) -> dict:
 
 
 def item_phases(records: np.ndarray) -> dict:
-    """What the dK/dV kernel's items cost, from its profiling records (rows of ``PROFILE_FIELDS``: SM, start ns,
-    then SM cycles start, K/V ready, steps done, end, then CTA, steps; -1 rows: no item ran there), in us at the
-    SM clock the records themselves show ("clock GHz": cycles over global-timer ns between a CTA's first and last
-    item starts, the median over CTAs): medians over the items with steps of "K/V wait" (start to K and V ready:
-    the item decoded and its K and V waited for), "per step" (the steps' cycles over their number), "epilogue"
-    (last step done to dK and dV stored) and "to the next item" (end to the same CTA's next start); and the
-    least-squares line ``cycles = boundary + per_step * steps`` over every such item ("fit": its boundary and
-    per-step us), whose boundary is what an item costs beside its steps. ``items`` counts the items used."""
+    """What the dK/dV kernel's items cost, from its profiling records (rows of ``PROFILE_FIELDS``; -1 rows: no
+    item ran there), in us at the SM clock the records themselves show ("clock GHz": cycles over global-timer ns
+    between a CTA's first and last item starts, the median over CTAs). Medians over the items with steps of the
+    consumers' phases: "K/V wait" (start to K and V ready: the item decoded and its K and V waited for), "per step"
+    (the steps' cycles over their number), "epilogue" (last step done to dK and dV stored), "to the next item"
+    (end to the same CTA's next start); the least-squares line ``cycles = boundary + per_step * steps`` over every
+    such item ("fit": its boundary and per-step us), whose boundary is what an item costs beside its steps; and
+    the producer's ("producer"): "late" (the consumers' last step of the CTA's previous item done, when they hand
+    K and V back, to the producer's start of this one: negative when it was there first), "decode and K/V issue"
+    (its start to K and V issued: the item decoded and the K/V tiles waited for), "K/V issued to ready" (to the
+    consumers' K and V ready) and "after its last load" (its last Q/dO load issued to its end: with the producer's
+    dQ, the dQ of the steps still behind). ``items`` counts the items used."""
+    from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS
+
     rec = np.asarray(records, dtype=np.int64)
-    rec = rec[(rec >= 0).all(1) & (rec[:, 7] > 0)]
+    rec = rec[(rec >= 0).all(1) & (rec[:, PROFILE_FIELDS.index("steps")] > 0)]
     if not rec.size:
         return {"items": 0}
-    steps = rec[:, 7].astype(np.float64)
-    gaps, clocks = [], []
-    for cta in np.unique(rec[:, 6]):
-        mine = rec[rec[:, 6] == cta]
-        mine = mine[np.argsort(mine[:, 2])]
-        gaps.append(mine[1:, 2] - mine[:-1, 5])
-        if mine[-1, 1] > mine[0, 1]:
-            clocks.append((mine[-1, 2] - mine[0, 2]) / (mine[-1, 1] - mine[0, 1]))
-    gaps = np.concatenate(gaps)
+    col = {name: rec[:, i] for i, name in enumerate(PROFILE_FIELDS)}
+    steps = col["steps"].astype(np.float64)
+    gaps, late, clocks = [], [], []
+    for cta in np.unique(col["cta"]):
+        mine = rec[col["cta"] == cta]
+        mine = mine[np.argsort(mine[:, PROFILE_FIELDS.index("start")])]
+        field = {name: mine[:, i] for i, name in enumerate(PROFILE_FIELDS)}
+        gaps.append(field["start"][1:] - field["end"][:-1])
+        late.append(field["producer_start"][1:] - field["steps_done"][:-1])
+        if field["start_ns"][-1] > field["start_ns"][0]:
+            clocks.append((field["start"][-1] - field["start"][0]) / (field["start_ns"][-1] - field["start_ns"][0]))
+    gaps, late = np.concatenate(gaps), np.concatenate(late)
     clock_ghz = float(np.median(clocks)) if clocks else float("nan")
     us = 1e-3 / clock_ghz
-    cycles = (rec[:, 5] - rec[:, 2]).astype(np.float64)
+
+    def median_us(cycles) -> float:
+        return round(float(np.median(cycles)) * us, 3)
+
+    cycles = (col["end"] - col["start"]).astype(np.float64)
     if np.unique(steps).size > 1:
         slope, boundary = np.polyfit(steps, cycles, 1)
     else:  # (one step count: no line through the points; all of it counted as steps)
         slope, boundary = float(np.median(cycles / steps)), 0.0
     return {"items": int(rec.shape[0]), "mean steps": round(float(steps.mean()), 2), "clock GHz": round(clock_ghz, 3),
-            "K/V wait": round(float(np.median(rec[:, 3] - rec[:, 2])) * us, 3),
-            "per step": round(float(np.median((rec[:, 4] - rec[:, 3]) / steps)) * us, 3),
-            "epilogue": round(float(np.median(rec[:, 5] - rec[:, 4])) * us, 3),
-            "to the next item": round(float(np.median(gaps)) * us, 3) if gaps.size else None,
-            "fit": {"boundary": round(float(boundary) * us, 3), "per step": round(float(slope) * us, 3)}}
+            "K/V wait": median_us(col["kv_ready"] - col["start"]),
+            "per step": median_us((col["steps_done"] - col["kv_ready"]) / steps),
+            "epilogue": median_us(col["end"] - col["steps_done"]),
+            "to the next item": median_us(gaps) if gaps.size else None,
+            "fit": {"boundary": round(float(boundary) * us, 3), "per step": round(float(slope) * us, 3)},
+            "producer": {"late": median_us(late) if late.size else None,
+                         "decode and K/V issue": median_us(col["kv_issued"] - col["producer_start"]),
+                         "K/V issued to ready": median_us(col["kv_ready"] - col["kv_issued"]),
+                         "after its last load": median_us(col["producer_end"] - col["loads_done"])}}
 
 
 def record_backward(problem) -> np.ndarray:

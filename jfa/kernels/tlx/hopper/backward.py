@@ -85,7 +85,8 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, 
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_producers import produce_dkdv_item
-from jfa.kernels.tlx.hopper.dkdv_steps import dkdv_item, send_staged_dq, sparse_step_masked, stage_dq, step_tile
+from jfa.kernels.tlx.hopper.dkdv_steps import (PROFILE_FIELDS, dkdv_item, record_field, send_staged_dq,
+                                                sparse_step_masked, stage_dq, stamp, step_tile)
 from jfa.kernels.tlx.hopper.mx_producers import produce_dkdv_item_mx
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import _mx_round
@@ -163,11 +164,6 @@ MX_RULES = ("floor", "rceil")
 # the MX build's operands besides the four byte tensors in the descriptors' places: constexpr None in the
 # bf16/fp16 builds (no parameters there)
 MX_ARGS = ("QS", "QT", "QTS", "QB_OFF", "KS", "VS", "DOS", "DOT_", "DOTS", "OB_OFF")
-# the profiling build's record of one work item, written by consumer 0 (``_stamp``; read by
-# ``jfa.bench.timeline.item_phases``): the SM, the start on the global timer (ns), then in SM cycles the start,
-# K and V ready, the last step done and the dK/dV stores done, the CTA, and the query steps the item took
-PROFILE_FIELDS = ("sm", "start_ns", "start", "kv_ready", "steps_done", "end", "cta", "steps")
-_RECORD = tl.constexpr(len(PROFILE_FIELDS))
 
 
 def config_for(head_dim: int, fused_dq: bool = True, mx: str = "") -> HopperDkDvConfig:
@@ -501,19 +497,6 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
 
 
 @triton.jit
-def _field(TIMELINE, item, FIELD: tl.constexpr):
-    """The address of field FIELD (an index of PROFILE_FIELDS) of ``item``'s record."""
-    return TIMELINE + item.to(tl.int64) * _RECORD + FIELD
-
-
-@triton.jit
-def _stamp(TIMELINE, item, FIELD: tl.constexpr, value):
-    """Field FIELD of ``item``'s record, written as the phase ends: nothing of the record stays in registers
-    across the item's steps."""
-    tl.store(_field(TIMELINE, item, FIELD), value.to(tl.int64))
-
-
-@triton.jit
 def _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale,
                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """dK (scaled) and dV of key rows [n0, n0 + BLOCK_N) of the sequence from registers; rows at or past
@@ -576,9 +559,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     phases (``PROFILE_FIELDS``)."""
     if PROFILE:
         if cid == 0:
-            _stamp(TIMELINE, item, 1, globaltimer())
-            _stamp(TIMELINE, item, 2, clock64())
-            _stamp(TIMELINE, item, 7, qdo_cnt)  # (the steps so far: the item's count replaces it at the end)
+            stamp(TIMELINE, item, 1, globaltimer())
+            stamp(TIMELINE, item, 2, clock64())
+            stamp(TIMELINE, item, 7, qdo_cnt)  # (the steps so far: the item's count replaces it at the end)
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
@@ -589,7 +572,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
     if PROFILE:
         if cid == 0:
-            _stamp(TIMELINE, item, 3, clock64())
+            stamp(TIMELINE, item, 3, clock64())
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
@@ -605,7 +588,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if PROFILE:
         if cid == 0:
-            _stamp(TIMELINE, item, 4, clock64())
+            stamp(TIMELINE, item, 4, clock64())
     # every MMA of this consumer reading the item's K and V (with the halves: both consumers' K) has retired;
     # with TMA stores its own tiles are handed back once the stores have read them (``_store_dkdv_staged``)
     if DQ == DQ_HALVES:
@@ -633,10 +616,10 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                     stride_dvt, stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
     if PROFILE:
         if cid == 0:
-            _stamp(TIMELINE, item, 5, clock64())
-            _stamp(TIMELINE, item, 0, smid())
-            _stamp(TIMELINE, item, 6, pid)
-            _stamp(TIMELINE, item, 7, qdo_cnt - tl.load(_field(TIMELINE, item, 7)))
+            stamp(TIMELINE, item, 5, clock64())
+            stamp(TIMELINE, item, 0, smid())
+            stamp(TIMELINE, item, 6, pid)
+            stamp(TIMELINE, item, 7, qdo_cnt - tl.load(record_field(TIMELINE, item, 7)))
     return qdo_cnt
 
 
@@ -661,6 +644,7 @@ def jagged_dkdv_tlx_kernel(
     (``BackwardVariant.tma_epilogue``; constexpr None elsewhere)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
+    tl.static_assert(not PROFILE or MX == "", "the profiling build is the bf16/fp16 one (its producer stamps)")
     tl.static_assert(not TMA_EPILOGUE or (MX == "" and DQ != DQ_PRODUCER),
                      "TMA stores of dK and dV need K and V tiles that only the consumers read")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -734,7 +718,7 @@ def jagged_dkdv_tlx_kernel(
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                         col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE,
                         DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
-                        KV_BYTES, QDO_BYTES, _CONSUMERS)
+                        KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE)
                     rounds += 1
                     item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 retire_counter(COUNTER, num_progs)
@@ -760,7 +744,7 @@ def jagged_dkdv_tlx_kernel(
                                 COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
                                 col_stride_v, col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP,
                                 BROADCAST_Q, SPARSE, DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
-                                NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, _CONSUMERS)
+                                NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):

@@ -1,7 +1,7 @@
 """The dK/dV kernels' work items and query steps, shared by the Hopper (``hopper.backward``) and Blackwell
 (``blackwell.backward``) dK/dV kernels: what an item is (``dkdv_item``), the order its query steps run in
-(``step_order``, ``step_tile``), the producer's load of one step (``load_qdo_step``) and the staged dQ
-reduce-add (``stage_dq``, ``send_staged_dq``)."""
+(``step_order``, ``step_tile``), the producer's load of one step (``load_qdo_step``), the staged dQ
+reduce-add (``stage_dq``, ``send_staged_dq``) and the Hopper profiling build's record of an item (``stamp``)."""
 import triton
 import triton.language as tl
 
@@ -157,3 +157,27 @@ def send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0)
     # shows); the consumers pass their own.
     tlx.named_barrier_wait(BARRIER, 128)
     tlx.async_descriptor_store(desc_dq, dq_stage, [dq_row, dq_col], store_reduce="add")
+
+
+# The Hopper dK/dV kernel's profiling build: one record of int64 fields per work item (read by
+# ``jfa.bench.timeline.item_phases``). Consumer 0 writes the SM, the start on the global timer (ns), then in SM
+# cycles the start, K and V ready, the last step done and the dK/dV stores done, the CTA and the query steps the
+# item took; the producer, on the same SM's clock, its start of the item, its K and V loads issued (the item
+# decoded and its K/V tiles free), its last Q/dO load issued and its end (with the producer's dQ: the dQ of the
+# steps still behind the loads).
+PROFILE_FIELDS = ("sm", "start_ns", "start", "kv_ready", "steps_done", "end", "cta", "steps",
+                  "producer_start", "kv_issued", "loads_done", "producer_end")
+_RECORD = tl.constexpr(len(PROFILE_FIELDS))
+
+
+@triton.jit
+def record_field(TIMELINE, item, FIELD: tl.constexpr):
+    """The address of field FIELD (an index of PROFILE_FIELDS) of ``item``'s record."""
+    return TIMELINE + item.to(tl.int64) * _RECORD + FIELD
+
+
+@triton.jit
+def stamp(TIMELINE, item, FIELD: tl.constexpr, value):
+    """Field FIELD of ``item``'s record, written as the phase ends: nothing of the record stays in registers
+    across the item's steps."""
+    tl.store(record_field(TIMELINE, item, FIELD), value.to(tl.int64))

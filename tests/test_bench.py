@@ -1084,6 +1084,24 @@ def test_launcher_inputs_match_the_problem(broadcast_q):
                           len_q_bcast=7 if broadcast_q else 0, window=(-1, -1))
 
 
+@pytest.mark.parametrize("broadcast_q", [False, True], ids=["packed", "bcastq"])
+def test_the_lab_runs_the_tlx_forward_told_the_longest_query_sequence_as_the_op_tells_it(broadcast_q, monkeypatch):
+    """``run_tlx_forward`` (the ablations', timelines' and profiler's forward) passes the launcher the longest query
+    sequence (its long-causal schedule rule reads it: without it a launch takes another schedule than the op's),
+    the problem's keyword arguments and the caller's own."""
+    from jfa.kernels.tlx.hopper import forward as tlx_forward
+
+    seen = {}
+    monkeypatch.setattr(tlx_forward, "jagged_forward_tlx", lambda *args, **kwargs: seen.update(args=args, **kwargs))
+    p = suites.Problem("tiny", B=5, H=2, D=16, max_len=9, lengths_fn=lambda g: torch.tensor([3, 9, 0, 4, 7]),
+                       broadcast_q=broadcast_q, Lq=6 if broadcast_q else None)
+    batch, kwargs = runner.launcher_inputs(p, "cpu")
+    runner.run_tlx_forward(batch, kwargs, profile=True)
+    assert seen.pop("longest_q") == (6 if broadcast_q else 9)
+    assert seen.pop("args")[:3] == (batch.q, batch.k, batch.v)
+    assert seen == dict(kwargs, profile=True)
+
+
 def test_the_sparse_benchmark_judges_each_output_by_its_own_lists():
     """python -m jfa.bench.sparse judges a block-sparse output against the oracle restricted to the same
     lists, on a subsample of sequences and heads: the block-sparse kernel's output passes, the dense op's

@@ -78,7 +78,7 @@ def times_portable(only: str) -> bool:
 
 def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1) -> dict:
     """TFLOP/s of the TLX forward with each ablation switch off, and of the portable forward."""
-    from jfa.bench.runner import llvm_the_other_way
+    from jfa.bench.runner import llvm_the_other_way, run_tlx_forward
     from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import forward as tlx_forward
     from jfa.kernels.triton.forward import jagged_forward
@@ -107,7 +107,7 @@ def forward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1)
 
         def launch(variant, settings):
             with knobs.scope(**settings):
-                return tlx_forward.jagged_forward_tlx(*args, variant=variant, longest_q=b.max_q, **kwargs)
+                return run_tlx_forward(b, kwargs, variant=variant)
 
         columns: dict[str, Callable] = {name: (lambda vs=spec(cfg): launch(*vs)) for name, spec in columns_spec.items()}
         if times_portable(only):
@@ -144,13 +144,13 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep: int) -> dict:
 
 def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1, shapes: str = "") -> dict:
     """TFLOP/s of the TLX backward as it ships (fused dQ), with the deterministic dQ (the portable dQ
-    pass), not persistent, items from the global counter (the dynamic schedule), the dK/dV kernel under Triton's
-    generic pipeliner and with LLVM optimising its IR (compile switches, set around each launch: part of the
-    cache key, so both builds live in this process), and of the portable backward; plus what the fused path runs
-    outside its kernel."""
+    pass), not persistent, items from the global counter (the dynamic schedule), dK and dV by TMA stores, the
+    dK/dV kernel under Triton's generic pipeliner and with LLVM optimising its IR (compile switches, set around
+    each launch: part of the cache key, so both builds live in this process), and of the portable backward; plus
+    what the fused path runs outside its kernel."""
+    from jfa.bench.runner import run_tlx_forward
     from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import backward as tlx_backward
-    from jfa.kernels.tlx.hopper import forward as tlx_forward
     from jfa.kernels.triton.backward import jagged_backward
 
     BV = tlx_backward.BackwardVariant
@@ -169,7 +169,7 @@ def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1
         if shapes and not any(w in problem.name for w in shapes.split(",") if w):
             continue
         args = (b.q, b.k, b.v)
-        o, lse = tlx_forward.jagged_forward_tlx(*args, b.cu_q, b.cu_k, **kwargs)
+        o, lse = run_tlx_forward(b, kwargs)
         do = torch.randn_like(o)
         grads = (*args, o, lse, do, b.cu_q, b.cu_k)
 
@@ -195,6 +195,7 @@ def profile(suite: str = "gem", only: str = "", launches: int = 2) -> dict:
     """For a profiler (tools/gpu/profile.sh): the shipped forward and backward of each shape of ``suite``
     whose name contains ``only``, each launched ``launches`` times in a row, nothing timed (the first
     launch compiles: have the profiler skip it)."""
+    from jfa.bench.runner import run_tlx_forward
     from jfa.kernels.tlx.hopper import backward as tlx_backward
     from jfa.kernels.tlx.hopper import forward as tlx_forward
 
@@ -203,7 +204,7 @@ def profile(suite: str = "gem", only: str = "", launches: int = 2) -> dict:
         if only not in problem.name:
             continue
         for _ in range(launches):
-            o, lse = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, **kwargs)
+            o, lse = run_tlx_forward(b, kwargs)
         do = torch.randn_like(o)
         for _ in range(launches):
             tlx_backward.jagged_backward_tlx(b.q, b.k, b.v, o, lse, do, b.cu_q, b.cu_k, **kwargs)

@@ -129,6 +129,16 @@ def launcher_inputs(problem: Problem, device="cuda") -> tuple[PackedBatch, dict]
     return batch, kwargs
 
 
+def run_tlx_forward(batch: PackedBatch, kwargs: dict, **extra):
+    """The TLX forward launcher (``jagged_forward_tlx``) on one batch of ``launcher_inputs`` with its keyword
+    arguments ``kwargs`` and the launcher's ``extra`` ones, told the longest query sequence as the op tells it
+    (the long-causal schedule rule reads it)."""
+    from jfa.kernels.tlx.hopper import forward as tlx_forward_launcher
+
+    return tlx_forward_launcher.jagged_forward_tlx(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k,
+                                                   longest_q=batch.max_q, **kwargs, **extra)
+
+
 # ---------------------------------------------------------------------------------------
 # Correctness check
 # ---------------------------------------------------------------------------------------

@@ -161,13 +161,12 @@ def record_backward(problem) -> np.ndarray:
     ``knobs.tlx_bwd_variant`` names, after a warm-up run)."""
     import torch
 
-    from jfa.bench.runner import launcher_inputs
+    from jfa.bench.runner import launcher_inputs, run_tlx_forward
     from jfa.kernels.schedule import output_offsets
     from jfa.kernels.tlx.hopper import backward as tlx_backward
-    from jfa.kernels.tlx.hopper import forward as tlx_forward
 
     b, kwargs = launcher_inputs(problem)
-    out, lse = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, longest_q=b.max_q, **kwargs)
+    out, lse = run_tlx_forward(b, kwargs)
     dout = torch.randn_like(out)
     out_cu = output_offsets(b.cu_q, problem.B, problem.Lq or 0, problem.broadcast_q, b.q.device)
     for _ in range(2):  # the first run compiles and warms up
@@ -185,13 +184,11 @@ def record_steps(problem, steps: int) -> np.ndarray:
     """CTA 0's first ``steps`` K/V steps of ``problem`` with the shipped build (after a warm-up run)."""
     import torch
 
-    from jfa.bench.runner import launcher_inputs
-    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.bench.runner import launcher_inputs, run_tlx_forward
 
     b, kwargs = launcher_inputs(problem)
     for _ in range(2):  # the first run compiles and warms up
-        _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, profile=True,
-                                                        trace_steps=steps, longest_q=b.max_q, **kwargs)
+        _, _, timeline = run_tlx_forward(b, kwargs, profile=True, trace_steps=steps)
     torch.cuda.synchronize()
     return timeline.steps.cpu().numpy()
 
@@ -200,16 +197,15 @@ def record(problem, variants: dict) -> dict:
     """Run ``problem`` once per variant (after a warm-up run) with the profiling build."""
     import torch
 
-    from jfa.bench.runner import launcher_inputs
-    from jfa.kernels.tlx.hopper import forward as tlx_forward
+    from jfa.bench.runner import launcher_inputs, run_tlx_forward
+    from jfa.kernels.tlx.hopper.forward import Variant
 
     b, kwargs = launcher_inputs(problem)
     out = {}
     for label, switches in variants.items():
-        variant = tlx_forward.Variant(**switches)
+        variant = Variant(**switches)
         for _ in range(2):  # the first run compiles and warms up
-            _, _, timeline = tlx_forward.jagged_forward_tlx(b.q, b.k, b.v, b.cu_q, b.cu_k, variant=variant,
-                                                            profile=True, longest_q=b.max_q, **kwargs)
+            _, _, timeline = run_tlx_forward(b, kwargs, variant=variant, profile=True)
         torch.cuda.synchronize()
         out[label] = timeline.records.cpu().numpy()
     return out

@@ -639,7 +639,7 @@ def jagged_dkdv_tlx_kernel(
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
-    in the other builds. PROFILE: the profiling build, one record per item in TIMELINE ([items, 8] int64,
+    in the other builds. PROFILE: the profiling build, one record per item in TIMELINE (int64 rows of
     ``PROFILE_FIELDS``; constexpr None elsewhere). TMA_EPILOGUE: dK and dV written through desc_dk and desc_dv
     (``BackwardVariant.tma_epilogue``; constexpr None elsewhere)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),

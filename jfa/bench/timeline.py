@@ -117,17 +117,19 @@ def item_phases(records: np.ndarray) -> dict:
     dQ, the dQ of the steps still behind). ``items`` counts the items used."""
     from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS
 
+    def columns(rows: np.ndarray) -> dict:
+        return {name: rows[:, i] for i, name in enumerate(PROFILE_FIELDS)}
+
     rec = np.asarray(records, dtype=np.int64)
-    rec = rec[(rec >= 0).all(1) & (rec[:, PROFILE_FIELDS.index("steps")] > 0)]
+    rec = rec[(rec >= 0).all(1) & (columns(rec)["steps"] > 0)]
     if not rec.size:
         return {"items": 0}
-    col = {name: rec[:, i] for i, name in enumerate(PROFILE_FIELDS)}
+    col = columns(rec)
     steps = col["steps"].astype(np.float64)
     gaps, late, clocks = [], [], []
     for cta in np.unique(col["cta"]):
         mine = rec[col["cta"] == cta]
-        mine = mine[np.argsort(mine[:, PROFILE_FIELDS.index("start")])]
-        field = {name: mine[:, i] for i, name in enumerate(PROFILE_FIELDS)}
+        field = columns(mine[np.argsort(columns(mine)["start"])])
         gaps.append(field["start"][1:] - field["end"][:-1])
         late.append(field["producer_start"][1:] - field["steps_done"][:-1])
         if field["start_ns"][-1] > field["start_ns"][0]:

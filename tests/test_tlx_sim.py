@@ -246,6 +246,36 @@ def test_the_tma_epilogue_meets_the_oracle_under_each_schedule(name, seed, monke
     assert built and set(built) == {True}, built
 
 
+# the cases of the build with two K/V slot pairs (the producer's dQ at D 64): items dealt statically (a broadcast Q)
+# or from the counter (causal, long causal items), tails at both ends of a tile, grouped heads, a window's
+# bands with grouped heads, block-sparse lists, a run of empty sequences
+KV_PREFETCH = {"counter-causal": "tlx-many-items-causal-bf16-D64",
+               "static-bcastq": "tlx-many-items-bcastq-bf16-D64",
+               "tails": "tlx-tails-128-causal-bf16-D64",
+               "gqa-causal": "gqa-causal-bf16-D64",
+               "window-gqa": "tlx-wide-window-causal-gqa-bf16-D64",
+               "sparse": "tlx-sparse-gqa-causal-random0.5-bs128-bf16-D64",
+               "long-causal": "tlx-long-causal-counter-D64",
+               "empty-run": "empty-run-middle-bf16-D64"}
+
+
+@pytest.mark.parametrize("seed", [0, *SEEDS[:2]], ids=lambda s: f"seed{s}" if s else "deterministic")
+@pytest.mark.parametrize("name", KV_PREFETCH)
+def test_k_and_v_prefetched_for_the_next_item_meet_the_oracle_under_each_schedule(name, seed, monkeypatch):
+    """With two K/V slot pairs (``item_prefetch``) the producer starts a CTA's next item (its K and V, its first
+    query tiles) while this item's last steps run, before its dQ of those steps (which still reads this item's
+    K); the gradients meet the oracle under the deterministic schedule and seeded ones: the simulator checks that
+    no K/V or query tile is overwritten while an MMA (the consumers' or the producer's dQ) still reads it, and
+    that every wait is met. Every dK/dV launch compiled two pairs."""
+    case = next(c for c in CATALOGUE if c.name == KV_PREFETCH[name])
+    built = constexpr_per_launch(monkeypatch, tlx_backward.jagged_dkdv_tlx_kernel, "NUM_BUFFERS_KV")
+    schedule = sim.Schedule.seeded(seed) if seed else sim.Schedule.deterministic()
+    with knobs.scope(tlx_bwd_variant="item_prefetch=1"):
+        report, _ = _run_on_simulator(case, schedule, "fused-dq")
+    assert report.ok, str(report)
+    assert built and set(built) == {2}, built
+
+
 def _packed(lengths, heads=2, head_dim=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
@@ -330,6 +360,21 @@ def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once
     assert_one_ordered_record_per_item(records, grid=2)
     assert torch.equal(records[:, 0], records[:, 6]), "the simulator's SM is the CTA"
     assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)
+
+
+@pytest.mark.parametrize("schedule", ["deterministic", f"seed{SEEDS[0]}"])
+def test_the_prefetching_profiling_build_records_k_and_v_issued_during_the_previous_item(schedule):
+    """With two K/V slot pairs (``item_prefetch``, the D 64 producer's-dQ build) the profiling build still writes
+    the dK and dV bits of its build without profiling, one ordered record per item, and each CTA's later items'
+    K and V issued between the previous item's last load and the item's own start."""
+    lengths = [77, 130, 0, 200, 3, 260]
+    q, k, v, cu = _packed(lengths, head_dim=64, seed=3)
+    interleaving = (sim.Schedule.deterministic() if schedule == "deterministic"
+                    else sim.Schedule.seeded(int(schedule.removeprefix("seed"))))
+    records = profiled_dkdv(q, k, v, cu, causal=False, variant=tlx_backward.BackwardVariant(item_prefetch=True),
+                            launching=lambda: sim.simulated(sm_count=2, schedule=interleaving))
+    assert_one_ordered_record_per_item(records, grid=2, item_prefetch=True)
+    assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], 64)
 
 
 def test_grouped_heads_at_d128_take_the_fused_dq_build(monkeypatch):

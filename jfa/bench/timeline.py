@@ -112,7 +112,8 @@ def item_phases(records: np.ndarray) -> dict:
     such item ("fit": its boundary and per-step us), whose boundary is what an item costs beside its steps; and
     the producer's ("producer"): "late" (the consumers' last step of the CTA's previous item done, when they hand
     K and V back, to the producer's start of this one: negative when it was there first), "decode and K/V issue"
-    (its start to K and V issued: the item decoded and the K/V tiles waited for), "K/V issued to ready" (to the
+    (its start to K and V issued: the item decoded and the K/V tiles waited for; negative with ``item_prefetch``,
+    which issues them during the CTA's previous item), "K/V issued to ready" (to the
     consumers' K and V ready) and "after its last load" (its last Q/dO load issued to its end: with the producer's
     dQ, the dQ of the steps still behind). ``items`` counts the items used."""
     from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS

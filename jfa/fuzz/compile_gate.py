@@ -231,6 +231,19 @@ def tlx_backward_targets() -> list:
     targets += [Target(f"tlx-dkdv-fp16-D128-causal[{tma}]", "dkdv", "fp16", 128, True, False, backend="tlx",
                        switches=tma),
                 Target(f"tlx-dkdv-bf16-D64[{tma}]", "dkdv", "bf16", 64, False, False, backend="tlx", switches=tma)]
+    # the next item's K, V and first query tiles loaded during this one (the ablation's "next item prefetched"),
+    # the producer's-dQ build at D 64: static schedule, the counter's causal one, its profiling build,
+    # block-sparse, a window, grouped heads
+    pre = "item_prefetch=1"
+    targets += [Target(f"tlx-dkdv-bf16-D64{name}[fused-dq,{pre}{',profile' if profile else ''}]", "dkdv", "bf16", 64,
+                       causal, False, backend="tlx", variant="fused-dq", switches=pre, profile=profile)
+                for name, causal, profile in (("", False, False), ("-causal", True, False), ("", False, True))]
+    targets += [Target(f"tlx-dkdv-bf16-D64-causal-sparse[fused-dq,{pre}]", "dkdv", "bf16", 64, True, False,
+                       backend="tlx", variant="fused-dq", switches=pre, sparse=True),
+                Target(f"tlx-dkdv-bf16-D64-window[fused-dq,{pre}]", "dkdv", "bf16", 64, False, False,
+                       backend="tlx", variant="fused-dq", switches=pre, window=True),
+                Target(f"tlx-dkdv-fp16-D64-bcastq-gqa4[fused-dq,{pre}]", "dkdv", "fp16", 64, False, True,
+                       backend="tlx", variant="fused-dq", switches=pre, group=4)]
     return targets
 
 

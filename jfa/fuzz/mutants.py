@@ -277,8 +277,9 @@ MUTANTS: tuple = (
            "2 * QDO_BYTES",
            "a query step's expect-tx leaves out the row statistics' bytes"),
     Mutant("tlx-bwd-kv-arrive-count-off", TLX_BACKWARD,
-           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)",
-           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)",
+           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_KV,\n"
+           "                                    arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)",
+           "kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_KV, arrive_count=1)",
            "with dQ halves a K half is read by both consumers, but one arrival hands it back"),
     Mutant("tlx-bwd-dk-store-mask-dropped", TLX_BACKWARD,
            "(dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok[:, None])",

@@ -209,6 +209,14 @@ class BackwardVariant:
     # keeps the masked register stores (a box there would write the next sequence's rows). Builds whose K and
     # V tiles only the consumers read: without the fused dQ or with the halves, not MX (``tma_stores``).
     tma_epilogue: bool = False
+    # The producer's-dQ build (D 64) with K and V in two slot pairs: once this item's last query step is
+    # issued, and before its dQ of the last DQ_LAG steps (which waits for the consumers' last dS^T and reads
+    # this item's K), the producer starts the CTA's next item: its K and V into the other pair and its first
+    # DQ_LAG steps' query tiles, so that the consumers' next item does not start with a wait for that dQ, the
+    # next item's decode and its loads. 32 KB more shared memory (198 KB). Without the fused dQ the producer
+    # issues the next item's loads right after its last ones anyway (and its counter's build spills at 24
+    # registers with the prefetch); the halves have no shared memory left for a second pair.
+    item_prefetch: bool = False
 
     def __post_init__(self):
         for name in ("dense_schedule", "masked_schedule", "sparse_schedule"):
@@ -229,6 +237,11 @@ class BackwardVariant:
         """Whether build ``cfg`` writes dK and dV by TMA stores (``tma_epilogue``): never where the producer
         reads K for its dQ (``dq="producer"``), nor in an MX build (its gradients may be fp32)."""
         return self.tma_epilogue and cfg.dq != "producer" and not mx
+
+    def kv_buffers(self, cfg: HopperDkDvConfig, mx: bool = False) -> int:
+        """Pairs of K/V slots of build ``cfg`` (``item_prefetch``): two in the producer's-dQ build
+        (``dq="producer"``, never MX)."""
+        return 2 if self.item_prefetch and cfg.dq == "producer" and not mx else 1
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -369,7 +382,7 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
 
 
 @triton.jit
-def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -379,7 +392,8 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. With a fused
     dQ the step's dS^T slot of ``ds_tiles`` follows the step count (the producer's count equals the
     consumers'). ``staged_row``: with the halves, the query row of the dQ half staged and not yet sent
-    (< 0: none); returns the one this step leaves staged."""
+    (< 0: none); returns the one this step leaves staged. ``k_tile``, ``v_tile``: the consumer's own K and V tiles
+    (``k_tiles``: every K tile, which the halves' dQ reads)."""
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     ds_buf, ds_phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
     if DQ != DQ_NONE:
@@ -393,7 +407,7 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_ti
     else:
         qt_tile = None
         dot_tile = None
-    dk, dv = _dkdv_step(dk, dv, k_tiles[cid], v_tiles[cid], q_tiles[buf], do_tiles[buf], lse_tiles[buf],
+    dk, dv = _dkdv_step(dk, dv, k_tile, v_tile, q_tiles[buf], do_tiles[buf], lse_tiles[buf],
                         delta_tiles[buf], m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale,
                         k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties, dq_stage, desc_dq, dq_col,
                         staged_row, cid, MASKED, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, DTYPE, qt_tile,
@@ -426,15 +440,16 @@ def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_e
 
 @triton.jit
 def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end,
-                        num_q_tiles, lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                        qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale,
+                        num_q_tiles, lo, hi, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles,
+                        qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale,
+                        qk_scale,
                         cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                         SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                         DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = ""):
     """Consumer ``cid``, the steps of one query head of an item (``dkdv_item``'s numbers for it): its BLOCK_N
     key rows against every query step, accumulated into ``dk`` and ``dv``; with the halves, the head's last dQ
-    half sent before it returns. Returns (dk, dv, qdo_cnt)."""
+    half sent before it returns. ``k_tile``, ``v_tile``: its own K and V tiles. Returns (dk, dv, qdo_cnt)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
     n_masked = n_lead + num_q_tiles - bulk_end  # the producer's step order (step_order)
     n_masked_steps = n_masked
@@ -468,29 +483,29 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
         if SPARSE:  # listed blocks come in block order: each step decides which of the two steps it runs
             if sparse_step_masked(m_start, n_start, len_q, causal_shift, partial, CAUSAL, TILE_N, BLOCK_M):
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                    dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ,
                     BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
             else:
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                    dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
                     qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
                     len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
                     BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
         else:
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-                ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n, len_q, len_k,
-                causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
-                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n, len_q,
+                len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N,
+                BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if not SPARSE:  # (the sparse build's steps all ran above: no third inlined step)
         for i in tl.range(bulk_start, bulk_end):
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                dk, dv, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties,
-                ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n, len_q, len_k,
-                causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M,
-                HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n,
+                len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
+                BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if DQ == DQ_HALVES:
         _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the head's last staged half
     return dk, dv, qdo_cnt
@@ -512,34 +527,34 @@ def _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_d
 
 
 @triton.jit
-def _store_dkdv_staged(dk, dv, k_tiles, v_tiles, kv_empties, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
+def _store_dkdv_staged(dk, dv, k_tile, v_tile, kv_empty, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
                        kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid: tl.constexpr,
                        DQ: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
     """``tma_epilogue``: dK (scaled) and dV of consumer ``cid``'s key rows staged in its own K and V tiles and
-    written by TMA stores, then the tiles handed back (``kv_empties[cid]``) once the stores have read them. A
+    written by TMA stores, then the tiles handed back (``kv_empty``) once the stores have read them. A
     tile reaching past the sequence (its rows past ``len_k`` belong to the next one, which a box would write)
     is stored from registers (``_store_dkdv``) and its tiles handed back at once."""
     n0 = n_start + cid * BLOCK_N
     whole = n0 + BLOCK_N <= len_k
     if whole:  # only this consumer's MMAs read its V tile, and they have retired
-        tlx.local_store(v_tiles[cid], dv.to(DTYPE))
+        tlx.local_store(v_tile, dv.to(DTYPE))
     if DQ == DQ_HALVES:
         # the other consumer's dQ MMAs read this consumer's K tile: both consumers pass this point (on either
         # path) only once their last MMAs have retired. Named barrier 13: both consumers' warpgroups.
         tlx.named_barrier_wait(13, 2 * 128)
     if whole:
-        tlx.local_store(k_tiles[cid], (dk * sm_scale).to(DTYPE))
+        tlx.local_store(k_tile, (dk * sm_scale).to(DTYPE))
         tlx.fence_async_shared()  # generic-proxy stores made visible to the TMA engine (async proxy)
         # every thread of the warpgroup stored and fenced before the elected one issues the stores
         tlx.named_barrier_wait(11 + cid, 128)
         row = k_row0 + n0
-        tlx.async_descriptor_store(desc_dk, k_tiles[cid], [row, kv_head * stride_dkh])
-        tlx.async_descriptor_store(desc_dv, v_tiles[cid], [row, kv_head * stride_dvh])
+        tlx.async_descriptor_store(desc_dk, k_tile, [row, kv_head * stride_dkh])
+        tlx.async_descriptor_store(desc_dv, v_tile, [row, kv_head * stride_dvh])
         tlx.async_descriptor_store_wait(0)  # the producer's next K and V overwrite the tiles
     else:
         _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                     sm_scale, BLOCK_N, HEAD_DIM)
-    tlx.barrier_arrive(kv_empties[cid], 1)
+    tlx.barrier_arrive(kv_empty, 1)
 
 
 @triton.jit
@@ -552,11 +567,11 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
                        NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
                        MX: tl.constexpr = "", TIMELINE=None, pid=0, PROFILE: tl.constexpr = False, desc_dk=None,
-                       desc_dv=None, TMA_EPILOGUE: tl.constexpr = False):
-    """Consumer ``cid``, one work item: its BLOCK_N key rows of the item's key/value head against every query
-    step of each of the group's GROUP query heads in turn (``_consume_head_steps``), then one store of dK
-    (scaled) and dV (TMA_EPILOGUE: by TMA, ``_store_dkdv_staged``). PROFILE: consumer 0 records the item's
-    phases (``PROFILE_FIELDS``)."""
+                       desc_dv=None, TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1):
+    """Consumer ``cid``, the CTA's ``kv_cnt``-th work item (its K and V in slot pair kv_cnt % NUM_BUFFERS_KV): its
+    BLOCK_N key rows of the item's key/value head against every query step of each of the group's GROUP query
+    heads in turn (``_consume_head_steps``), then one store of dK (scaled) and dV (TMA_EPILOGUE: by TMA,
+    ``_store_dkdv_staged``). PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 1, globaltimer())
@@ -565,11 +580,13 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+    kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
+    own = kv_buf * _CONSUMERS + cid  # this consumer's K and V tiles and their barriers
     if DQ == DQ_HALVES:  # its dQ reads both consumers' K
         for c in tl.static_range(_CONSUMERS):
-            tlx.barrier_wait(kv_fulls[c], kv_cnt & 1)
+            tlx.barrier_wait(kv_fulls[c], kv_phase)
     else:
-        tlx.barrier_wait(kv_fulls[cid], kv_cnt & 1)
+        tlx.barrier_wait(kv_fulls[own], kv_phase)
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 3, clock64())
@@ -583,9 +600,10 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         dk, dv, qdo_cnt = _consume_head_steps(
             dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles,
-            lo, hi, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties, ds_tiles,
-            ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM, CAUSAL, WINDOW, SPARSE,
-            DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+            lo, hi, k_tiles, k_tiles[own], v_tiles[own], q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
+            qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM,
+            CAUSAL, WINDOW, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles,
+            dot_tiles, MX)
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 4, clock64())
@@ -596,7 +614,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             if not TMA_EPILOGUE or c != cid:
                 tlx.barrier_arrive(kv_empties[c], 1)
     elif not TMA_EPILOGUE:
-        tlx.barrier_arrive(kv_empties[cid], 1)
+        tlx.barrier_arrive(kv_empties[own], 1)
 
     # epilogue: key rows past the sequence belong to the next one and are never written
     kv_head = head // GROUP
@@ -608,9 +626,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                                                                   BROADCAST_Q, SPARSE)
         n_start = _t * TILE_N
     if TMA_EPILOGUE:
-        _store_dkdv_staged(dk, dv, k_tiles, v_tiles, kv_empties, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
-                           kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid, DQ, BLOCK_N,
-                           HEAD_DIM, DTYPE)
+        _store_dkdv_staged(dk, dv, k_tiles[own], v_tiles[own], kv_empties[own], desc_dk, desc_dv, DK, DV, k_row0,
+                           n_start, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid, DQ,
+                           BLOCK_N, HEAD_DIM, DTYPE)
     else:
         _store_dkdv(dk, dv, DK, DV, k_row0, n_start + cid * BLOCK_N, len_k, kv_head, stride_dkt, stride_dkh,
                     stride_dvt, stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
@@ -633,7 +651,7 @@ def jagged_dkdv_tlx_kernel(
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
     BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
-    PROFILE: tl.constexpr = False, TMA_EPILOGUE: tl.constexpr = False,
+    PROFILE: tl.constexpr = False, TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1,
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
@@ -641,12 +659,15 @@ def jagged_dkdv_tlx_kernel(
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
     in the other builds. PROFILE: the profiling build, one record per item in TIMELINE (int64 rows of
     ``PROFILE_FIELDS``; constexpr None elsewhere). TMA_EPILOGUE: dK and dV written through desc_dk and desc_dv
-    (``BackwardVariant.tma_epilogue``; constexpr None elsewhere)."""
+    (``BackwardVariant.tma_epilogue``; constexpr None elsewhere). NUM_BUFFERS_KV: pairs of K/V slots; with two
+    the producer starts the next item's loads while this one runs (``BackwardVariant.item_prefetch``)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     tl.static_assert(not PROFILE or MX == "", "the profiling build is the bf16/fp16 one (its producer stamps)")
     tl.static_assert(not TMA_EPILOGUE or (MX == "" and DQ != DQ_PRODUCER),
                      "TMA stores of dK and dV need K and V tiles that only the consumers read")
+    tl.static_assert(NUM_BUFFERS_KV == 1 or (MX == "" and DQ == DQ_PRODUCER),
+                     "two K/V slot pairs: the producer's-dQ build")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
     DTYPE: tl.constexpr = tl.bfloat16 if MX != "" else tlx.dtype_of(desc_q)
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
@@ -657,8 +678,8 @@ def jagged_dkdv_tlx_kernel(
     # while ptxas keeps computed values on the stack once the consumers have a loop more.
     pid = tl.program_id(0)
 
-    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS)
-    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS * NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS * NUM_BUFFERS_KV)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), DTYPE, NUM_BUFFERS_QDO)
     lse_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, NUM_BUFFERS_QDO)
@@ -678,9 +699,10 @@ def jagged_dkdv_tlx_kernel(
     # still run step s's dQ MMAs over both), one fp32 half-stage per consumer.
     DQ_LAG: tl.constexpr = NUM_BUFFERS_QDO - 1
     NUM_BUFFERS_DS: tl.constexpr = DQ_LAG if DQ == DQ_PRODUCER else 2
-    kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=1)
+    kv_fulls = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_KV, arrive_count=1)
     # the halves: a K half is read by both consumers' dQ, so both give it back
-    kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS, arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)
+    kv_empties = tlx.alloc_barriers(num_barriers=_CONSUMERS * NUM_BUFFERS_KV,
+                                    arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
     qdo_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=_CONSUMERS)
     if DQ == DQ_NONE:
@@ -711,16 +733,21 @@ def jagged_dkdv_tlx_kernel(
                 rounds = 0
                 item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
-                    qdo_cnt = produce_dkdv_item(
+                    # (with two K/V slot pairs the call fetched the next item itself, before its last dQ steps)
+                    qdo_cnt, next_item = produce_dkdv_item(
                         item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                         v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
                         qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                         col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE,
                         DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
-                        KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE)
+                        KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE, NUM_BUFFERS_KV, num_items, COUNTER,
+                        item_bufs, item_fulls, item_empties, pid, num_progs, True)
                     rounds += 1
-                    item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                    if NUM_BUFFERS_KV == 1:
+                        item = fetch_item(COUNTER, item_bufs, item_fulls, item_empties, rounds)
+                    else:
+                        item = next_item
                 retire_counter(COUNTER, num_progs)
             else:
                 for rounds in range(0, num_rounds):
@@ -737,14 +764,15 @@ def jagged_dkdv_tlx_kernel(
                                 CAUSAL, _CONSUMERS, GROUP, BROADCAST_Q, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
                                 NUM_BUFFERS_QDO)
                         else:
-                            qdo_cnt = produce_dkdv_item(
+                            qdo_cnt, _next = produce_dkdv_item(
                                 item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
                                 v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls,
                                 kv_empties, qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU,
                                 COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
                                 col_stride_v, col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP,
                                 BROADCAST_Q, SPARSE, DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
-                                NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE)
+                                NUM_BUFFERS_QDO, NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, _CONSUMERS, TIMELINE, PROFILE,
+                                NUM_BUFFERS_KV, num_items, pid=pid, num_progs=num_progs)
             if DQ == DQ_PRODUCER:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
         with tlx.async_task(num_warps=_CONSUMER_WARPS, registers=CONSUMER_REGS, replicate=_CONSUMERS):
@@ -762,7 +790,7 @@ def jagged_dkdv_tlx_kernel(
                         stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                         cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
                         NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
-                        desc_dk, desc_dv, TMA_EPILOGUE)
+                        desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -776,7 +804,7 @@ def jagged_dkdv_tlx_kernel(
                             stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
                             cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
                             NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
-                            desc_dk, desc_dv, TMA_EPILOGUE)
+                            desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -793,7 +821,7 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
                 group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "",
-                profile: bool = False, tma_stores: bool = False) -> dict:
+                profile: bool = False, tma_stores: bool = False, kv_buffers: int = 1) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
     (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build,
     the timeline outside the profiling build and the dK/dV descriptors without TMA stores (``tma_stores``; the
@@ -801,7 +829,7 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
                      NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx, PROFILE=profile,
-                     TMA_EPILOGUE=tma_stores)
+                     TMA_EPILOGUE=tma_stores, NUM_BUFFERS_KV=kv_buffers)
     if not profile:
         constants.update(TIMELINE=None)
     if not tma_stores:
@@ -828,7 +856,7 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     dynamic = variant.dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
                             sparse=sparse, dynamic=dynamic, mx=mx, profile=profile,
-                            tma_stores=variant.tma_stores(cfg, bool(mx)))
+                            tma_stores=variant.tma_stores(cfg, bool(mx)), kv_buffers=variant.kv_buffers(cfg, bool(mx)))
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
              for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n),
@@ -942,7 +970,8 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
     tma_stores = variant.tma_stores(cfg)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None, dynamic=dynamic, profile=profile, tma_stores=tma_stores)
+                            sparse=lists is not None, dynamic=dynamic, profile=profile, tma_stores=tma_stores,
+                            kv_buffers=variant.kv_buffers(cfg))
     staged = None  # the dK and dV descriptors of TMA stores (boxes of a consumer's key rows), by name
     if tma_stores:
         staged = constants["desc_dk"], constants["desc_dv"] = (descriptor(dk, cfg.block_n)[0],

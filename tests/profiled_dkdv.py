@@ -30,13 +30,14 @@ def profiled_dkdv(q, k, v, cu, *, causal: bool, launching=contextlib.nullcontext
 def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int, item_prefetch: bool = False) -> None:
     """Every item recorded (no -1 left), by a CTA of the grid, the consumers' phases and the producer's each in
     order, and each CTA's items one after another (the consumers' and the producer's: the producer starts an
-    item once it is done with the previous one). With ``item_prefetch`` (``BackwardVariant.item_prefetch``) the K and
+    item once it is done with the previous one; each item's steps counted from where the previous one's end). With ``item_prefetch`` (``BackwardVariant.item_prefetch``) the K and
     V of a CTA's item after its first are issued during the previous item, after that item's last load."""
     (sm, start_ns, start, kv_ready, steps_done, end, cta, steps, producer_start, kv_issued, loads_done,
-     producer_end) = records.T
+     producer_end, decoded, first_step) = records.T
     assert (records >= 0).all(), "an item without a record"
     assert (cta < grid).all() and (start_ns > 0).all()
-    assert ((start <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all(), "phases out of order"
+    assert ((start <= decoded) & (decoded <= kv_ready) & (kv_ready <= steps_done) & (steps_done <= end)).all(), \
+        "phases out of order"
     # (the K/V issue is stamped after both consumers' loads: consumer 0's may be ready before it)
     assert ((kv_issued <= loads_done) & (producer_start <= loads_done) & (loads_done <= producer_end)).all(), \
         "the producer's phases out of order"
@@ -46,6 +47,9 @@ def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int, item_pr
         producer_starts, producer_ends = producer_start[cta == c][order], producer_end[cta == c][order]
         assert (starts[1:] >= ends[:-1]).all(), f"CTA {c}'s items overlap"
         assert (producer_starts[1:] >= producer_ends[:-1]).all(), f"CTA {c}'s producer overlaps its items"
+        firsts, counts = first_step[cta == c][order], steps[cta == c][order]
+        assert firsts[0] == 0 and (firsts[1:] == (firsts + counts)[:-1]).all(), \
+            f"CTA {c}: an item's steps do not start where the previous item's end"
         issued, loaded = kv_issued[cta == c][order], loads_done[cta == c][order]
         assert issued[0] >= producer_starts[0], f"CTA {c}'s first K and V issued before its producer started"
         if item_prefetch:

@@ -1186,10 +1186,10 @@ def test_step_phases_are_the_medians_of_each_consumers_stamps():
 
 def test_item_phases_read_the_boundary_and_the_step_cost_off_the_backward_records():
     """``item_phases`` takes the SM clock from the records themselves (cycles over global-timer ns between a
-    CTA's item starts), the phases' medians, the line through an item's cycles against its steps, whose
-    intercept is the cost of an item beside its steps, and the producer's phases against the consumers' (how late
-    it starts an item after the consumers' last step of the previous one); rows never run (-1) and items without
-    steps are left out."""
+    CTA's item starts), the phases' medians (the consumers' decode within their K/V wait too), the line through
+    an item's cycles against its steps, whose intercept is the cost of an item beside its steps, and the
+    producer's phases against the consumers' (how late it starts an item after the consumers' last step of the
+    previous one); rows never run (-1) and items without steps are left out."""
     from jfa.bench.timeline import item_phases
     from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS
 
@@ -1203,13 +1203,14 @@ def test_item_phases_read_the_boundary_and_the_step_cost_off_the_backward_record
         # the producer: starts 400 cycles after the consumers' start, issues K/V 500 later (K/V ready 100 after),
         # its last load 1000 cycles before the consumers' last step, its end 800 after that
         producer = [start + 400, start + 900, done - 1000, done - 200]
-        rows.append([cta + 7, int(start / ghz), start, kv, done, end, cta, steps, *producer])
+        rows.append([cta + 7, int(start / ghz), start, kv, done, end, cta, steps, *producer, start + 400, 0])
         t[cta] = end + 200  # 0.1 us to the CTA's next item
     width = len(PROFILE_FIELDS)
-    rows += [[-1] * width, [3, 10, 10, 20, 30, 40, 0, 0, 10, 15, 25, 35]]
+    rows += [[-1] * width, [3, 10, 10, 20, 30, 40, 0, 0, 10, 15, 25, 35, 12, 0]]
     phases = item_phases(np.array(rows))
     assert phases["items"] == 8 and phases["clock GHz"] == 2.0
     assert (phases["K/V wait"], phases["epilogue"], phases["to the next item"]) == (0.5, 0.3, 0.1)
+    assert phases["of which decode"] == 0.2
     assert phases["fit"] == {"boundary": 1.5, "per step": 0.5}
     # late: the consumers' last step, then their epilogue (600), the gap (200) and the producer's 400 cycles
     assert phases["producer"] == {"late": 0.6, "decode and K/V issue": 0.25, "K/V issued to ready": 0.05,

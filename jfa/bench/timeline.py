@@ -106,7 +106,8 @@ def item_phases(records: np.ndarray) -> dict:
     """What the dK/dV kernel's items cost, from its profiling records (rows of ``PROFILE_FIELDS``; -1 rows: no
     item ran there), in us at the SM clock the records themselves show ("clock GHz": cycles over global-timer ns
     between a CTA's first and last item starts, the median over CTAs). Medians over the items with steps of the
-    consumers' phases: "K/V wait" (start to K and V ready: the item decoded and its K and V waited for), "per step"
+    consumers' phases: "K/V wait" (start to K and V ready: the item decoded and its K and V waited for; "of which
+    decode": start to the item decoded, the tile list's and the offsets' dependent loads), "per step"
     (the steps' cycles over their number), "epilogue" (last step done to dK and dV stored), "to the next item"
     (end to the same CTA's next start); the least-squares line ``cycles = boundary + per_step * steps`` over every
     such item ("fit": its boundary and per-step us), whose boundary is what an item costs beside its steps; and
@@ -149,6 +150,7 @@ def item_phases(records: np.ndarray) -> dict:
         slope, boundary = float(np.median(cycles / steps)), 0.0
     return {"items": int(rec.shape[0]), "mean steps": round(float(steps.mean()), 2), "clock GHz": round(clock_ghz, 3),
             "K/V wait": median_us(col["kv_ready"] - col["start"]),
+            "of which decode": median_us(col["decoded"] - col["start"]),
             "per step": median_us((col["steps_done"] - col["kv_ready"]) / steps),
             "epilogue": median_us(col["end"] - col["steps_done"]),
             "to the next item": median_us(gaps) if gaps.size else None,

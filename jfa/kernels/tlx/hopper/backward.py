@@ -85,7 +85,7 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, 
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_producers import produce_dkdv_item
-from jfa.kernels.tlx.hopper.dkdv_steps import (PROFILE_FIELDS, dkdv_item, record_field, send_staged_dq,
+from jfa.kernels.tlx.hopper.dkdv_steps import (PROFILE_FIELDS, dkdv_item, send_staged_dq,
                                                 sparse_step_masked, stage_dq, stamp, step_tile)
 from jfa.kernels.tlx.hopper.mx_producers import produce_dkdv_item_mx
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
@@ -576,10 +576,13 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
         if cid == 0:
             stamp(TIMELINE, item, 1, globaltimer())
             stamp(TIMELINE, item, 2, clock64())
-            stamp(TIMELINE, item, 7, qdo_cnt)  # (the steps so far: the item's count replaces it at the end)
+            stamp(TIMELINE, item, 13, qdo_cnt)  # first_step
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
+    if PROFILE:
+        if cid == 0:
+            stamp(TIMELINE, item, 12, clock64())  # decoded
     kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     own = kv_buf * _CONSUMERS + cid  # this consumer's K and V tiles and their barriers
     if DQ == DQ_HALVES:  # its dQ reads both consumers' K
@@ -637,7 +640,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
             stamp(TIMELINE, item, 5, clock64())
             stamp(TIMELINE, item, 0, smid())
             stamp(TIMELINE, item, 6, pid)
-            stamp(TIMELINE, item, 7, qdo_cnt - tl.load(record_field(TIMELINE, item, 7)))
+            stamp(TIMELINE, item, 7, qdo_cnt)  # the CTA's steps after the item (the launcher subtracts first_step)
     return qdo_cnt
 
 
@@ -990,6 +993,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     kwargs = {**constants, **_launch_options()}
     with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, cfg.llvm_o0):  # compiled as the config asks
         target.launch(jagged_dkdv_tlx_kernel, (grid,), q.device, *args, **kwargs)
+        if profile:  # the item's own steps: the CTA's count after it less the count before it
+            steps, first_step = (PROFILE_FIELDS.index(f) for f in ("steps", "first_step"))
+            timeline[:, steps] = torch.where(timeline[:, steps] >= 0, timeline[:, steps] - timeline[:, first_step], -1)
         if keep is not None:
             replaced = (_PlannedBackward.REPLACED + (_PlannedBackward.STAGED if staged else ())
                         + (("COUNTER",) if dynamic else ()))

@@ -164,9 +164,11 @@ def send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0)
 # cycles the start, K and V ready, the last step done and the dK/dV stores done, the CTA and the query steps the
 # item took; the producer, on the same SM's clock, its start of the item, its K and V loads issued (the item
 # decoded and its K/V tiles free), its last Q/dO load issued and its end (with the producer's dQ: the dQ of the
-# steps still behind the loads).
+# steps still behind the loads); last, consumer 0's item decoded (before its wait for K and V) and the CTA's query
+# steps before the item ("first_step"). The kernel writes the CTA's count after the item into "steps" (a store
+# with no load on the consumers' path between items); its launcher turns that into the item's own steps.
 PROFILE_FIELDS = ("sm", "start_ns", "start", "kv_ready", "steps_done", "end", "cta", "steps",
-                  "producer_start", "kv_issued", "loads_done", "producer_end")
+                  "producer_start", "kv_issued", "loads_done", "producer_end", "decoded", "first_step")
 _RECORD = tl.constexpr(len(PROFILE_FIELDS))
 
 

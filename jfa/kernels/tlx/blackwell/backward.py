@@ -273,20 +273,22 @@ def _load_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stat
                                               col_stride_do, HEAD_DIM, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
             elif MX != "":  # the expect-bytes count all four tiles; the query-axis ones land on the same barrier
                 buf, _phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
-                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                        delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
-                                        stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
-                                        col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, 2 * QDO_BYTES)
+                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats,
+                                        (q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties), head,
+                                        q_row0, out_row0.to(tl.int32), stats_col0, first, n_lead, n_masked, bulk_end,
+                                        num_heads, col_stride_q, col_stride_do, TILES, False, 1, BLOCK_M,
+                                        NUM_BUFFERS_QDO, 2 * QDO_BYTES)
                 m_start = step_order(s, first, n_lead, n_masked, bulk_end) * BLOCK_M
                 tlx.async_descriptor_load(desc_qt, qt_tiles[buf], [q_row0 + m_start, head * col_stride_q],
                                           qdo_fulls[buf])
                 tlx.async_descriptor_load(desc_dot, dot_tiles[buf], [out_row0.to(tl.int32) + m_start,
                                                                      head * col_stride_do], qdo_fulls[buf])
             else:
-                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                        delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32),
-                                        stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
-                                        col_stride_do, TILES, False, 1, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+                qdo_cnt = load_qdo_step(s, qdo_cnt, desc_q, desc_do, desc_stats,
+                                        (q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties), head,
+                                        q_row0, out_row0.to(tl.int32), stats_col0, first, n_lead, n_masked, bulk_end,
+                                        num_heads, col_stride_q, col_stride_do, TILES, False, 1, BLOCK_M,
+                                        NUM_BUFFERS_QDO, QDO_BYTES)
         kv_cnt += 1
     return kv_cnt, qdo_cnt
 

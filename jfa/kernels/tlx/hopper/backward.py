@@ -304,8 +304,8 @@ def _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid: tl.constexpr, HE
 def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_start, offs_n, len_q, len_k,
                causal_shift, lo, hi, qk_scale, sm_scale, k_tiles, ds_tiles, ds_buf, ds_phase, ds_fulls, ds_empties,
                dq_stage, desc_dq, dq_col, staged_row, cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               DTYPE: tl.constexpr, qt_tile=None, dot_tile=None, MX: tl.constexpr = ""):
+               WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+               HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, qt_tile=None, dot_tile=None, MX: tl.constexpr = ""):
     """One query step of one consumer: S^T and dP^T on wgmma, P^T and dS^T in registers, then
     dV += P^T dO and dK += dS^T Q; with the producer's dQ also dS^T stored for the producer (slot
     ``ds_buf``, signalled on its full barrier), with the halves one head-dim half of dQ over both
@@ -362,7 +362,8 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
         ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
     if DQ == DQ_HALVES:
         dk = _dq_halves(dk, to_16bit_pairs(ds_t, DTYPE), q_tile, k_tiles, ds_tiles, ds_tiles[ds_buf * _CONSUMERS + cid],
-                        ds_buf, ds_phase, ds_fulls[ds_buf], ds_empties[ds_buf], dq_stage, sm_scale, cid, BLOCK_N, HEAD_DIM)
+                        ds_buf, ds_phase, ds_fulls[ds_buf], ds_empties[ds_buf], dq_stage, sm_scale, cid, BLOCK_N,
+                        HEAD_DIM)
         dv = tlx.async_dot_wait(0, dv)
     elif DQ == DQ_PRODUCER:
         ds16 = to_16bit_pairs(ds_t, DTYPE)
@@ -382,18 +383,22 @@ def _dkdv_step(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_tile, delta_tile, m_
 
 
 @triton.jit
-def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
-                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                    NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
-                    MX: tl.constexpr = ""):
+def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, dq_stage, desc_dq, dq_row0, dq_col,
+                    m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row,
+                    cid: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                    DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None,
+                    dot_tiles=None, MX: tl.constexpr = ""):
     """Wait for the next (Q, dO, stats) ring slot, run one step on it, hand the slot back. With a fused
     dQ the step's dS^T slot of ``ds_tiles`` follows the step count (the producer's count equals the
     consumers'). ``staged_row``: with the halves, the query row of the dQ half staged and not yet sent
     (< 0: none); returns the one this step leaves staged. ``k_tile``, ``v_tile``: the consumer's own K and V tiles
-    (``k_tiles``: every K tile, which the halves' dQ reads)."""
+    (``k_tiles``: every K tile, which the halves' dQ reads); ``qdo_ring``, ``ds_ring``: the kernel's (Q, dO, stats)
+    ring and dS^T slots (``jagged_dkdv_tlx_kernel``)."""
+    q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties = qdo_ring
+    ds_tiles, ds_fulls, ds_empties = None, None, None
+    if DQ != DQ_NONE:
+        ds_tiles, ds_fulls, ds_empties, _stages = ds_ring
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     ds_buf, ds_phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
     if DQ != DQ_NONE:
@@ -419,16 +424,18 @@ def _dkdv_ring_step(dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles,
 
 
 @triton.jit
-def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid: tl.constexpr,
-                       DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr):
+def _keyless_ring_step(qdo_cnt, qdo_ring, ds_ring, cid: tl.constexpr, DQ: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                       DTYPE: tl.constexpr):
     """A step of a consumer with no key rows in the item: no MMA, only the ring's protocol. It waits for
     the slot to fill before handing it back, so that its arrival counts for this fill and not a later
     one (the empty barrier takes both consumers' arrivals). With the producer's dQ its dS^T slot gets
     zeros: the producer's dQ MMA runs over both consumers' slots, and the K rows it pairs them with (the
     next sequence's, or TMA's zero fill) are finite."""
+    _q, _do, _lse, _delta, qdo_fulls, qdo_empties = qdo_ring
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     if DQ == DQ_PRODUCER:
+        ds_tiles, ds_fulls, ds_empties, _stages = ds_ring
         ds_buf, ds_phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_DS)
         tlx.barrier_wait(ds_empties[ds_buf], ds_phase ^ 1)
         _hand_over_ds(ds_tiles[ds_buf * _CONSUMERS + cid], tl.zeros([BLOCK_N, BLOCK_M], dtype=DTYPE),
@@ -440,10 +447,8 @@ def _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_e
 
 @triton.jit
 def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end,
-                        num_q_tiles, lo, hi, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale,
-                        qk_scale,
-                        cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                        num_q_tiles, lo, hi, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, desc_dq, Q_IDX, sm_scale,
+                        qk_scale, cid: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                         SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                         DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = ""):
@@ -473,39 +478,38 @@ def _consume_head_steps(dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, ca
         bulk_start = tl.where(keyless, bulk_end, bulk_start)
     offs_n = n_start + cid * BLOCK_N + tl.arange(0, BLOCK_N)
     dq_row0, dq_col = q_row0, head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
-    dq_stage = dq_stages[cid] if DQ == DQ_HALVES else None  # the halves: one stage per consumer
+    dq_stage = ds_ring[3][cid] if DQ == DQ_HALVES else None  # the halves: one dQ stage per consumer
     for j in tl.range(0, n_keyless_steps):
-        qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, cid, DQ,
-                                     BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE)
+        qdo_cnt = _keyless_ring_step(qdo_cnt, qdo_ring, ds_ring, cid, DQ, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO,
+                                     NUM_BUFFERS_DS, DTYPE)
     staged_row = -1  # the halves: no dQ half staged yet for this head
     for j in tl.range(0, n_masked_steps):  # the producer's order (step_order): masked steps, then the bulk
         m_start = step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
         if SPARSE:  # listed blocks come in block order: each step decides which of the two steps it runs
             if sparse_step_masked(m_start, n_start, len_q, causal_shift, partial, CAUSAL, TILE_N, BLOCK_M):
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
-                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ,
-                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, dq_stage, desc_dq, dq_row0, dq_col,
+                    m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True,
+                    CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles,
+                    dot_tiles, MX)
             else:
                 dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                    qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n,
-                    len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
-                    BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                    dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, dq_stage, desc_dq, dq_row0, dq_col,
+                    m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False,
+                    CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles,
+                    dot_tiles, MX)
         else:
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, m_start, offs_n, len_q,
-                len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL, WINDOW, DQ, BLOCK_N,
-                BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, dq_stage, desc_dq, dq_row0, dq_col,
+                m_start, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, True, CAUSAL,
+                WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
     if not SPARSE:  # (the sparse build's steps all ran above: no third inlined step)
         for i in tl.range(bulk_start, bulk_end):
             dk, dv, qdo_cnt, staged_row = _dkdv_ring_step(
-                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stage, desc_dq, dq_row0, dq_col, i * BLOCK_M, offs_n,
-                len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False, CAUSAL, WINDOW, DQ,
-                BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX)
+                dk, dv, qdo_cnt, k_tiles, k_tile, v_tile, qdo_ring, ds_ring, dq_stage, desc_dq, dq_row0, dq_col,
+                i * BLOCK_M, offs_n, len_q, len_k, causal_shift, lo, hi, qk_scale, sm_scale, staged_row, cid, False,
+                CAUSAL, WINDOW, DQ, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles,
+                dot_tiles, MX)
     if DQ == DQ_HALVES:
         _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid, HEAD_DIM)  # the head's last staged half
     return dk, dv, qdo_cnt
@@ -558,20 +562,20 @@ def _store_dkdv_staged(dk, dv, k_tile, v_tile, kv_empty, desc_dk, desc_dv, DK, D
 
 
 @triton.jit
-def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls,
-                       kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, DK, DV,
-                       TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots,
-                       num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-                       BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-                       NUM_BUFFERS_DS: tl.constexpr, DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None,
-                       MX: tl.constexpr = "", TIMELINE=None, pid=0, PROFILE: tl.constexpr = False, desc_dk=None,
-                       desc_dv=None, TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1):
+def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX,
+                       stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast,
+                       sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                       SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
+                       DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = "", TIMELINE=None, pid=0,
+                       PROFILE: tl.constexpr = False, desc_dk=None, desc_dv=None, TMA_EPILOGUE: tl.constexpr = False,
+                       NUM_BUFFERS_KV: tl.constexpr = 1):
     """Consumer ``cid``, the CTA's ``kv_cnt``-th work item (its K and V in slot pair kv_cnt % NUM_BUFFERS_KV): its
     BLOCK_N key rows of the item's key/value head against every query step of each of the group's GROUP query
     heads in turn (``_consume_head_steps``), then one store of dK (scaled) and dV (TMA_EPILOGUE: by TMA,
     ``_store_dkdv_staged``). PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
+    k_tiles, v_tiles, kv_fulls, kv_empties = kv
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 1, globaltimer())
@@ -603,10 +607,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         dk, dv, qdo_cnt = _consume_head_steps(
             dk, dv, qdo_cnt, head, q_row0, len_q, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles,
-            lo, hi, k_tiles, k_tiles[own], v_tiles[own], q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-            qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq, Q_IDX, sm_scale, qk_scale, cid, HEAD_DIM,
-            CAUSAL, WINDOW, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles,
-            dot_tiles, MX)
+            lo, hi, k_tiles, k_tiles[own], v_tiles[own], qdo_ring, ds_ring, desc_dq, Q_IDX, sm_scale, qk_scale, cid,
+            HEAD_DIM, CAUSAL, WINDOW, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+            qt_tiles, dot_tiles, MX)
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 4, clock64())
@@ -644,17 +647,17 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tile
     return qdo_cnt
 
 
-@triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads", "len_q_bcast",
-                               "band_lo", "band_hi"])
+@triton.jit(do_not_specialize=["num_items", "num_progs", "num_rounds", "num_slots", "num_seqs", "num_heads",
+                               "len_q_bcast", "band_lo", "band_hi"])
 def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v,
-    col_stride_do, num_items, num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale,
-    band_lo, band_hi, QS, QT, QTS, QB_OFF, KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, desc_dk, desc_dv,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "",
-    PROFILE: tl.constexpr = False, TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do, num_items,
+    num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale, band_lo, band_hi, QS, QT, QTS, QB_OFF,
+    KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, desc_dk, desc_dv, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
+    DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "", PROFILE: tl.constexpr = False,
+    TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1,
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
@@ -709,10 +712,7 @@ def jagged_dkdv_tlx_kernel(
     qdo_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=1)
     qdo_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_QDO, arrive_count=_CONSUMERS)
     if DQ == DQ_NONE:
-        ds_tiles = None
-        dq_stages = None
-        ds_fulls = None
-        ds_empties = None
+        ds_ring = None
     else:
         ds_tiles = tlx.local_alloc((BLOCK_N, BLOCK_M), DTYPE, _CONSUMERS * NUM_BUFFERS_DS)
         if DQ == DQ_PRODUCER:
@@ -724,11 +724,16 @@ def jagged_dkdv_tlx_kernel(
         ds_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS, arrive_count=_CONSUMERS)
         ds_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_DS,
                                         arrive_count=_CONSUMERS if DQ == DQ_HALVES else 1)
+        ds_ring = (ds_tiles, ds_fulls, ds_empties, dq_stages)
     if DYNAMIC:  # the producer fetches items from the global counter and passes them on through a ring
         item_bufs = tlx.local_alloc((1,), tl.int32, ITEM_BUFFERS)
         item_fulls = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=1)
         item_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
 
+    # the shared-memory rings as the partitions' helpers take them (with ``ds_ring`` above: the fused dQ's dS^T
+    # slots and dQ stages, None without it): the K/V slot pairs and the (Q, dO, stats) ring
+    kv = (k_tiles, v_tiles, kv_fulls, kv_empties)
+    qdo_ring = (q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties)
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
             qdo_cnt = 0
@@ -738,9 +743,8 @@ def jagged_dkdv_tlx_kernel(
                 while item < num_items:
                     # (with two K/V slot pairs the call fetched the next item itself, before its last dQ steps)
                     qdo_cnt, next_item = produce_dkdv_item(
-                        item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
-                        v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                        qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+                        item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, kv, qdo_ring,
+                        ds_ring, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                         num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                         col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE,
                         DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS,
@@ -768,9 +772,8 @@ def jagged_dkdv_tlx_kernel(
                                 NUM_BUFFERS_QDO)
                         else:
                             qdo_cnt, _next = produce_dkdv_item(
-                                item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
-                                v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls,
-                                kv_empties, qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU,
+                                item, rounds, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, kv,
+                                qdo_ring, ds_ring, TILES, CU_Q, CU_K, STATS_CU,
                                 COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k,
                                 col_stride_v, col_stride_do, sm_scale, band_lo, band_hi, CAUSAL, WINDOW, GROUP,
                                 BROADCAST_Q, SPARSE, DQ == DQ_PRODUCER, TILE_N, BLOCK_N, BLOCK_M, HEAD_DIM,
@@ -787,13 +790,11 @@ def jagged_dkdv_tlx_kernel(
                 item = receive_item(item_bufs, item_fulls, item_empties, rounds)
                 while item < num_items:
                     qdo_cnt = _consume_dkdv_item(
-                        item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                        kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                        desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
-                        stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                        cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                        NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
-                        desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
+                        item, rounds, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF,
+                        Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
+                        len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, GROUP,
+                        BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+                        qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -801,13 +802,12 @@ def jagged_dkdv_tlx_kernel(
                     item = static_item(rounds, pid, num_progs, False)
                     if item < num_items:
                         qdo_cnt = _consume_dkdv_item(
-                            item, rounds, qdo_cnt, k_tiles, v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                            kv_fulls, kv_empties, qdo_fulls, qdo_empties, ds_tiles, ds_fulls, ds_empties, dq_stages,
-                            desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX, stride_dkt, stride_dkh, stride_dvt,
-                            stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast, sm_scale, qk_scale, band_lo, band_hi,
-                            cid, HEAD_DIM, CAUSAL, WINDOW, GROUP, BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M,
-                            NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE, qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE,
-                            desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
+                            item, rounds, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF,
+                            Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
+                            len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, GROUP,
+                            BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
+                            qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, desc_dk, desc_dv, TMA_EPILOGUE,
+                            NUM_BUFFERS_KV)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -830,9 +830,9 @@ def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast
     the timeline outside the profiling build and the dK/dV descriptors without TMA stores (``tma_stores``; the
     launcher passes those by name)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
-                     SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-                     NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx, PROFILE=profile,
-                     TMA_EPILOGUE=tma_stores, NUM_BUFFERS_KV=kv_buffers)
+                     SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n,
+                     BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx,
+                     PROFILE=profile, TMA_EPILOGUE=tma_stores, NUM_BUFFERS_KV=kv_buffers)
     if not profile:
         constants.update(TIMELINE=None)
     if not tma_stores:

@@ -13,7 +13,7 @@ from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_q
 
 
 @triton.jit
-def producer_dq_step(s, ds_cnt, staged_row, k_tiles, kv_slot, ds_tiles, ds_fulls, ds_empties, dq_stages, desc_dq,
+def producer_dq_step(s, ds_cnt, staged_row, k_tiles, kv_slot, ds_ring, desc_dq,
                      dq_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE: tl.constexpr,
                      SUB: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                      CONSUMERS: tl.constexpr):
@@ -22,7 +22,8 @@ def producer_dq_step(s, ds_cnt, staged_row, k_tiles, kv_slot, ds_tiles, ds_fulls
     stage sent (``send_staged_dq``) while the MMAs run, and this step's dQ stored to its stage; the
     item's last stage is sent after its loop. ``ds_cnt``: the item's first step's count plus s (the dS^T
     slot and the stage follow it); ``staged_row``: the previous step's row; ``kv_slot``: the item's first K
-    tile in ``k_tiles``. Returns this step's row."""
+    tile in ``k_tiles``; ``ds_ring``: the kernel's dS^T slots and dQ stages. Returns this step's row."""
+    ds_tiles, ds_fulls, ds_empties, dq_stages = ds_ring
     m_start = step_tile(s, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB) * BLOCK_M
     buf, phase = bufidx_phase(ds_cnt, NUM_BUFFERS_DS)
     tlx.barrier_wait(ds_fulls[buf], phase)
@@ -40,8 +41,7 @@ def producer_dq_step(s, ds_cnt, staged_row, k_tiles, kv_slot, ds_tiles, ds_fulls
 
 @triton.jit
 def produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles, desc_q,
-                       desc_do, desc_stats, desc_dq, k_tiles, kv_slot, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                       ds_tiles, dq_stages, qdo_fulls, qdo_empties, ds_fulls, ds_empties, Q_IDX, num_heads,
+                       desc_do, desc_stats, desc_dq, k_tiles, kv_slot, qdo_ring, ds_ring, Q_IDX, num_heads,
                        col_stride_q, col_stride_do, sm_scale, SPARSE: tl.constexpr, PRODUCER_DQ: tl.constexpr,
                        TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                        NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr, QDO_BYTES: tl.constexpr,
@@ -65,25 +65,21 @@ def produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lea
     if PRODUCER_DQ:
         dq_col = head * HEAD_DIM  # where the head's dQ goes in the (contiguous, q-shaped) accumulator
         for j in tl.range(loaded, tl.minimum(n_steps, DQ_LAG)):
-            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, qdo_ring, head, q_row0, out_row0,
+                                    stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                    col_stride_do, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
         for j in tl.range(DQ_LAG, n_steps):
-            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, qdo_ring, head, q_row0, out_row0,
+                                    stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                    col_stride_do, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
             staged_row = producer_dq_step(
-                j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, kv_slot, ds_tiles, ds_fulls, ds_empties,
-                dq_stages, desc_dq, q_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB,
-                BLOCK_M, NUM_BUFFERS_DS, CONSUMERS)
+                j - DQ_LAG, qdo_cnt - DQ_LAG - 1, staged_row, k_tiles, kv_slot, ds_ring, desc_dq, q_row0, dq_col, first,
+                n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_DS, CONSUMERS)
     else:
         for j in tl.range(0, n_steps):
-            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles,
-                                    delta_tiles, qdo_fulls, qdo_empties, head, q_row0, out_row0, stats_col0, first,
-                                    n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX,
-                                    SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+            qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, qdo_ring, head, q_row0, out_row0,
+                                    stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
+                                    col_stride_do, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
     if PROFILE:
         stamp(TIMELINE, item, 10, clock64())  # loads_done
     return qdo_cnt, staged_row
@@ -91,7 +87,7 @@ def produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lea
 
 @triton.jit
 def finish_head_dq(qdo_cnt, staged_row, head, q_row0, first, n_lead, bulk_end, num_q_tiles, desc_dq, k_tiles,
-                   kv_slot, ds_tiles, dq_stages, ds_fulls, ds_empties, Q_IDX, sm_scale, SPARSE: tl.constexpr,
+                   kv_slot, ds_ring, Q_IDX, sm_scale, SPARSE: tl.constexpr,
                    TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                    NUM_BUFFERS_DS: tl.constexpr, CONSUMERS: tl.constexpr):
     """Producer's dQ (after ``produce_head_steps``, ``qdo_cnt`` and ``staged_row`` its results): the head's
@@ -104,21 +100,20 @@ def finish_head_dq(qdo_cnt, staged_row, head, q_row0, first, n_lead, bulk_end, n
     dq_col = head * HEAD_DIM
     for j in tl.range(tl.maximum(n_steps - DQ_LAG, 0), n_steps):
         staged_row = producer_dq_step(
-            j, qdo_cnt - n_steps + j, staged_row, k_tiles, kv_slot, ds_tiles, ds_fulls, ds_empties, dq_stages,
-            desc_dq, q_row0, dq_col, first, n_lead, n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M,
-            NUM_BUFFERS_DS, CONSUMERS)
+            j, qdo_cnt - n_steps + j, staged_row, k_tiles, kv_slot, ds_ring, desc_dq, q_row0, dq_col, first, n_lead,
+            n_masked, bulk_end, sm_scale, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_DS, CONSUMERS)
     if n_steps > 0:  # the head's last step
-        send_staged_dq(dq_stages[(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
+        send_staged_dq(ds_ring[3][(qdo_cnt + 1) & 1], desc_dq, staged_row, dq_col)
 
 
 @triton.jit
-def load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, col_stride_k,
-            col_stride_v, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-            KV_BYTES: tl.constexpr, CONSUMERS: tl.constexpr):
+def load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, kv, col_stride_k, col_stride_v, BLOCK_N: tl.constexpr,
+            GROUP: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, KV_BYTES: tl.constexpr, CONSUMERS: tl.constexpr):
     """K and V of query head ``head``'s key/value head, each consumer's BLOCK_N key rows from key ``n_start`` of the
     sequence whose keys start at packed row ``k_row0``, into the ``kv_cnt``-th use of the K/V slots
     (NUM_BUFFERS_KV pairs of CONSUMERS tiles), once the consumers (or the producer's dQ) have handed each slot
     back."""
+    k_tiles, v_tiles, kv_fulls, kv_empties = kv
     buf, phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     for c in tl.static_range(CONSUMERS):
         slot = buf * CONSUMERS + c
@@ -141,8 +136,7 @@ def upcoming_item(count, COUNTER, item_bufs, item_fulls, item_empties, pid, num_
 
 
 @triton.jit
-def prefetch_next_item(next_item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
-                       q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES,
+def prefetch_next_item(next_item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, kv, qdo_ring, TILES,
                        CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q,
                        col_stride_k, col_stride_v, col_stride_do, band_lo, band_hi, CAUSAL: tl.constexpr,
                        WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
@@ -157,24 +151,22 @@ def prefetch_next_item(next_item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_
     head, q_row0, out_row0, _lq, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, next_item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo,
                   band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
-    load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, col_stride_k,
-            col_stride_v, BLOCK_N, GROUP, NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
+    load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, kv, col_stride_k, col_stride_v, BLOCK_N, GROUP,
+            NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
     if PROFILE:
         stamp(TIMELINE, next_item, 9, clock64())  # kv_issued
     stats_col0 = aligned_column(TILES, STATS_CU, next_item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     n_masked = n_lead + num_q_tiles - bulk_end
     for j in tl.range(0, tl.minimum(num_q_tiles - first, LEAD)):
-        qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles,
-                                qdo_fulls, qdo_empties, head, q_row0, out_row0.to(tl.int32), stats_col0, first,
-                                n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX, SPARSE,
-                                TILE_N // BLOCK_M, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
+        qdo_cnt = load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, qdo_ring, head, q_row0, out_row0.to(tl.int32),
+                                stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do,
+                                Q_IDX, SPARSE, TILE_N // BLOCK_M, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
     return qdo_cnt
 
 
 @triton.jit
-def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, k_tiles,
-                      v_tiles, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages, kv_fulls, kv_empties,
-                      qdo_fulls, qdo_empties, ds_fulls, ds_empties, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
+def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, kv, qdo_ring,
+                      ds_ring, TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX,
                       num_slots, num_heads, num_seqs, len_q_bcast, col_stride_q, col_stride_k, col_stride_v,
                       col_stride_do, sm_scale, band_lo, band_hi, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                       GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr,
@@ -207,8 +199,8 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
     if started:
         loaded = tl.minimum(num_q_tiles - first, NUM_BUFFERS_DS)
     else:
-        load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, k_tiles, v_tiles, kv_fulls, kv_empties, col_stride_k,
-                col_stride_v, BLOCK_N, GROUP, NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
+        load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, kv, col_stride_k, col_stride_v, BLOCK_N, GROUP,
+                NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
         if PROFILE:
             stamp(TIMELINE, item, 9, clock64())  # kv_issued
     next_item = -1
@@ -219,10 +211,9 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
                           band_hi, CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, g, GROUP)
         qdo_cnt, staged_row = produce_head_steps(
             qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lead, bulk_end, num_q_tiles, desc_q, desc_do,
-            desc_stats, desc_dq, k_tiles, kv_slot, q_tiles, do_tiles, lse_tiles, delta_tiles, ds_tiles, dq_stages,
-            qdo_fulls, qdo_empties, ds_fulls, ds_empties, Q_IDX, num_heads, col_stride_q, col_stride_do, sm_scale,
-            SPARSE, PRODUCER_DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES, CONSUMERS,
-            item, TIMELINE, PROFILE, loaded)
+            desc_stats, desc_dq, kv[0], kv_slot, qdo_ring, ds_ring, Q_IDX, num_heads, col_stride_q, col_stride_do,
+            sm_scale, SPARSE, PRODUCER_DQ, TILE_N, BLOCK_M, HEAD_DIM, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, QDO_BYTES,
+            CONSUMERS, item, TIMELINE, PROFILE, loaded)
         loaded = 0
         dq_cnt = qdo_cnt  # the head's loads end here: its last dQ steps count from it
         if NUM_BUFFERS_KV > 1:
@@ -231,15 +222,14 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
                                           DYNAMIC)
                 if next_item < num_items:
                     qdo_cnt = prefetch_next_item(
-                        next_item, kv_cnt + 1, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, k_tiles, v_tiles,
-                        q_tiles, do_tiles, lse_tiles, delta_tiles, kv_fulls, kv_empties, qdo_fulls, qdo_empties, TILES,
-                        CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast,
+                        next_item, kv_cnt + 1, qdo_cnt, desc_q, desc_k, desc_v, desc_do, desc_stats, kv, qdo_ring,
+                        TILES, CU_Q, CU_K, STATS_CU, COL_OFF, Q_IDX, num_slots, num_heads, num_seqs, len_q_bcast,
                         col_stride_q, col_stride_k, col_stride_v, col_stride_do, band_lo, band_hi, CAUSAL, WINDOW,
                         GROUP, BROADCAST_Q, SPARSE, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_KV,
                         NUM_BUFFERS_DS, KV_BYTES, QDO_BYTES, CONSUMERS, TIMELINE, PROFILE)
         if PRODUCER_DQ:
-            finish_head_dq(dq_cnt, staged_row, head, q_row0, first, n_lead, bulk_end, num_q_tiles, desc_dq, k_tiles,
-                           kv_slot, ds_tiles, dq_stages, ds_fulls, ds_empties, Q_IDX, sm_scale, SPARSE, TILE_N, BLOCK_M,
+            finish_head_dq(dq_cnt, staged_row, head, q_row0, first, n_lead, bulk_end, num_q_tiles, desc_dq, kv[0],
+                           kv_slot, ds_ring, Q_IDX, sm_scale, SPARSE, TILE_N, BLOCK_M,
                            HEAD_DIM, NUM_BUFFERS_DS, CONSUMERS)
     if PROFILE:
         stamp(TIMELINE, item, 11, clock64())  # producer_end

@@ -116,11 +116,12 @@ def sparse_step_masked(m_start, n_start, len_q, causal_shift, every_step, CAUSAL
 
 
 @triton.jit
-def load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls,
-                  qdo_empties, head, q_row0, out_row0, stats_col0, first, n_lead, n_masked, bulk_end, num_heads,
-                  col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr, SUB: tl.constexpr, BLOCK_M: tl.constexpr,
-                  NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
-    """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next ring slot."""
+def load_qdo_step(j, qdo_cnt, desc_q, desc_do, desc_stats, qdo_ring, head, q_row0, out_row0, stats_col0, first,
+                  n_lead, n_masked, bulk_end, num_heads, col_stride_q, col_stride_do, Q_IDX, SPARSE: tl.constexpr,
+                  SUB: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, QDO_BYTES: tl.constexpr):
+    """Producer: the j-th step's query tile (Q, dO and its row statistics) into the next slot of ``qdo_ring``
+    (``jagged_dkdv_tlx_kernel``'s)."""
+    q_tiles, do_tiles, lse_tiles, delta_tiles, qdo_fulls, qdo_empties = qdo_ring
     i = step_tile(j, first, n_lead, n_masked, bulk_end, Q_IDX, SPARSE, SUB)
     buf, phase = bufidx_phase(qdo_cnt, NUM_BUFFERS_QDO)
     tlx.barrier_wait(qdo_empties[buf], phase ^ 1)

@@ -117,37 +117,6 @@ def test_the_backward_one_cta_per_item_meets_the_oracle(case):
     assert report.backward_kernel == "tlx-hopper" and report.ok, str(report)
 
 
-@pytest.mark.parametrize("dq", BACKWARDS)
-@pytest.mark.parametrize("case", ABLATION_CASES, ids=[c.id for c in ABLATION_CASES])
-def test_the_tma_epilogue_meets_the_oracle(case, dq):
-    """dK and dV written by TMA stores (``tma_epilogue``; the D 64 fused-dQ build keeps register stores)
-    judged like what ships."""
-    with knobs.scope(tlx_bwd_variant="tma_epilogue=1", tlx_fused_dq=dq == "fused-dq"):
-        report = run_case(case, backend="tlx", device="cuda", backward=True)
-    assert report.backward_kernel == "tlx-hopper" and report.ok, str(report)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
-def test_the_tma_epilogue_writes_bitwise_the_gradients_register_stores_write(head_dim, causal):
-    """dK and dV are the same bits whether the consumers store them from registers or stage them for TMA
-    stores (tails of every kind, sequences spanning several work items, empty ones), with the fused dQ and
-    without it."""
-    g = torch.Generator().manual_seed(5)
-    lengths = [int(x) for x in torch.randint(0, 700, (60,), generator=g)] + [0, 1, 64, 128, 129]
-    q, k, v, cu = packed(lengths, heads=3, head_dim=head_dim)
-    out, lse = run(q, k, v, cu, causal=causal)
-    dout = torch.randn_like(out)
-    kwargs = dict(causal=causal, softmax_scale=head_dim ** -0.5, broadcast_q=False, num_seqs=len(lengths))
-    for deterministic in (False, True):
-        shipped = tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, deterministic=deterministic,
-                                                   **kwargs)
-        staged = tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, deterministic=deterministic,
-                                                  variant=tlx_backward.BackwardVariant(tma_epilogue=True), **kwargs)
-        for name, a, b in zip(("dk", "dv"), shipped[1:], staged[1:]):
-            assert torch.equal(a, b), f"{name} (deterministic={deterministic}) differs with the TMA epilogue"
-
-
 PREFETCH_CASES = [c for c in ABLATION_CASES if c.head_dim == 64]
 
 

@@ -216,36 +216,6 @@ def test_work_items_reach_the_consumers_decoded_through_the_ring_under_either_sc
 
 
 
-# (case, backward): the TMA epilogue's builds, the halves (tails at both ends of a tile, many items wrapping
-# the rings, a broadcast Q, grouped heads, block-sparse lists, the counter's causal items) and the
-# deterministic backward's build without the fused dQ at both head dims
-TMA_EPILOGUE = {"halves-tails": ("tlx-tails-128-causal-bf16-D128", "fused-dq"),
-                "halves-many-items-bcastq": ("tlx-many-items-bcastq-bf16-D128", "fused-dq"),
-                "halves-gqa-causal": ("gqa-causal-bf16-D128", "fused-dq"),
-                "halves-sparse": ("tlx-sparse-gqa-causal-ratio0.5-bs128-bf16-D128", "fused-dq"),
-                "halves-long-causal": ("tlx-long-causal-counter-D128", "fused-dq"),
-                "no-dq-tails-D64": ("tlx-tails-64-bf16-D64", "deterministic"),
-                "no-dq-many-items-D128": ("tlx-many-items-causal-bf16-D128", "deterministic")}
-
-
-@pytest.mark.parametrize("seed", [0, *SEEDS[:2]], ids=lambda s: f"seed{s}" if s else "deterministic")
-@pytest.mark.parametrize("name", TMA_EPILOGUE)
-def test_the_tma_epilogue_meets_the_oracle_under_each_schedule(name, seed, monkeypatch):
-    """dK and dV staged in the consumers' K and V tiles and written by TMA stores (``tma_epilogue``; a
-    sequence's tail tile from registers) meet the oracle under the deterministic schedule and seeded ones:
-    the simulator checks that no tile is overwritten by the next item's loads before its stores read it, and
-    that the halves' K tiles are staged only once both consumers' MMAs retired. Every dK/dV launch compiled
-    the TMA epilogue."""
-    case_name, dq = TMA_EPILOGUE[name]
-    case = next(c for c in CATALOGUE if c.name == case_name)
-    built = constexpr_per_launch(monkeypatch, tlx_backward.jagged_dkdv_tlx_kernel, "TMA_EPILOGUE")
-    schedule = sim.Schedule.seeded(seed) if seed else sim.Schedule.deterministic()
-    with knobs.scope(tlx_bwd_variant="tma_epilogue=1"):
-        report, _ = _run_on_simulator(case, schedule, dq)
-    assert report.ok, str(report)
-    assert built and set(built) == {True}, built
-
-
 # the cases of the build with two K/V slot pairs (the producer's dQ at D 64): items dealt statically (a broadcast Q)
 # or from the counter (causal, long causal items), tails at both ends of a tile, grouped heads, a window's
 # bands with grouped heads, block-sparse lists, a run of empty sequences
@@ -310,15 +280,14 @@ def test_forward_stores_stay_inside_their_own_sequence(head_dim, causal):
             assert torch.equal(out[rows], reference[rows]), f"sequence {seq} rows differ from the full launch"
 
 
-@pytest.mark.parametrize("epilogue", ["registers", "tma"])
+@pytest.mark.parametrize("dq", ["fused-dq", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
-def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, epilogue, monkeypatch):
+def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, dq, monkeypatch):
     """The dK/dV kernel run on one sequence's key tiles only writes that sequence's dk and dv rows (the
-    neighbours keep their canary), and its fused dQ reduce-adds land in that sequence's dq rows only; with
-    dK and dV stored from registers (what ships) or by TMA boxes (``tma_epilogue``: at D 128 the halves, at
-    D 64 the build without the fused dQ, since the fused one's producer reads K)."""
-    fused = not (epilogue == "tma" and head_dim == 64)
+    neighbours keep their canary), and its fused dQ reduce-adds land in that sequence's dq rows only; with the
+    fused dQ's build and the deterministic backward's (no dQ)."""
+    fused = dq == "fused-dq"
     lengths = [77, 130, 3, 200]
     q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=1)
     out, lse = (torch.randn_like(q), torch.randn(q.shape[:2]))
@@ -333,11 +302,10 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, epilog
         monkeypatch.setattr(tlx_backward, "build_tile_list", one_sequence)
         dk, dv = torch.full_like(k, 7.0), torch.full_like(v, 7.0)
         accum = tlx_backward.DqAccumulator(q) if fused else None
-        variant = tlx_backward.BackwardVariant(tma_epilogue=epilogue == "tma")
         with sim.simulated(sm_count=2):
             tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None, dk, dv, cu, cu, causal=causal,
                                          softmax_scale=head_dim ** -0.5, broadcast_q=False, num_seqs=len(lengths),
-                                         dq_accum=accum, outputs=(out, dout, None), variant=variant)
+                                         dq_accum=accum, outputs=(out, dout, None))
         rows = torch.zeros(q.shape[0], dtype=torch.bool)
         rows[int(cu[seq]):int(cu[seq + 1])] = True
         assert (dk[~rows] == 7.0).all() and (dv[~rows] == 7.0).all(), f"sequence {seq}: dk/dv outside its rows"

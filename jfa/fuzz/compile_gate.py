@@ -221,16 +221,6 @@ def tlx_backward_targets() -> list:
                        variant="fused-dq", profile=True),
                 Target("tlx-dkdv-bf16-D128-causal[fused-dq,profile]", "dkdv", "bf16", 128, True, False,
                        backend="tlx", variant="fused-dq", profile=True)]
-    # dK and dV by TMA stores (the ablation's "TMA epilogue"): the halves (plain, broadcast Q, causal's
-    # counter, its profiling build), fp16 without the fused dQ at D 128, and the D 64 build without it
-    tma = "tma_epilogue=1"
-    targets += [Target(f"tlx-dkdv-bf16-D128{name}[fused-dq,{tma}{',profile' if profile else ''}]", "dkdv", "bf16",
-                       128, causal, bcast, backend="tlx", variant="fused-dq", switches=tma, profile=profile)
-                for name, causal, bcast, profile in (("", False, False, False), ("-bcastq", False, True, False),
-                                                     ("-causal", True, False, False), ("", False, False, True))]
-    targets += [Target(f"tlx-dkdv-fp16-D128-causal[{tma}]", "dkdv", "fp16", 128, True, False, backend="tlx",
-                       switches=tma),
-                Target(f"tlx-dkdv-bf16-D64[{tma}]", "dkdv", "bf16", 64, False, False, backend="tlx", switches=tma)]
     # the next item's K, V and first query tiles loaded during this one (the ablation's "next item prefetched"),
     # the producer's-dQ build at D 64: static schedule, the counter's causal one, its profiling build,
     # block-sparse, a window, grouped heads
@@ -451,7 +441,6 @@ def tlx_structure(ptx: str, ttgir: str, ptxas_log: str) -> dict:
         "setmaxnreg": {kind: sorted({int(n) for k, n in setmaxnreg if k == kind}) for kind in ("dec", "inc")},
         "tma_loads": ptx.count("cp.async.bulk.tensor"),
         "tma_reduce_adds": ptx.count("cp.reduce.async.bulk.tensor"),
-        "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
         "global_atomics": len(re.findall(r"\batom\.global\.", ptx)),
         "expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
         "mbarrier_waits": ptx.count("mbarrier.try_wait"),
@@ -791,12 +780,6 @@ def _check_tlx(target: Target) -> Result:
                                          profile=target.profile, variant=variant)
         cfg = tlx_backward.config_for(target.head_dim, fused, target.mx)
         compiled, result, expected = _compile_tlx(target, spec, tlx_backward.NUM_CONSUMERS, llvm_o0=cfg.llvm_o0)
-        tma_stores = variant.tma_stores(cfg, bool(target.mx))
-        expected["TMA stores of dK and dV exactly in the TMA epilogue's build"] = \
-            (result.details["tma_stores"] > 0) == tma_stores
-        # the halves' TMA epilogue: both consumers' warpgroups meet before a K tile is overwritten
-        expected["named barrier 13 of both consumers exactly in the halves' TMA epilogue"] = \
-            result.details["named_barriers"] == ([13] if tma_stores and cfg.dq == "halves" else [])
         expected["global-timer reads exactly in the profiling build"] = \
             ("%globaltimer" in compiled.asm["ptx"]) == target.profile
         if target.mx:  # the MX producer loads E4M3 bytes with 16-byte loads (the statistics still by TMA)

@@ -204,11 +204,6 @@ class BackwardVariant:
     dense_schedule: str = "static"
     masked_schedule: str = "dynamic"
     sparse_schedule: str = "dynamic"
-    # dK and dV written by TMA stores from shared memory (staged in the consumer's own K and V tiles, handed
-    # back to the producer once the copy has read them) instead of register stores; a sequence's tail tile
-    # keeps the masked register stores (a box there would write the next sequence's rows). Builds whose K and
-    # V tiles only the consumers read: without the fused dQ or with the halves, not MX (``tma_stores``).
-    tma_epilogue: bool = False
     # The producer's-dQ build (D 64) with K and V in two slot pairs: once this item's last query step is
     # issued, and before its dQ of the last DQ_LAG steps (which waits for the consumers' last dS^T and reads
     # this item's K), the producer starts the CTA's next item: its K and V into the other pair and its first
@@ -232,11 +227,6 @@ class BackwardVariant:
         if sparse:
             return self.sparse_schedule == "dynamic"
         return (self.masked_schedule if causal or window else self.dense_schedule) == "dynamic"
-
-    def tma_stores(self, cfg: HopperDkDvConfig, mx: bool = False) -> bool:
-        """Whether build ``cfg`` writes dK and dV by TMA stores (``tma_epilogue``): never where the producer
-        reads K for its dQ (``dq="producer"``), nor in an MX build (its gradients may be fp32)."""
-        return self.tma_epilogue and cfg.dq != "producer" and not mx
 
     def kv_buffers(self, cfg: HopperDkDvConfig, mx: bool = False) -> int:
         """Pairs of K/V slots of build ``cfg`` (``item_prefetch``): two in the producer's-dQ build
@@ -531,37 +521,6 @@ def _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_d
 
 
 @triton.jit
-def _store_dkdv_staged(dk, dv, k_tile, v_tile, kv_empty, desc_dk, desc_dv, DK, DV, k_row0, n_start, len_k,
-                       kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid: tl.constexpr,
-                       DQ: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
-    """``tma_epilogue``: dK (scaled) and dV of consumer ``cid``'s key rows staged in its own K and V tiles and
-    written by TMA stores, then the tiles handed back (``kv_empty``) once the stores have read them. A
-    tile reaching past the sequence (its rows past ``len_k`` belong to the next one, which a box would write)
-    is stored from registers (``_store_dkdv``) and its tiles handed back at once."""
-    n0 = n_start + cid * BLOCK_N
-    whole = n0 + BLOCK_N <= len_k
-    if whole:  # only this consumer's MMAs read its V tile, and they have retired
-        tlx.local_store(v_tile, dv.to(DTYPE))
-    if DQ == DQ_HALVES:
-        # the other consumer's dQ MMAs read this consumer's K tile: both consumers pass this point (on either
-        # path) only once their last MMAs have retired. Named barrier 13: both consumers' warpgroups.
-        tlx.named_barrier_wait(13, 2 * 128)
-    if whole:
-        tlx.local_store(k_tile, (dk * sm_scale).to(DTYPE))
-        tlx.fence_async_shared()  # generic-proxy stores made visible to the TMA engine (async proxy)
-        # every thread of the warpgroup stored and fenced before the elected one issues the stores
-        tlx.named_barrier_wait(11 + cid, 128)
-        row = k_row0 + n0
-        tlx.async_descriptor_store(desc_dk, k_tile, [row, kv_head * stride_dkh])
-        tlx.async_descriptor_store(desc_dv, v_tile, [row, kv_head * stride_dvh])
-        tlx.async_descriptor_store_wait(0)  # the producer's next K and V overwrite the tiles
-    else:
-        _store_dkdv(dk, dv, DK, DV, k_row0, n0, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                    sm_scale, BLOCK_N, HEAD_DIM)
-    tlx.barrier_arrive(kv_empty, 1)
-
-
-@triton.jit
 def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK, DV, TILES, CU_Q, CU_K, COL_OFF, Q_IDX,
                        stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs, len_q_bcast,
                        sm_scale, qk_scale, band_lo, band_hi, cid: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -569,12 +528,10 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
                        SPARSE: tl.constexpr, DQ: tl.constexpr, TILE_N: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, NUM_BUFFERS_DS: tl.constexpr,
                        DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = "", TIMELINE=None, pid=0,
-                       PROFILE: tl.constexpr = False, desc_dk=None, desc_dv=None, TMA_EPILOGUE: tl.constexpr = False,
-                       NUM_BUFFERS_KV: tl.constexpr = 1):
+                       PROFILE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1):
     """Consumer ``cid``, the CTA's ``kv_cnt``-th work item (its K and V in slot pair kv_cnt % NUM_BUFFERS_KV): its
     BLOCK_N key rows of the item's key/value head against every query step of each of the group's GROUP query
-    heads in turn (``_consume_head_steps``), then one store of dK (scaled) and dV (TMA_EPILOGUE: by TMA,
-    ``_store_dkdv_staged``). PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
+    heads in turn (``_consume_head_steps``), then one store of dK (scaled) and dV. PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
     k_tiles, v_tiles, kv_fulls, kv_empties = kv
     if PROFILE:
         if cid == 0:
@@ -613,13 +570,11 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 4, clock64())
-    # every MMA of this consumer reading the item's K and V (with the halves: both consumers' K) has retired;
-    # with TMA stores its own tiles are handed back once the stores have read them (``_store_dkdv_staged``)
+    # every MMA of this consumer reading the item's K and V (with the halves: both consumers' K) has retired
     if DQ == DQ_HALVES:
         for c in tl.static_range(_CONSUMERS):
-            if not TMA_EPILOGUE or c != cid:
-                tlx.barrier_arrive(kv_empties[c], 1)
-    elif not TMA_EPILOGUE:
+            tlx.barrier_arrive(kv_empties[c], 1)
+    else:
         tlx.barrier_arrive(kv_empties[own], 1)
 
     # epilogue: key rows past the sequence belong to the next one and are never written
@@ -631,13 +586,8 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
                                                                   num_heads // GROUP, num_seqs, len_q_bcast,
                                                                   BROADCAST_Q, SPARSE)
         n_start = _t * TILE_N
-    if TMA_EPILOGUE:
-        _store_dkdv_staged(dk, dv, k_tiles[own], v_tiles[own], kv_empties[own], desc_dk, desc_dv, DK, DV, k_row0,
-                           n_start, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, cid, DQ,
-                           BLOCK_N, HEAD_DIM, DTYPE)
-    else:
-        _store_dkdv(dk, dv, DK, DV, k_row0, n_start + cid * BLOCK_N, len_k, kv_head, stride_dkt, stride_dkh,
-                    stride_dvt, stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
+    _store_dkdv(dk, dv, DK, DV, k_row0, n_start + cid * BLOCK_N, len_k, kv_head, stride_dkt, stride_dkh, stride_dvt,
+                stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
     if PROFILE:
         if cid == 0:
             stamp(TIMELINE, item, 5, clock64())
@@ -653,25 +603,20 @@ def jagged_dkdv_tlx_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, DK, DV, CU_Q, CU_K, STATS_CU, TILES, COL_OFF, Q_IDX, COUNTER,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, col_stride_q, col_stride_k, col_stride_v, col_stride_do, num_items,
     num_progs, num_rounds, num_slots, num_seqs, num_heads, len_q_bcast, sm_scale, band_lo, band_hi, QS, QT, QTS, QB_OFF,
-    KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, desc_dk, desc_dv, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr,
-    DYNAMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr,
-    CONSUMER_REGS: tl.constexpr, MX: tl.constexpr = "", PROFILE: tl.constexpr = False,
-    TMA_EPILOGUE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1,
+    KS, VS, DOS, DOT_, DOTS, OB_OFF, TIMELINE, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    GROUP: tl.constexpr, BROADCAST_Q: tl.constexpr, SPARSE: tl.constexpr, DQ: tl.constexpr, DYNAMIC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_QDO: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+    MX: tl.constexpr = "", PROFILE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1,
 ):
     """MX ("" or the rule of an MXFP8 build: dense, static schedule, no fused dQ): "" reads q, k, v, dO
     (bf16/fp16) by TMA; an MXFP8 build takes D-axis E4M3 bytes in desc_q, desc_k, desc_v, desc_do's places
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
     in the other builds. PROFILE: the profiling build, one record per item in TIMELINE (int64 rows of
-    ``PROFILE_FIELDS``; constexpr None elsewhere). TMA_EPILOGUE: dK and dV written through desc_dk and desc_dv
-    (``BackwardVariant.tma_epilogue``; constexpr None elsewhere). NUM_BUFFERS_KV: pairs of K/V slots; with two
-    the producer starts the next item's loads while this one runs (``BackwardVariant.item_prefetch``)."""
+    ``PROFILE_FIELDS``; constexpr None elsewhere). NUM_BUFFERS_KV: pairs of K/V slots; with two the producer starts the next item's loads while this one runs (``BackwardVariant.item_prefetch``)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     tl.static_assert(not PROFILE or MX == "", "the profiling build is the bf16/fp16 one (its producer stamps)")
-    tl.static_assert(not TMA_EPILOGUE or (MX == "" and DQ != DQ_PRODUCER),
-                     "TMA stores of dK and dV need K and V tiles that only the consumers read")
     tl.static_assert(NUM_BUFFERS_KV == 1 or (MX == "" and DQ == DQ_PRODUCER),
                      "two K/V slot pairs: the producer's-dQ build")
     TILE_N: tl.constexpr = _CONSUMERS * BLOCK_N
@@ -794,7 +739,7 @@ def jagged_dkdv_tlx_kernel(
                         Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                         len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, GROUP,
                         BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
-                        qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, desc_dk, desc_dv, TMA_EPILOGUE, NUM_BUFFERS_KV)
+                        qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, NUM_BUFFERS_KV)
                     rounds += 1
                     item = receive_item(item_bufs, item_fulls, item_empties, rounds)
             else:
@@ -806,8 +751,7 @@ def jagged_dkdv_tlx_kernel(
                             Q_IDX, stride_dkt, stride_dkh, stride_dvt, stride_dvh, num_slots, num_heads, num_seqs,
                             len_q_bcast, sm_scale, qk_scale, band_lo, band_hi, cid, HEAD_DIM, CAUSAL, WINDOW, GROUP,
                             BROADCAST_Q, SPARSE, DQ, TILE_N, BLOCK_N, BLOCK_M, NUM_BUFFERS_QDO, NUM_BUFFERS_DS, DTYPE,
-                            qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, desc_dk, desc_dv, TMA_EPILOGUE,
-                            NUM_BUFFERS_KV)
+                            qt_tiles, dot_tiles, MX, TIMELINE, pid, PROFILE, NUM_BUFFERS_KV)
             if DQ == DQ_HALVES:
                 tlx.async_descriptor_store_wait(0)  # shared memory must outlive the last reduce-add's read
 
@@ -824,19 +768,16 @@ def supports(q: torch.Tensor, dout: Optional[torch.Tensor] = None, *, k: Optiona
 
 def _constexprs(cfg: HopperDkDvConfig, head_dim: int, *, causal: bool, broadcast_q: bool, window: bool = False,
                 group: int = 1, sparse: bool = False, dynamic: bool = False, mx: str = "",
-                profile: bool = False, tma_stores: bool = False, kv_buffers: int = 1) -> dict:
+                profile: bool = False, kv_buffers: int = 1) -> dict:
     """The compile-time arguments of one launch; without a window the band offsets are constexpr None
-    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build,
-    the timeline outside the profiling build and the dK/dV descriptors without TMA stores (``tma_stores``; the
-    launcher passes those by name)."""
+    (the build takes no band parameters), and so are the MX operands (``MX_ARGS``) outside an MXFP8 build and
+    the timeline outside the profiling build (the launcher passes it by name)."""
     constants = dict(HEAD_DIM=head_dim, CAUSAL=causal, WINDOW=window, GROUP=group, BROADCAST_Q=broadcast_q,
                      SPARSE=sparse, DQ=DQ_MODES.index(cfg.dq), DYNAMIC=dynamic, BLOCK_N=cfg.block_n,
                      BLOCK_M=cfg.block_m, NUM_BUFFERS_QDO=cfg.num_buffers_qdo, CONSUMER_REGS=cfg.consumer_regs, MX=mx,
-                     PROFILE=profile, TMA_EPILOGUE=tma_stores, NUM_BUFFERS_KV=kv_buffers)
+                     PROFILE=profile, NUM_BUFFERS_KV=kv_buffers)
     if not profile:
         constants.update(TIMELINE=None)
-    if not tma_stores:
-        constants.update(desc_dk=None, desc_dv=None)
     if not window:
         constants.update(band_lo=None, band_hi=None)
     if not mx:
@@ -859,11 +800,10 @@ def compile_spec(dtype: str, head_dim: int, *, causal: bool, broadcast_q: bool, 
     dynamic = variant.dynamic(sparse, causal=causal, window=window, mx=bool(mx))
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=window, group=group,
                             sparse=sparse, dynamic=dynamic, mx=mx, profile=profile,
-                            tma_stores=variant.tma_stores(cfg, bool(mx)), kv_buffers=variant.kv_buffers(cfg, bool(mx)))
+                            kv_buffers=variant.kv_buffers(cfg, bool(mx)))
     grad = dtype
     types = {f"desc_{x}": "*u8" if mx else f"tensordesc<{dtype}[{rows}, {head_dim}]>"
-             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n),
-                             ("dk", cfg.block_n), ("dv", cfg.block_n))}
+             for x, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", cfg.block_n), ("v", cfg.block_n))}
     # without the fused dQ the launcher passes desc_q in desc_dq's place (never read); the MX launcher the
     # statistics' descriptor
     dq_box = (cfg.block_m, dq_box_columns(cfg, head_dim) if fused_dq else head_dim)
@@ -971,14 +911,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
-    tma_stores = variant.tma_stores(cfg)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
-                            sparse=lists is not None, dynamic=dynamic, profile=profile, tma_stores=tma_stores,
+                            sparse=lists is not None, dynamic=dynamic, profile=profile,
                             kv_buffers=variant.kv_buffers(cfg))
-    staged = None  # the dK and dV descriptors of TMA stores (boxes of a consumer's key rows), by name
-    if tma_stores:
-        staged = constants["desc_dk"], constants["desc_dv"] = (descriptor(dk, cfg.block_n)[0],
-                                                                descriptor(dv, cfg.block_n)[0])
     timeline = None
     if profile:
         constants["TIMELINE"] = timeline = torch.full((num_items, len(PROFILE_FIELDS)), -1, dtype=torch.int64,
@@ -997,10 +932,9 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
             steps, first_step = (PROFILE_FIELDS.index(f) for f in ("steps", "first_step"))
             timeline[:, steps] = torch.where(timeline[:, steps] >= 0, timeline[:, steps] - timeline[:, first_step], -1)
         if keep is not None:
-            replaced = (_PlannedBackward.REPLACED + (_PlannedBackward.STAGED if staged else ())
-                        + (("COUNTER",) if dynamic else ()))
+            replaced = _PlannedBackward.REPLACED + (("COUNTER",) if dynamic else ())
             keep["dkdv"] = (target.prepare(jagged_dkdv_tlx_kernel, q.device, args, kwargs, replaced),
-                            grid, cfg.llvm_o0, args[:6] + (staged or ()), zero is not None, dynamic)
+                            grid, cfg.llvm_o0, args[:6], zero is not None, dynamic)
     return timeline
 
 
@@ -1010,10 +944,8 @@ class _PlannedBackward:
     descriptors on its tensors and launches the statistics' pass and the dK/dV kernel."""
 
     # the dK/dV kernel's parameters a planned call replaces: every tensor but the offsets and the tile lists,
-    # with TMA stores the dK and dV descriptors (STAGED), and under the dynamic schedule the current stream's
-    # work counter
+    # and under the dynamic schedule the current stream's work counter
     REPLACED = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_stats", "desc_dq", "DK", "DV")
-    STAGED = ("desc_dk", "desc_dv")
 
     def __init__(self, keep: dict, q, k):
         """From what ``jagged_dkdv_tlx`` kept (``keep``) of a fused launch on q, k."""
@@ -1034,11 +966,9 @@ class _PlannedBackward:
         if not self.row_stats.run(self.stats_grid, (lse, lse, out, dout, dlse, stats,
                                                     accumulator if self.zero_in_stats else stats)):
             return None
-        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq, *staged = self.descriptors
+        desc_q, desc_k, desc_v, desc_do, desc_stats, desc_dq = self.descriptors
         replacements = (rebased(desc_q, q), rebased(desc_k, k), rebased(desc_v, v), rebased(desc_do, dout),
                         rebased(desc_stats, stats), rebased(desc_dq, accumulator), dk, dv)
-        if staged:
-            replacements += (rebased(staged[0], dk), rebased(staged[1], dv))
         if self.dynamic:
             replacements += (work_counter(device),)
         with pipeline.build_llvm_o0(jagged_dkdv_tlx_kernel.fn.__name__, self.llvm_o0):

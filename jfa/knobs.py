@@ -106,7 +106,7 @@ KNOBS: dict = {k.name: k for k in (
          "persistent=0, longest_first=0, pingpong=0, peel=0, q_regs=0|1); measurements only"),
     Knob("tlx_bwd_variant", "JFA_TLX_BWD_VARIANT", parse_switches, {},
          "ablation switches of the TLX backward (persistent=0, dense_schedule=, masked_schedule=, "
-         "sparse_schedule= static|dynamic, item_prefetch=1); measurements only"),
+         "sparse_schedule= static|dynamic, item_prefetch=short|always|never); measurements only"),
     Knob("tlx_own_waits", "JFA_TLX_OWN_WAITS", parse_kernel_selection, frozenset({"jagged_dkdv_tlx_kernel"}),
          "TLX kernels compiled without Triton's generic software pipeliner (their wgmma waits as written): "
          "0, 1 or kernel names; the default is what ships"),

@@ -365,6 +365,42 @@ def test_tlx_backward_switches_parse_and_reject_typos():
             BackwardVariant.parse(bad)
 
 
+def test_the_next_item_prefetch_is_taken_exactly_where_a_producer_dq_launch_has_short_items():
+    """Two K/V slot pairs (``item_prefetch="short"``, what ships) only in the producer's-dQ build (D 64 with the
+    fused dQ, never MX) and only where a launch's items average at most PREFETCH_MAX_STEPS query steps (a
+    broadcast Q's limit is its own; an estimate that is missing counts as long); "always" and "never" regardless
+    of the steps."""
+    from jfa.kernels.tlx.hopper.backward import PREFETCH_MAX_STEPS, SHIPPED, BackwardVariant, config_for
+
+    producer_dq, halves, no_dq = config_for(64, True), config_for(128, True), config_for(64, False)
+    assert producer_dq.dq == "producer" and SHIPPED.item_prefetch == "short"
+    for bcast in (False, True):
+        assert SHIPPED.kv_buffers(producer_dq, steps=PREFETCH_MAX_STEPS[bcast], broadcast_q=bcast) == 2
+        assert SHIPPED.kv_buffers(producer_dq, steps=PREFETCH_MAX_STEPS[bcast] + 0.5, broadcast_q=bcast) == 1
+    assert PREFETCH_MAX_STEPS[True] > PREFETCH_MAX_STEPS[False], "a broadcast Q's steps come from L2"
+    assert SHIPPED.kv_buffers(producer_dq) == 1, "no estimate (a window, block-sparse lists): one pair"
+    for cfg in (halves, no_dq):
+        assert SHIPPED.kv_buffers(cfg, steps=1) == 1 and BackwardVariant(item_prefetch="always").kv_buffers(cfg) == 1
+    assert SHIPPED.kv_buffers(producer_dq, mx=True, steps=1) == 1
+    assert BackwardVariant.parse("item_prefetch=always").kv_buffers(producer_dq, steps=100) == 2
+    assert BackwardVariant.parse("item_prefetch=never").kv_buffers(producer_dq, steps=1) == 1
+    with pytest.raises(ValueError, match="item_prefetch: must be one of"):
+        BackwardVariant.parse("item_prefetch=1")
+
+
+def test_a_work_items_query_steps_are_estimated_from_the_calls_structure():
+    """``item_steps``: the query heads of an item times a sequence's mean query rows in BLOCK_M tiles (a broadcast
+    Q's own length), halved under a causal mask; no sequence at all estimates no steps."""
+    from jfa.kernels.tlx.hopper.backward import item_steps
+
+    plain = dict(broadcast_q=False, len_q_bcast=0, group=1, causal=False, block_m=64)
+    assert item_steps(4096, 16, **plain) == 4.0
+    assert item_steps(4096, 16, **{**plain, "group": 4}) == 16.0
+    assert item_steps(4096, 16, **{**plain, "causal": True}) == 2.0
+    assert item_steps(64 * 100, 100, **{**plain, "broadcast_q": True, "len_q_bcast": 320}) == 5.0
+    assert item_steps(0, 0, **plain) == 0.0
+
+
 def test_the_ablation_switches_reach_the_launchers_through_the_knobs():
     from jfa.kernels.tlx.hopper import backward, forward
 

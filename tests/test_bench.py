@@ -133,6 +133,37 @@ def test_the_broadcast_q_sweep_spans_query_lengths_and_key_lengths_at_each_head_
     assert "bcastq-sweep" in suites.LAB_SUITES
 
 
+def test_the_items_sweep_spans_short_and_long_dkdv_items_at_head_dim_64():
+    """The items sweep asks where the backward's next-item prefetch pays: every problem is at D 64 (the
+    producer's-dQ build), jagged and broadcast-Q ones both, their items from ~2 to ~16 query steps of 64 rows
+    on average, and it is run by name only."""
+    problems = get_suite("items-sweep")
+    assert all(p.D == 64 for p in problems)
+    steps = {}
+    for p in problems:
+        lengths = make_lengths(p)
+        steps[p.name] = float(q_lengths(p, lengths).sum()) / (p.B * 64)
+    assert min(steps.values()) <= 2.1 and max(steps.values()) >= 15, steps
+    assert any(p.broadcast_q for p in problems) and any(not p.broadcast_q for p in problems)
+    assert "items-sweep" in suites.LAB_SUITES
+
+
+def test_the_items_sweep_straddles_the_backwards_prefetch_threshold():
+    """The items sweep exists to place ``PREFETCH_MAX_STEPS``: what ships takes two K/V slot pairs on some of its
+    problems and one on others (``BackwardVariant.kv_buffers`` of the launch's ``item_steps``)."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
+    cfg = tlx_backward.config_for(64, True)
+    picks = {}
+    for p in get_suite("items-sweep"):
+        lengths = make_lengths(p)
+        steps = tlx_backward.item_steps(int(lengths.sum()), p.B, broadcast_q=p.broadcast_q, len_q_bcast=p.Lq or 0,
+                                        group=1, causal=p.causal, block_m=cfg.block_m)
+        picks[p.name] = tlx_backward.SHIPPED.kv_buffers(cfg, steps=steps, broadcast_q=p.broadcast_q)
+    for bcast in (False, True):
+        assert {pairs for name, pairs in picks.items() if ("bcastq" in name) == bcast} == {1, 2}, picks
+
+
 def test_sweep_sparsity_is_close_to_nominal_when_unclamped():
     for p in get_suite("sweep"):
         s = float(p.name.split("-s")[1].split("-")[0])

@@ -124,28 +124,29 @@ PREFETCH_CASES = [c for c in ABLATION_CASES if c.head_dim == 64]
 def test_k_and_v_prefetched_for_the_next_item_meet_the_oracle(case):
     """Two K/V slot pairs (``item_prefetch``: the producer's-dQ build at D 64 starts the next item's loads during
     this one) judged like what ships."""
-    with knobs.scope(tlx_bwd_variant="item_prefetch=1", tlx_fused_dq=True):
+    with knobs.scope(tlx_bwd_variant="item_prefetch=always", tlx_fused_dq=True):
         report = run_case(case, backend="tlx", device="cuda", backward=True)
     assert report.backward_kernel == "tlx-hopper" and report.ok, str(report)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_k_and_v_prefetched_give_bitwise_the_gradients_of_one_slot_pair(causal):
-    """dK and dV are the same bits whether the producer starts an item's loads at its start or during the
-    previous item (tails of every kind, sequences spanning several work items, empty ones; static and counter
-    schedules)."""
+    """dK and dV are the same bits whether the producer starts an item's loads at its start (one K/V slot pair)
+    or during the previous item (tails of every kind, sequences spanning several work items, empty ones; static
+    and counter schedules)."""
     g = torch.Generator().manual_seed(6)
     lengths = [int(x) for x in torch.randint(0, 700, (60,), generator=g)] + [0, 1, 64, 128, 129]
     q, k, v, cu = packed(lengths, heads=3, head_dim=64)
     out, lse = run(q, k, v, cu, causal=causal)
     dout = torch.randn_like(out)
     kwargs = dict(causal=causal, softmax_scale=64 ** -0.5, broadcast_q=False, num_seqs=len(lengths))
-    shipped = tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu, **kwargs)
-    prefetched = tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu,
-                                                  variant=tlx_backward.BackwardVariant(item_prefetch=True), **kwargs)
-    for name, a, b in zip(("dk", "dv"), shipped[1:], prefetched[1:]):
+    one_pair, prefetched = (
+        tlx_backward.jagged_backward_tlx(q, k, v, out, lse, dout, cu, cu,
+                                         variant=tlx_backward.BackwardVariant(item_prefetch=when), **kwargs)
+        for when in ("never", "always"))
+    for name, a, b in zip(("dk", "dv"), one_pair[1:], prefetched[1:]):
         assert torch.equal(a, b), f"{name} differs with the next item prefetched"
-    torch.testing.assert_close(prefetched[0], shipped[0], rtol=1e-2, atol=1e-2)  # dq: reduce-adds in any order
+    torch.testing.assert_close(prefetched[0], one_pair[0], rtol=1e-2, atol=1e-2)  # dq: reduce-adds in any order
 
 
 def test_auto_runs_tlx_for_bf16_and_fp16_d64_d128():
@@ -302,17 +303,21 @@ def test_timeline_records_every_item_once(schedule):
     assert timeline.seq.numel() == rec.shape[0]
 
 
+@pytest.mark.parametrize("prefetch", ["never", "always"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_dkdv_profiling_build_records_every_item_once(head_dim, causal):
-    """The dK/dV kernel's profiling build (static schedule, or the counter's under causal) writes the dK and dV
-    bits the shipped build does and one record per item: a real SM, its phases in order on the SM clock, the
-    CTA's items one after another, and (without the mask) every query step counted once."""
+def test_the_dkdv_profiling_build_records_every_item_once(head_dim, causal, prefetch):
+    """The dK/dV kernel's profiling build (static schedule, or the counter's under causal; with one K/V slot pair
+    or, at D 64, two: ``item_prefetch``) writes the dK and dV bits its build without profiling does and one
+    record per item: a real SM, its phases in order on the SM clock, the CTA's items one after another, and
+    (without the mask) every query step counted once."""
     lengths = [300, 0, 900, 5, 1024] * 8
     q, k, v, cu = packed(lengths, head_dim=head_dim)
-    records = profiled_dkdv(q, k, v, cu, causal=causal)
+    variant = tlx_backward.BackwardVariant(item_prefetch=prefetch)
+    records = profiled_dkdv(q, k, v, cu, causal=causal, variant=variant)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert_one_ordered_record_per_item(records, grid=sms)
+    two_pairs = variant.kv_buffers(tlx_backward.config_for(head_dim, True)) == 2
+    assert_one_ordered_record_per_item(records, grid=sms, item_prefetch=two_pairs)
     assert (records[:, 0] < sms).all()
     if not causal:  # (causal: a key tile's steps start at its diagonal)
         assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)

@@ -240,10 +240,34 @@ def test_k_and_v_prefetched_for_the_next_item_meet_the_oracle_under_each_schedul
     case = next(c for c in CATALOGUE if c.name == KV_PREFETCH[name])
     built = constexpr_per_launch(monkeypatch, tlx_backward.jagged_dkdv_tlx_kernel, "NUM_BUFFERS_KV")
     schedule = sim.Schedule.seeded(seed) if seed else sim.Schedule.deterministic()
-    with knobs.scope(tlx_bwd_variant="item_prefetch=1"):
+    with knobs.scope(tlx_bwd_variant="item_prefetch=always"):
         report, _ = _run_on_simulator(case, schedule, "fused-dq")
     assert report.ok, str(report)
     assert built and set(built) == {2}, built
+
+
+@pytest.mark.parametrize("lengths, causal, pairs", [([100] * 4, False, 2), ([500] * 4, False, 1),
+                                                   ([300] * 4, True, 2), ([500] * 4, True, 1)],
+                         ids=["short-items", "long-items", "short-items-causal", "long-items-causal"])
+def test_a_shipped_d64_launch_takes_two_kv_slot_pairs_exactly_where_its_items_are_short(lengths, causal, pairs,
+                                                                                         monkeypatch):
+    """What ships (``item_prefetch="short"``) compiles the producer's-dQ build with two K/V slot pairs where the
+    launch's items average at most PREFETCH_MAX_STEPS query steps (100 rows a sequence: ~1.6 steps; 500: ~7.8,
+    causal ~3.9; 300 causal ~2.3) and with one elsewhere: the launch the launcher makes says so (the kernel itself is not run here:
+    the prefetch tables above judge both builds)."""
+    built = []
+
+    def record(kernel, grid, device, *args, **kwargs):
+        built.append(kwargs["NUM_BUFFERS_KV"])
+
+    monkeypatch.setattr(target, "launch", record)
+    q, k, v, cu = _packed(lengths, head_dim=64, seed=4)
+    with sim.simulated(sm_count=2):
+        tlx_backward.jagged_dkdv_tlx(q, k, v, torch.randn_like(q), torch.randn(q.shape[:2]), None, torch.empty_like(k),
+                                     torch.empty_like(v), cu, cu, causal=causal, softmax_scale=0.125, broadcast_q=False,
+                                     num_seqs=len(lengths), dq_accum=tlx_backward.DqAccumulator(q),
+                                     outputs=(torch.randn_like(q), torch.randn_like(q), None))
+    assert built == [pairs], built
 
 
 def _packed(lengths, heads=2, head_dim=64, seed=0):
@@ -316,14 +340,15 @@ def test_backward_stores_stay_inside_their_own_sequence(head_dim, causal, dq, mo
 @pytest.mark.parametrize("schedule", ["deterministic", *[f"seed{s}" for s in SEEDS[:2]]])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
 def test_the_dkdv_profiling_build_computes_what_ships_and_records_each_item_once(head_dim, schedule):
-    """The dK/dV kernel's profiling build writes the dK and dV bits the shipped build does, and one record per
-    work item (``PROFILE_FIELDS``): its CTA and SM, its phases in order, the items of a CTA one after another,
-    and every query step of the launch counted once (a key tile's steps: its sequence's query blocks)."""
+    """The dK/dV kernel's profiling build with one K/V slot pair writes the dK and dV bits its build without
+    profiling does, and one record per work item (``PROFILE_FIELDS``): its CTA and SM, its phases in order, the
+    items of a CTA one after another, and every query step of the launch counted once (a key tile's steps: its
+    sequence's query blocks)."""
     lengths = [77, 130, 0, 200, 3]
     q, k, v, cu = _packed(lengths, head_dim=head_dim, seed=2)
     interleaving = (sim.Schedule.deterministic() if schedule == "deterministic"
                     else sim.Schedule.seeded(int(schedule.removeprefix("seed"))))
-    records = profiled_dkdv(q, k, v, cu, causal=False,
+    records = profiled_dkdv(q, k, v, cu, causal=False, variant=tlx_backward.BackwardVariant(item_prefetch="never"),
                             launching=lambda: sim.simulated(sm_count=2, schedule=interleaving))
     assert_one_ordered_record_per_item(records, grid=2)
     assert torch.equal(records[:, 0], records[:, 6]), "the simulator's SM is the CTA"
@@ -339,7 +364,7 @@ def test_the_prefetching_profiling_build_records_k_and_v_issued_during_the_previ
     q, k, v, cu = _packed(lengths, head_dim=64, seed=3)
     interleaving = (sim.Schedule.deterministic() if schedule == "deterministic"
                     else sim.Schedule.seeded(int(schedule.removeprefix("seed"))))
-    records = profiled_dkdv(q, k, v, cu, causal=False, variant=tlx_backward.BackwardVariant(item_prefetch=True),
+    records = profiled_dkdv(q, k, v, cu, causal=False, variant=tlx_backward.BackwardVariant(item_prefetch="always"),
                             launching=lambda: sim.simulated(sm_count=2, schedule=interleaving))
     assert_one_ordered_record_per_item(records, grid=2, item_prefetch=True)
     assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], 64)

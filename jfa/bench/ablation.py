@@ -143,11 +143,11 @@ def _fused_path_parts(q, o, do, lse, cu_q, kwargs, rep: int) -> dict:
 
 
 def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1, shapes: str = "") -> dict:
-    """TFLOP/s of the TLX backward as it ships (fused dQ), with the deterministic dQ (the portable dQ
-    pass), not persistent, items from the global counter (the dynamic schedule), the next item's K, V and
-    first query tiles loaded during this one (two K/V slot pairs), the dK/dV kernel under Triton's generic pipeliner and with LLVM optimising its IR (compile switches, set around
-    each launch: part of the cache key, so both builds live in this process), and of the portable backward; plus
-    what the fused path runs outside its kernel."""
+    """TFLOP/s of the TLX backward as it ships (fused dQ), with the deterministic dQ (the portable dQ pass), not
+    persistent, items from the global counter (the dynamic schedule), the next item's K, V and first query tiles
+    loaded during this one (two K/V slot pairs), the dK/dV kernel under Triton's generic pipeliner and with LLVM
+    optimising its IR (compile switches, set around each launch: part of the cache key, so both builds live in this
+    process), and of the portable backward; plus what the fused path runs outside its kernel."""
     from jfa.bench.runner import run_tlx_forward
     from jfa.bench.suites import flops
     from jfa.kernels.tlx.hopper import backward as tlx_backward
@@ -160,7 +160,8 @@ def backward(suite: str = "gem", only: str = "", rep: int = 100, rounds: int = 1
         "deterministic dQ": (dict(deterministic=True), {}),
         "not persistent": (dict(variant=BV(persistent=False)), {}),
         "dynamic schedule": (dict(variant=BV(dense_schedule="dynamic")), {}),
-        "next item prefetched": (dict(variant=BV(item_prefetch=True)), {}),
+        "next item prefetched": (dict(variant=BV(item_prefetch="always")), {}),
+        "no prefetch": (dict(variant=BV(item_prefetch="never")), {}),
         "generic pipeliner (dK/dV)": (dict(), {"tlx_own_waits": False}),
         "LLVM O3 (dK/dV)": (dict(), {"tlx_llvm_o0": False}),
     }, only, "shipped")

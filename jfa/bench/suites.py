@@ -236,6 +236,24 @@ def _bcastq_sweep() -> tuple[Problem, ...]:
     return tuple(problems)
 
 
+def _items_sweep() -> tuple[Problem, ...]:
+    """D 64 batches (the producer's-dQ build of the backward) whose dK/dV work items run ~2 to ~20 query steps
+    each: jagged uniform lengths of mean 128 to 1024 rows (~2^19 tokens, 2 heads; a key tile's item runs its
+    sequence's query tiles, so the item-weighted mean is ~2/3 of the longest length over 64 rows), one causal
+    batch, and a broadcast Q of 128 to 1024 rows (2 to 16 steps an item): where the next item's K, V and first
+    query tiles pay for being loaded during this one (``PREFETCH_MAX_STEPS`` of the backward; ``python -m
+    jfa.bench.ablation backward --suite items-sweep --only prefetch``)."""
+    tokens = 1 << 19
+    problems = [Problem(f"items-sweep-uniform-B{2 * tokens // L}-L{L}-H2-D64", B=2 * tokens // L, H=2, D=64,
+                        max_len=L, lengths_fn=_uniform(2 * tokens // L, L)) for L in (256, 384, 512, 1024, 2048)]
+    problems.append(Problem("items-sweep-uniform-B2048-L512-H2-D64-causal", B=2048, H=2, D=64, max_len=512,
+                            lengths_fn=_uniform(2048, 512), causal=True))
+    problems += [Problem(f"items-sweep-bcastq-Lq{len_q}-B1152-L1000-H4-D64", B=1152, H=4, D=64, max_len=1000,
+                         lengths_fn=_uniform(1152, 1000), broadcast_q=True, Lq=len_q)
+                 for len_q in (128, 256, 512, 1024)]
+    return tuple(problems)
+
+
 SUITES: dict[str, tuple[Problem, ...]] = {
     "gem": _gem(),
     "sweep": _sweep(),
@@ -244,9 +262,10 @@ SUITES: dict[str, tuple[Problem, ...]] = {
     "causal": _causal(),
     "causal-sweep": _causal_sweep(),
     "bcastq-sweep": _bcastq_sweep(),
+    "items-sweep": _items_sweep(),
 }
 #: Suites that measure one kernel decision (the lab's, run by name): ``--suite all`` leaves them out.
-LAB_SUITES = ("causal-sweep", "bcastq-sweep")
+LAB_SUITES = ("causal-sweep", "bcastq-sweep", "items-sweep")
 
 
 def get_suite(name: str) -> tuple[Problem, ...]:

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 SM90_SHARED_LIMIT = 227 * 1024  # bytes of shared memory one CTA may use on sm_90
 SM100_SHARED_LIMIT = 232448  # the same on sm_100 (227 KB)
@@ -221,14 +221,18 @@ def tlx_backward_targets() -> list:
                        variant="fused-dq", profile=True),
                 Target("tlx-dkdv-bf16-D128-causal[fused-dq,profile]", "dkdv", "bf16", 128, True, False,
                        backend="tlx", variant="fused-dq", profile=True)]
-    # the next item's K, V and first query tiles loaded during this one (the ablation's "next item prefetched"),
-    # the producer's-dQ build at D 64: static schedule, the counter's causal one, its profiling build,
-    # block-sparse, a window, grouped heads
-    pre = "item_prefetch=1"
-    targets += [Target(f"tlx-dkdv-bf16-D64{name}[fused-dq,{pre}{',profile' if profile else ''}]", "dkdv", "bf16", 64,
-                       causal, False, backend="tlx", variant="fused-dq", switches=pre, profile=profile)
-                for name, causal, profile in (("", False, False), ("-causal", True, False), ("", False, True))]
-    targets += [Target(f"tlx-dkdv-bf16-D64-causal-sparse[fused-dq,{pre}]", "dkdv", "bf16", 64, True, False,
+    # two K/V slot pairs (the next item's K, V and first query tiles loaded during this one: what ships where a
+    # dense launch's items are short, ``BackwardVariant.item_prefetch``), the producer's-dQ build at D 64: every
+    # dense build short items take (both dtypes, causal's counter, a broadcast Q, grouped heads), its profiling
+    # build, and the ablation's block-sparse and window builds
+    pre = "item_prefetch=always"
+    targets += [Target(f"tlx-dkdv-{dtype}-D64{name}[fused-dq,{pre}]", "dkdv", dtype, 64, causal, bcast,
+                       backend="tlx", variant="fused-dq", switches=pre)
+                for dtype in ("bf16", "fp16")
+                for name, causal, bcast in (("", False, False), ("-causal", True, False), ("-bcastq", False, True))]
+    targets += [Target(f"tlx-dkdv-bf16-D64[fused-dq,{pre},profile]", "dkdv", "bf16", 64, False, False,
+                       backend="tlx", variant="fused-dq", switches=pre, profile=True),
+                Target(f"tlx-dkdv-bf16-D64-causal-sparse[fused-dq,{pre}]", "dkdv", "bf16", 64, True, False,
                        backend="tlx", variant="fused-dq", switches=pre, sparse=True),
                 Target(f"tlx-dkdv-bf16-D64-window[fused-dq,{pre}]", "dkdv", "bf16", 64, False, False,
                        backend="tlx", variant="fused-dq", switches=pre, window=True),
@@ -709,7 +713,9 @@ def _variant(target: Target):
 def _backward_variant(target: Target):
     from jfa.kernels.tlx.hopper.backward import SHIPPED, BackwardVariant
 
-    return BackwardVariant.parse(target.switches) if target.switches else SHIPPED
+    # without switches: what ships, its K/V slot pairs those of a launch whose items are not known to be short
+    # (one pair; the two that short items take are the targets with item_prefetch=always)
+    return BackwardVariant.parse(target.switches) if target.switches else replace(SHIPPED, item_prefetch="never")
 
 
 def _compile_tlx(target: Target, spec, num_consumers: int, llvm_o0: bool = False, consumer_regs: int = None,

@@ -180,6 +180,12 @@ def dq_box_columns(cfg: HopperDkDvConfig, head_dim: int) -> int:
 
 
 SCHEDULES = ("static", "dynamic")  # BackwardVariant.dense_schedule / masked_schedule / sparse_schedule
+PREFETCHES = ("short", "always", "never")  # BackwardVariant.item_prefetch
+# ``item_prefetch="short"``: launches whose work items average at most this many query steps (``item_steps``)
+# take two K/V slot pairs, by whether Q is broadcast: a broadcast Q's items up to 8 steps (its query tiles,
+# shared by every item, come from L2: +5% to +28% at 2 to 8 steps), jagged items up to 3 (+4.5% at 2, +7% at 2
+# causal; -1% at 4, -2% to -4% at 16). NOTES.md session 44, the items sweep.
+PREFETCH_MAX_STEPS = {False: 3, True: 8}
 
 
 @dataclass(frozen=True)
@@ -210,13 +216,18 @@ class BackwardVariant:
     # DQ_LAG steps' query tiles, so that the consumers' next item does not start with a wait for that dQ, the
     # next item's decode and its loads. 32 KB more shared memory (198 KB). Without the fused dQ the producer
     # issues the next item's loads right after its last ones anyway (and its counter's build spills at 24
-    # registers with the prefetch); the halves have no shared memory left for a second pair.
-    item_prefetch: bool = False
+    # registers with the prefetch); the halves have no shared memory left for a second pair. The boundary
+    # between items shrinks ~1.3 us while each step slows ~0.035 us (NOTES.md session 43), so it pays on short
+    # items only: "short" takes it where a dense launch's items average at most PREFETCH_MAX_STEPS query steps
+    # (``item_steps``), "always" and "never" (one of PREFETCHES) regardless.
+    item_prefetch: str = "short"
 
     def __post_init__(self):
         for name in ("dense_schedule", "masked_schedule", "sparse_schedule"):
             if getattr(self, name) not in SCHEDULES:
                 raise ValueError(f"BackwardVariant.{name}: must be one of {SCHEDULES}, got {getattr(self, name)!r}")
+        if self.item_prefetch not in PREFETCHES:
+            raise ValueError(f"BackwardVariant.item_prefetch: must be one of {PREFETCHES}, got {self.item_prefetch!r}")
 
     def dynamic(self, sparse: bool, *, causal: bool = False, window: bool = False, mx: bool = False) -> bool:
         """Whether a build takes its items from the global counter: never an MX build (its kernel has no
@@ -228,10 +239,15 @@ class BackwardVariant:
             return self.sparse_schedule == "dynamic"
         return (self.masked_schedule if causal or window else self.dense_schedule) == "dynamic"
 
-    def kv_buffers(self, cfg: HopperDkDvConfig, mx: bool = False) -> int:
-        """Pairs of K/V slots of build ``cfg`` (``item_prefetch``): two in the producer's-dQ build
-        (``dq="producer"``, never MX)."""
-        return 2 if self.item_prefetch and cfg.dq == "producer" and not mx else 1
+    def kv_buffers(self, cfg: HopperDkDvConfig, mx: bool = False, steps: Optional[float] = None,
+                   broadcast_q: bool = False) -> int:
+        """Pairs of K/V slots of build ``cfg`` (``item_prefetch``) in a launch whose items average ``steps`` query
+        steps (``item_steps``; None: not estimated, taken as long) of a broadcast Q or not (``broadcast_q``,
+        PREFETCH_MAX_STEPS): two only in the producer's-dQ build (``dq="producer"``, never MX)."""
+        if cfg.dq != "producer" or mx or self.item_prefetch == "never":
+            return 1
+        short = steps is not None and steps <= PREFETCH_MAX_STEPS[broadcast_q]
+        return 2 if self.item_prefetch == "always" or short else 1
 
     @classmethod
     def parse(cls, switches) -> "BackwardVariant":
@@ -242,6 +258,17 @@ class BackwardVariant:
 
 
 SHIPPED = BackwardVariant()
+
+
+def item_steps(q_rows: int, num_seqs: int, *, broadcast_q: bool, len_q_bcast: int, group: int, causal: bool,
+               block_m: int) -> float:
+    """The query steps a dense work item (one key tile, its GROUP query heads) averages, from the call's
+    structure alone (no device sync): ``group`` times a sequence's mean query rows (``q_rows`` over
+    ``num_seqs``, a broadcast Q's ``len_q_bcast``) in ``block_m``-row tiles, halved under a causal mask (a key
+    tile meets the query tiles at or after it)."""
+    rows = len_q_bcast if broadcast_q else q_rows / max(num_seqs, 1)
+    steps = group * rows / block_m
+    return steps / 2 if causal else steps
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -530,8 +557,9 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
                        DTYPE: tl.constexpr, qt_tiles=None, dot_tiles=None, MX: tl.constexpr = "", TIMELINE=None, pid=0,
                        PROFILE: tl.constexpr = False, NUM_BUFFERS_KV: tl.constexpr = 1):
     """Consumer ``cid``, the CTA's ``kv_cnt``-th work item (its K and V in slot pair kv_cnt % NUM_BUFFERS_KV): its
-    BLOCK_N key rows of the item's key/value head against every query step of each of the group's GROUP query
-    heads in turn (``_consume_head_steps``), then one store of dK (scaled) and dV. PROFILE: consumer 0 records the item's phases (``PROFILE_FIELDS``)."""
+    BLOCK_N key rows of the item's key/value head against every query step of each of the group's GROUP query heads
+    in turn (``_consume_head_steps``), then one store of dK (scaled) and dV. PROFILE: consumer 0 records the item's
+    phases (``PROFILE_FIELDS``)."""
     k_tiles, v_tiles, kv_fulls, kv_empties = kv
     if PROFILE:
         if cid == 0:
@@ -613,7 +641,8 @@ def jagged_dkdv_tlx_kernel(
     (uint8 pointers) with their scales QS, KS, VS, DOS, and Q and dO along the sequences' query blocks (QT/QTS,
     DOT_/DOTS, first scale rows QB_OFF, OB_OFF; ``mx_producers.produce_dkdv_item_mx``); the MX arguments are None
     in the other builds. PROFILE: the profiling build, one record per item in TIMELINE (int64 rows of
-    ``PROFILE_FIELDS``; constexpr None elsewhere). NUM_BUFFERS_KV: pairs of K/V slots; with two the producer starts the next item's loads while this one runs (``BackwardVariant.item_prefetch``)."""
+    ``PROFILE_FIELDS``; constexpr None elsewhere). NUM_BUFFERS_KV: pairs of K/V slots; with two the producer
+    starts the next item's loads while this one runs (``BackwardVariant.item_prefetch``)."""
     tl.static_assert(MX == "" or (DQ == DQ_NONE and not DYNAMIC and not SPARSE and not WINDOW),
                      "the MXFP8 build is dense, statically scheduled, without a window or the fused dQ")
     tl.static_assert(not PROFILE or MX == "", "the profiling build is the bf16/fp16 one (its producer stamps)")
@@ -624,9 +653,10 @@ def jagged_dkdv_tlx_kernel(
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(DTYPE)
     QDO_BYTES: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(DTYPE)
     # The K/V tiles' use count is the round counter (below): under a static schedule every round but the
-    # last deals an item to every CTA; under the dynamic one (DYNAMIC) a round is the CTA's next item. The grid's size and the number of rounds come as arguments,
-    # not from %nctaid and a division: a kernel parameter is re-read from the constant bank where needed,
-    # while ptxas keeps computed values on the stack once the consumers have a loop more.
+    # last deals an item to every CTA; under the dynamic one (DYNAMIC) a round is the CTA's next item. The
+    # grid's size and the number of rounds come as arguments, not from %nctaid and a division: a kernel
+    # parameter is re-read from the constant bank where needed, while ptxas keeps computed values on the stack
+    # once the consumers have a loop more.
     pid = tl.program_id(0)
 
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), DTYPE, _CONSUMERS * NUM_BUFFERS_KV)
@@ -911,9 +941,12 @@ def jagged_dkdv_tlx(q, k, v, dout, lse, delta, dk, dv, out_cu, cu_k, *, causal: 
     cu_q = cu_k if broadcast_q else out_cu
     grid = min(sm_count(q.device), num_items) if variant.persistent else num_items
     dynamic = variant.persistent and variant.dynamic(lists is not None, causal=causal, window=banded)
+    steps = None if lists is not None or banded else item_steps(
+        dout.shape[0], num_seqs, broadcast_q=broadcast_q, len_q_bcast=len_q_bcast, group=group, causal=causal,
+        block_m=cfg.block_m)
     constants = _constexprs(cfg, head_dim, causal=causal, broadcast_q=broadcast_q, window=banded, group=group,
                             sparse=lists is not None, dynamic=dynamic, profile=profile,
-                            kv_buffers=variant.kv_buffers(cfg))
+                            kv_buffers=variant.kv_buffers(cfg, steps=steps, broadcast_q=broadcast_q))
     timeline = None
     if profile:
         constants["TIMELINE"] = timeline = torch.full((num_items, len(PROFILE_FIELDS)), -1, dtype=torch.int64,

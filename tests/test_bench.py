@@ -137,12 +137,13 @@ def test_the_items_sweep_spans_short_and_long_dkdv_items_at_head_dim_64():
     """The items sweep asks where the backward's next-item prefetch pays: every problem is at D 64 (the
     producer's-dQ build), jagged and broadcast-Q ones both, their items from ~2 to ~16 query steps of 64 rows
     on average, and it is run by name only."""
+    from jfa.kernels.tlx.hopper import backward as tlx_backward
+
     problems = get_suite("items-sweep")
     assert all(p.D == 64 for p in problems)
-    steps = {}
-    for p in problems:
-        lengths = make_lengths(p)
-        steps[p.name] = float(q_lengths(p, lengths).sum()) / (p.B * 64)
+    steps = {p.name: tlx_backward.item_steps(int(make_lengths(p).sum()), p.B, broadcast_q=p.broadcast_q,
+                                             len_q_bcast=p.Lq or 0, group=1, causal=p.causal, block_m=64)
+             for p in problems}
     assert min(steps.values()) <= 2.1 and max(steps.values()) >= 15, steps
     assert any(p.broadcast_q for p in problems) and any(not p.broadcast_q for p in problems)
     assert "items-sweep" in suites.LAB_SUITES

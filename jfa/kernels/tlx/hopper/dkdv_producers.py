@@ -6,7 +6,7 @@ TMA reduce-add. With two K/V slot pairs (``BackwardVariant.item_prefetch``) the 
 import triton
 import triton.language as tl
 
-from jfa.kernels.tlx.common.device import bufidx_phase, clock64, fetch_item, item_sequence, static_item
+from jfa.kernels.tlx.common.device import bufidx_phase, clock64, fetch_item, static_item
 from jfa.kernels.tlx.common.host import tlx
 from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq, stage_dq,
                                                 stamp, step_tile)
@@ -52,7 +52,7 @@ def produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lea
     DQ_LAG steps before it is needed); ``finish_head_dq`` runs those. Loads and dQ steps are counted by
     ``qdo_cnt`` alone: both advance by the head's steps, so at its start the dQ count equals it (one register
     less in a producer of 72). ``loaded``: the head's first steps whose loads the previous item issued
-    (``load_lead_steps``; then ``qdo_cnt`` counts them). PROFILE: the head's last load issued stamped in
+    (``prefetch_next_item``; then ``qdo_cnt`` counts them). PROFILE: the head's last load issued stamped in
     ``item``'s record. Returns (qdo_cnt, the query row of the dQ step staged and not yet sent)."""
     SUB: tl.constexpr = TILE_N // BLOCK_M
     # dO's first row as an int32 TMA coordinate (the packed tensors hold < 2**31 rows): one register

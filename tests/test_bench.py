@@ -1288,3 +1288,71 @@ def test_an_ablation_narrowed_to_some_columns_leaves_the_portable_one_out_unless
 
     assert times_portable("") and times_portable("dynamic,portable") and times_portable("port")
     assert not times_portable("dynamic") and not times_portable("dynamic,zig-zag")
+
+
+def test_kernel_breakdown_adds_each_kernels_time_per_call_and_orders_them_longest_first():
+    from jfa.bench import kernels
+
+    events = [("dkdv", 0.0, 90.0), ("stats", 90.0, 100.0), ("dkdv", 120.0, 210.0), ("stats", 210.0, 230.0)]
+    result = kernels.per_call(events, calls=2)
+    assert [(k["name"], k["launches"], k["us"]) for k in result["kernels"]] == [("dkdv", 1.0, 90.0),
+                                                                              ("stats", 1.0, 15.0)]
+    assert result["busy_us"] == 105.0
+    assert result["span_us"] == 115.0  # the 20 us the host left between the calls count in the span only
+
+
+def test_kernel_breakdown_cuts_long_names_and_counts_what_they_share_as_one_kernel():
+    from jfa.bench import kernels
+
+    long_a, long_b = "k" * 200 + "a", "k" * 200 + "b"
+    result = kernels.per_call([(long_a, 0.0, 1.0), (long_b, 1.0, 3.0)], calls=1)
+    assert len(result["kernels"]) == 1
+    assert len(result["kernels"][0]["name"]) == kernels.NAME_CHARS and result["kernels"][0]["launches"] == 2.0
+    assert result["kernels"][0]["us"] == 3.0
+
+
+def test_kernel_breakdown_refuses_zero_calls_and_reports_no_time_for_no_events():
+    from jfa.bench import kernels
+
+    with pytest.raises(ValueError, match="calls"):
+        kernels.per_call([], calls=0)
+    assert kernels.per_call([], calls=3) == {"kernels": [], "busy_us": 0.0, "span_us": 0.0}
+
+
+def test_kernel_breakdown_cli_says_no_gpu_instead_of_failing_deep_inside(monkeypatch, capsys):
+    from jfa.bench import kernels
+
+    monkeypatch.setattr(kernels.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(["--suite", "gem"])
+    assert exit_info.value.code == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_kernel_breakdown_cli_writes_each_implementations_passes_with_their_rate(monkeypatch, tmp_path):
+    from jfa.bench import kernels
+
+    class Stub:
+        def available(self):
+            return True, ""
+
+        def prepare(self, batch, grad):
+            return impls.Prepared(fwd=lambda: None, fwd_bwd=lambda: None)
+
+        def clear_cache(self):
+            pass
+
+    problem = _gem("full-B8-L4096-H16-D128")
+    small = types.SimpleNamespace(q=torch.zeros(8, 1, 1), lengths_q=torch.tensor([4, 4]), lengths_k=torch.tensor([4, 4]))
+    monkeypatch.setattr(kernels.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernels.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(kernels.torch.cuda, "get_device_name", lambda: "stub")
+    monkeypatch.setattr(kernels, "launcher_inputs", lambda p: (small, {}))
+    monkeypatch.setattr(kernels.torch, "randn", lambda *a, **k: None)
+    monkeypatch.setattr(kernels, "get_impl", lambda name: Stub())
+    monkeypatch.setattr(kernels, "kernel_events", lambda fn, calls: [("main", 0.0, 100.0 * calls)])
+    assert kernels.main(["--only", "full-B8", "--impls", "a,b", "--calls", "2", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "kernels.json").read_text())["results"]
+    assert sorted(results) == [f"{problem.name} {i} {p}" for i in "ab" for p in ("fwd", "fwd_bwd")]
+    work = flops(problem, small.lengths_q, small.lengths_k, "fwd_bwd")
+    assert results[f"{problem.name} a fwd_bwd"]["tflops_busy"] == pytest.approx(work / 100e-6 / 1e12)

@@ -114,6 +114,9 @@ class HopperDkDvConfig:
 
 NUM_CONSUMERS = 2
 PRODUCER_WARPS = 4
+# Named barriers: 0 is Triton's own (the producer warpgroup's sends use it), the forward's pingpong takes 9
+# and 10 (``forward.BAR_TO_C0``/``BAR_TO_C1``), so the halves' consumers take 11 and 12, one each.
+HALVES_DQ_BARRIER = tl.constexpr(11)
 _CONSUMERS = tl.constexpr(NUM_CONSUMERS)
 _CONSUMER_WARPS = tl.constexpr(4)
 
@@ -311,10 +314,9 @@ def _dq_halves(dk, ds_t, q_tile, k_tiles, ds_tiles, ds_tile, ds_buf, ds_phase, d
 @triton.jit
 def _send_halves_dq(dq_stage, desc_dq, staged_row, dq_col, cid: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Reduce-add the dQ half a previous step of the item stored to this consumer's stage (at query row
-    ``staged_row``; < 0: none is staged). Named barrier 11 + cid: the consumer's own warpgroup (the
-    forward's pingpong takes 9 and 10)."""
+    ``staged_row``; < 0: none is staged), its warpgroup synchronised on named barrier ``HALVES_DQ_BARRIER + cid``."""
     if staged_row >= 0:
-        send_staged_dq(dq_stage, desc_dq, staged_row, dq_col + cid * (HEAD_DIM // 2), 11 + cid)
+        send_staged_dq(dq_stage, desc_dq, staged_row, dq_col + cid * (HEAD_DIM // 2), HALVES_DQ_BARRIER + cid)
 
 
 @triton.jit

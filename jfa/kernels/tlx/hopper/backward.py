@@ -186,7 +186,7 @@ SCHEDULES = ("static", "dynamic")  # BackwardVariant.dense_schedule / masked_sch
 PREFETCHES = ("short", "always", "never")  # BackwardVariant.item_prefetch
 # ``item_prefetch="short"``: launches whose work items average at most this many query steps (``item_steps``)
 # take two K/V slot pairs, by whether Q is broadcast: a broadcast Q's items up to 8 steps (its query tiles,
-# shared by every item, come from L2: +3% to +27% at 2 to 8 steps, +0.5% at 16), jagged items up to 3.5 (+4.7% at
+# shared by every item, come from L2: +2.5% to +25% at 2 to 8 steps, +0.8% at 16), jagged items up to 3.5 (+4.7% at
 # 2, +5.5% at 3, +7% at 2 causal; -2% at 4, -2% to -4% at 16). NOTES.md sessions 44-45, the items sweep.
 PREFETCH_MAX_STEPS = {False: 3.5, True: 8}
 

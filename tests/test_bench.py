@@ -1337,7 +1337,11 @@ def test_kernel_breakdown_cli_writes_each_implementations_passes_with_their_rate
             return True, ""
 
         def prepare(self, batch, grad):
-            return impls.Prepared(fwd=lambda: None, fwd_bwd=lambda: None)
+            def fwd_bwd():
+                pass
+
+            fwd_bwd.backward = True
+            return impls.Prepared(fwd=lambda: None, fwd_bwd=fwd_bwd)
 
         def clear_cache(self):
             pass
@@ -1350,9 +1354,24 @@ def test_kernel_breakdown_cli_writes_each_implementations_passes_with_their_rate
     monkeypatch.setattr(kernels, "launcher_inputs", lambda p: (small, {}))
     monkeypatch.setattr(kernels.torch, "randn", lambda *a, **k: None)
     monkeypatch.setattr(kernels, "get_impl", lambda name: Stub())
-    monkeypatch.setattr(kernels, "kernel_events", lambda fn, calls: [("main", 0.0, 100.0 * calls)])
+    monkeypatch.setattr(kernels, "kernel_events", lambda fn, calls: [("main", 0.0, 100.0 * calls)] + (
+        [("dkdv", 0.0, 300.0 * calls)] if getattr(fn, "backward", False) else []))
     assert kernels.main(["--only", "full-B8", "--impls", "a,b", "--calls", "2", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "kernels.json").read_text())["results"]
     assert sorted(results) == [f"{problem.name} {i} {p}" for i in "ab" for p in ("fwd", "fwd_bwd")]
     work = flops(problem, small.lengths_q, small.lengths_k, "fwd_bwd")
-    assert results[f"{problem.name} a fwd_bwd"]["tflops_busy"] == pytest.approx(work / 100e-6 / 1e12)
+    assert results[f"{problem.name} a fwd_bwd"]["tflops_busy"] == pytest.approx(work / 400e-6 / 1e12)
+    rows = [line for line in (tmp_path / "kernels.md").read_text().splitlines() if problem.name in line]
+    assert [row.split(" | ")[1] for row in rows] == ["a", "b"] and all(row.endswith("| dkdv |") for row in rows)
+
+
+def test_kernel_breakdown_summary_names_the_backwards_main_kernel_and_leaves_the_forwards_out():
+    from jfa.bench import kernels
+
+    fwd = kernels.per_call([("fwd_k", 0.0, 50.0)], calls=1)
+    both = kernels.per_call([("fwd_k", 0.0, 50.0), ("stats", 50.0, 60.0), ("dkdv", 60.0, 160.0),
+                             ("readout", 160.0, 165.0)], calls=1)
+    table = kernels.summary({"p impl fwd": fwd, "p impl fwd_bwd": both}, {"p": 2e10})
+    row = table.splitlines()[-1]
+    assert row == "| p | impl | 50 | 100 (200) | 15 | dkdv |"  # 20 GFLOP in 100 us: 200 TFLOP/s
+    assert len(table.splitlines()) == 3

@@ -8,7 +8,8 @@ The answer to "which kernel of the backward is behind FA4's, and by how much", n
 
     python -m jfa.bench.kernels --suite gem --impls jfa-tlx,fa4-varlen --calls 10 --out DIR [--only full-B8]
 
-Writes DIR/kernels.json after every problem (a call cut short keeps what it measured) and prints a table.
+Writes DIR/kernels.json and DIR/kernels.md (``summary``: each backward's main kernel and its rate beside the
+rest) after every problem (a call cut short keeps what it measured) and prints both.
 """
 from __future__ import annotations
 
@@ -69,6 +70,29 @@ def text(problem: str, impl: str, pass_: str, result: dict, top: int = 8) -> str
     return "\n".join(lines)
 
 
+def summary(results: dict, backward_flops: dict) -> str:
+    """A markdown table per problem and implementation: the forward pass's busy time, the backward's main kernel
+    (the longest kernel of forward+backward that the forward pass does not run) with its TFLOP/s
+    (``backward_flops[problem]`` over that kernel alone), and the backward's other kernels' time."""
+    lines = ["| problem | impl | fwd us | bwd main kernel us (TFLOP/s) | bwd other kernels us | bwd main kernel |",
+             "|---|---|---|---|---|---|"]
+    for key, both in results.items():
+        problem, impl, pass_ = key.rsplit(" ", 2)
+        fwd = results.get(f"{problem} {impl} fwd")
+        if pass_ != "fwd_bwd" or fwd is None:
+            continue
+        forward_names = {k["name"] for k in fwd["kernels"]}
+        backward = [k for k in both["kernels"] if k["name"] not in forward_names]
+        if not backward:
+            continue
+        main_kernel = backward[0]  # per_call lists the longest first
+        rate = backward_flops[problem] / (main_kernel["us"] * 1e-6) / 1e12
+        others = sum(k["us"] for k in backward[1:])
+        lines.append(f"| {problem} | {impl} | {fwd['busy_us']:.0f} | {main_kernel['us']:.0f} ({rate:.0f}) | "
+                     f"{others:.0f} | {main_kernel['name']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="gem")
@@ -79,11 +103,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA GPU visible")
-    results = {}
+    results, backward_flops = {}, {}
     for problem in get_suite(args.suite):
         if args.only not in problem.name:
             continue
         batch, _ = launcher_inputs(problem)
+        backward_flops[problem.name] = flops(problem, batch.lengths_q, batch.lengths_k, "bwd")
         out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
         grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
         for impl_name in args.impls.split(","):
@@ -110,6 +135,9 @@ def main(argv=None) -> int:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "kernels.json"), "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+            with open(os.path.join(args.out, "kernels.md"), "w") as f:
+                f.write(summary(results, backward_flops) + "\n")
+    print(summary(results, backward_flops), flush=True)
     return 0
 
 

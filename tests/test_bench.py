@@ -1375,3 +1375,17 @@ def test_kernel_breakdown_summary_names_the_backwards_main_kernel_and_leaves_the
     row = table.splitlines()[-1]
     assert row == "| p | impl | 50 | 100 (200) | 15 | dkdv |"  # 20 GFLOP in 100 us: 200 TFLOP/s
     assert len(table.splitlines()) == 3
+
+
+def test_profiled_calls_warm_up_unrecorded_then_record_exactly_the_asked_calls(monkeypatch):
+    monkeypatch.setattr(runner.torch.cuda, "synchronize", lambda: None)  # (no GPU here)
+    seen = []
+
+    def fn():
+        seen.append(len(seen))
+        with torch.profiler.record_function("one_call"):
+            torch.ones(2).sum()
+
+    prof = runner.profiled_calls(fn, calls=3, warmups=2, host=True)
+    assert len(seen) == 5
+    assert sum(e.name == "one_call" for e in prof.events()) == 3

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from jfa.bench.impls import get_impl
-from jfa.bench.runner import launcher_inputs
+from jfa.bench.runner import launcher_inputs, profiled_calls
 from jfa.bench.suites import flops, get_suite
 
 NAME_CHARS = 72  # CuTe DSL kernels carry their whole template in the name
@@ -32,14 +32,8 @@ def kernel_events(fn: Callable[[], object], calls: int) -> list[tuple[str, float
     """(name, start us, end us) of every device event (kernels, memsets, copies) of ``calls`` calls of ``fn``,
     after one unprofiled call (compilation, caches)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled_calls(fn, calls)
     return [(e.name, float(e.time_range.start), float(e.time_range.end))
             for e in prof.events() if e.device_type == DeviceType.CUDA]
 

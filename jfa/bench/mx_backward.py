@@ -25,7 +25,7 @@ import statistics
 import torch
 
 from jfa import mx as jmx
-from jfa.bench.runner import launcher_inputs, times_in_turns
+from jfa.bench.runner import launcher_inputs, profiled_calls, times_in_turns
 from jfa.bench.suites import get_suite
 from jfa.kernels.tlx.hopper.backward import jagged_backward_tlx, mx_backward_tlx
 from jfa.kernels.tlx.hopper.forward import jagged_forward_tlx, mx_forward_tlx
@@ -41,15 +41,8 @@ def _max_rel(got, want) -> float:
 
 def _kernel_table(fn, calls: int = 3) -> str:
     """torch.profiler's table of the CUDA kernels of ``calls`` calls of ``fn``, by total CUDA time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=70)
+    return profiled_calls(fn, calls, host=True).key_averages().table(sort_by="cuda_time_total", row_limit=16,
+                                                                     max_name_column_width=70)
 
 
 def _dq_config(text: str) -> KernelConfig:

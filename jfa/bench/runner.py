@@ -219,6 +219,22 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def profiled_calls(fn: Callable, calls: int, warmups: int = 1, host: bool = False):
+    """torch.profiler's record of ``calls`` calls of ``fn`` after ``warmups`` unprofiled ones (compilation,
+    caches), the GPU drained before and after; the device's activity only, or the host's too (``host``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmups):
+        fn()
+    torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if host else [ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof
+
+
 def llvm_the_other_way(kernel, llvm_o0: bool) -> dict:
     """Knob settings (for ``knobs.scope``) that compile the TLX ``kernel`` with LLVM's optimisation the other way
     from its config's ``llvm_o0``: optimised where the config leaves the IR to ptxas, and the other way round (the

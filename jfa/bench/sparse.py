@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import torch
 
-from jfa.bench.runner import check_indices, host_us, make_batches, time_ms
+from jfa.bench.runner import check_indices, host_us, make_batches, profiled_calls, time_ms
 from jfa.bench.suites import get_suite, make_lengths, q_lengths, visible_pairs
 
 PROBLEMS = ("longtail-B256-L4096-H4-D128", "full-B8-L4096-H16-D128")
@@ -459,8 +459,6 @@ def profile(out_dir: str, keep: float = 0.5, causal: bool = False, calls: int = 
     block-sparse fwd+bwd with the lists made beforehand, and the dense fwd+bwd, per problem at ``keep``:
     where the time of each goes. Written to ``out_dir``/profile-<problem>.txt."""
     import jfa
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
     device = torch.device("cuda", torch.cuda.current_device())
     os.makedirs(out_dir, exist_ok=True)
@@ -481,14 +479,8 @@ def profile(out_dir: str, keep: float = 0.5, causal: bool = False, calls: int = 
         }
         with open(os.path.join(out_dir, f"profile-{problem.name}.txt"), "w") as f:
             for name, step in steps.items():
-                for _ in range(3):
-                    step()
-                torch.cuda.synchronize()
-                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    for _ in range(calls):
-                        step()
-                    torch.cuda.synchronize()
-                text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+                text = profiled_calls(step, calls, warmups=3, host=True).key_averages().table(
+                    sort_by="cuda_time_total", row_limit=14)
                 f.write(f"## {name} ({calls} calls, keep {keep})\n{text}\n")
                 log(f"## {problem.name} {name}\n{text}")
 

@@ -264,6 +264,34 @@ def run_reduce_add(dtype=torch.float32, n_tiles=4, block=16, d=32, fence=True, *
 
 
 # ---------------------------------------------------------------------------------------------------------
+# A TMA store, its wait, then generic loads of its destination by the same task.
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def store_then_load_kernel(X, desc_out, OUT, SEEN, BLOCK: tl.constexpr, D: tl.constexpr, FULL_WAIT: tl.constexpr):
+    stage = tlx.local_alloc((BLOCK, D), tlx.dtype_of(desc_out), 1)
+    offs = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]
+    tlx.local_store(stage[0], tl.load(X + offs))
+    tlx.fence_async_shared()
+    tlx.async_descriptor_store(desc_out, stage[0], [0, 0])
+    if FULL_WAIT:
+        tlx.async_descriptor_store_wait(0, read_only=False)
+    else:
+        tlx.async_descriptor_store_wait(0)
+    tl.store(SEEN + offs, tl.load(OUT + offs))
+    tlx.local_store(stage[0], tl.zeros((BLOCK, D), dtype=tlx.dtype_of(desc_out)))  # the source, reused
+
+
+def run_store_then_load(full_wait: bool, block=16, d=32, **launch_kw):
+    """(x, out before the launch, out after it, what the loads after the wait saw)."""
+    g = torch.Generator().manual_seed(3)
+    x, out = torch.randn(block, d, generator=g), torch.randn(block, d, generator=g)
+    before, seen = out.clone(), torch.full_like(out, float("nan"))
+    desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [block, d])
+    sim.launch(store_then_load_kernel, (1,), x, desc, out, seen, BLOCK=block, D=d, FULL_WAIT=full_wait, **launch_kw)
+    return x, before, out, seen
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Small kernels with one bug each
 # ---------------------------------------------------------------------------------------------------------
 @triton.jit

@@ -8,7 +8,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import jfa.sim as sim
-from sim_kernels import line_of, run_mma, run_pingpong, run_reduce_add, uninitialised_read_kernel
+from sim_kernels import line_of, run_mma, run_pingpong, run_reduce_add, run_store_then_load, uninitialised_read_kernel
 
 
 @pytest.mark.parametrize("schedule", [sim.Schedule.deterministic(), sim.Schedule.seeded(4)], ids=lambda s: s.describe())
@@ -52,6 +52,20 @@ def test_tma_store_reduce_add_rounds_each_sum_to_the_destination_type(dtype):
     out, expected, report = run_reduce_add(dtype)
     assert torch.equal(out, expected)
     assert report.op_counts["async_descriptor_store"] == 4
+
+
+def test_after_a_full_store_wait_the_task_loads_what_its_tma_store_wrote():
+    x, _before, out, seen = run_store_then_load(full_wait=True)
+    assert torch.equal(seen, x) and torch.equal(out, x)
+
+
+def test_after_a_read_wait_a_tma_stores_global_write_is_still_in_flight():
+    """``cp.async.bulk.wait_group.read`` frees the store's shared memory, not its global write: a load right after
+    it may see the old values (the deterministic schedule lands the write only when nothing else can run), and the
+    write that lands later carries the source as it was read, not what the task stored there after the wait."""
+    x, before, out, seen = run_store_then_load(full_wait=False, schedule=sim.Schedule.deterministic())
+    assert torch.equal(seen, before)
+    assert torch.equal(out, x)
 
 
 def test_the_pingpong_handshake_alternates_the_consumers():

@@ -348,12 +348,16 @@ class TmaLoad(AsyncOp):
 
 
 class TmaStore(AsyncOp):
+    """A TMA store in flight: it reads its shared-memory source and writes global memory when it lands, or, once
+    a ``.read`` wait (``read_only=True``) has retired its source, it has read the source (``source``) and only its
+    global write is still in flight: it lands on its own later, or at a full wait of its task."""
     kind = "TMA store"
-    __slots__ = ("cta", "task", "desc", "offsets", "view", "reduce", "site", "rec", "landed", "seq")
+    __slots__ = ("cta", "task", "desc", "offsets", "view", "reduce", "site", "rec", "landed", "seq", "source")
 
     def __init__(self, cta, task, desc, offsets, view, reduce, site, seq):
         self.cta, self.task, self.desc, self.offsets, self.view = cta, task, desc, offsets, view
         self.reduce, self.site, self.rec, self.landed, self.seq = reduce, site, None, False, seq
+        self.source = None
 
     def describe(self) -> str:
         red = f" (reduce {self.reduce})" if self.reduce else ""
@@ -372,7 +376,8 @@ class TmaStore(AsyncOp):
 
     def _land(self) -> None:
         self.landed = True
-        self.desc.store_box(self.offsets, np.array(self.view.read()), self.reduce, self.site)
+        data = self.source if self.source is not None else np.array(self.view.read())
+        self.desc.store_box(self.offsets, data, self.reduce, self.site)
         self.cta.trace(None, "TMA store lands", self.describe(), self.site)
 
 
@@ -475,16 +480,27 @@ def async_descriptor_store(cta, desc, source_buf, offsets, eviction_policy="", s
 
 @CORE.op()
 def async_descriptor_store_wait(cta, pendings, read_only=True):
+    """``cp.async.bulk.wait_group.read`` (``read_only``): the stores but the newest ``pendings`` have read their
+    shared memory, their global writes may still be in flight (they land later); without ``.read`` they have
+    also written global memory, and so has every earlier store of the task."""
     task = cta.task
     keep = as_int(pendings, "pendings")
+    full = not unwrap(read_only)
     n = 0
     site = source.capture(2) if len(task.stores) > keep else None
     while len(task.stores) > keep:
         st = task.stores.pop(0)
         if not st.landed:
-            cta.sched.land(st)
+            if full:
+                cta.sched.land(st)
+            else:
+                st.source = np.array(st.view.read())
         cta.smem.retire(*st.rec, task, "async_descriptor_store_wait", site)
         n += 1
+    if full:
+        for op in [op for op in cta.sched.inflight if isinstance(op, TmaStore) and op.task is task]:
+            if op.source is not None:  # (its source read retired by an earlier .read wait)
+                cta.sched.land(op)
     if cta.tracer is not None:
         cta.trace(task, "async_descriptor_store_wait", f"({keep}): {n} store(s) retired, {len(task.stores)} pending",
                   source.capture(2))

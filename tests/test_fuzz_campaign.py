@@ -1,6 +1,6 @@
 """Fuzz campaigns (jfa/fuzz/runner.py, report.py, cores.py): shards that never repeat each other and merge
 into one report, a watch that turns a hung or dead worker into a case file and a restart, the time to find
-a planted bug, the production mix, the cores shared out."""
+a planted bug, the production mix, the cores and each GPU's memory shared out."""
 import dataclasses
 import json
 import subprocess
@@ -216,6 +216,33 @@ def test_cores_are_shared_between_workers_and_explicit_settings_win():
     assert env == {"OMP_NUM_THREADS": "5"} | {name: "4" for name in THREAD_VARIABLES[1:]}
     with pytest.raises(ValueError, match="workers"):
         threads_per_worker(0)
+
+
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize("gpus, memory, workers", [(1, int(79.6 * GIB), 9), (1, 139 * GIB, 16),
+                                                   (2, int(79.6 * GIB), 16), (1, 0, 16), (4, 8 * GIB, 4)],
+                         ids=["h100", "h200", "two-h100", "memory-unknown", "small-gpus"])
+def test_gpu_workers_are_as_many_as_cores_and_the_gpus_memory_allow(gpus, memory, workers, monkeypatch):
+    """One worker a core, but no more on a GPU than its memory gives GPU_WORKER_MEMORY (and the overhead) each: the
+    16 workers of the H200's cores, 9 on the 80 GB H100 (16 exhausted it), at least one a GPU."""
+    monkeypatch.setattr("jfa.fuzz.cores.usable_cores", lambda: 16)
+    assert runner._default_workers("cuda", gpus, memory) == workers
+
+
+@pytest.mark.parametrize("memory, workers", [(int(79.6 * GIB), 9), (139 * GIB, 16), (int(79.6 * GIB), 16)])
+def test_each_gpu_workers_allocator_gets_an_equal_share_of_what_the_overheads_leave(memory, workers):
+    fraction = runner.gpu_memory_fraction(memory, workers)
+    assert workers * fraction * memory + (workers + 1) * runner.GPU_WORKER_OVERHEAD == pytest.approx(memory)
+    assert fraction * memory >= 4 * GIB
+
+
+def test_gpu_workers_that_leave_no_memory_are_refused():
+    with pytest.raises(ValueError, match="fewer --workers"):
+        runner.gpu_memory_fraction(8 * GIB, 16)
+    with pytest.raises(ValueError, match="workers_on_gpu"):
+        runner.gpu_memory_fraction(8 * GIB, 0)
 
 
 def test_kill_speed_reports_the_time_to_find_each_mutant(tmp_path, cpu_only):

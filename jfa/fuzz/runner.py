@@ -269,6 +269,8 @@ class WorkerSettings:
     oracle: str = "numpy"
     recheck_fraction: float = 0.0
     max_tokens: int = 640
+    # the share of its GPU's memory the worker's torch allocator may take (``gpu_memory_fraction``); 0: no cap
+    memory_fraction: float = 0.0
     round_examples: int = 25
     seed: int = 0
     shard: int = 0
@@ -331,6 +333,8 @@ def _run_rounds(ws: WorkerSettings) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for the stacks of a hang
     if device == "cuda":
         _signs_of_life(write)
+        if ws.memory_fraction > 0:  # a case too large for this worker's share is skipped (out of memory below)
+            torch.cuda.set_per_process_memory_fraction(ws.memory_fraction)
     state = {"first": None, "last": None}
 
     def write_case(case, report, note: str, kind: str) -> Path:
@@ -485,13 +489,43 @@ def _parse_shard(text: str) -> tuple:
     return int(shard), int(shards)
 
 
-def _default_workers(device: str, gpus: int) -> int:
+# Device memory a GPU worker's torch allocator is given: about the H200's 139 GiB over the 16 workers of its 16 cores
+# (less their overhead below), the share its case sizes (GPU_MAX_TOKENS) were drawn for. On the 80 GB H100, 16
+# workers ran the device out of memory within ~90 s, and the errors landed on whichever worker allocated next
+# (cuBLAS handles, Triton module loads, small cases: NOTES.md session 46).
+GPU_WORKER_MEMORY = 15 * 2 ** 30 // 2
+# Per worker process, memory its torch allocator does not see: the CUDA context, loaded modules, cuBLAS workspaces.
+GPU_WORKER_OVERHEAD = 3 * 2 ** 30 // 4
+
+
+def _default_workers(device: str, gpus: int, gpu_memory: int = 0) -> int:
     """auto: on a GPU host one worker a core (a GPU worker's host work is single-threaded: drawing,
-    compiling, the sampled NumPy re-judging; the twin runs on the GPU), at least one a GPU; on a CPU
-    host one a two cores (the interpreter and the NumPy oracle use BLAS threads)."""
+    compiling, the sampled NumPy re-judging; the twin runs on the GPU), at least one a GPU, and no more on a
+    GPU than its memory (``gpu_memory`` bytes, the smallest GPU's; 0: unknown) gives GPU_WORKER_MEMORY each; on a
+    CPU host one a two cores (the interpreter and the NumPy oracle use BLAS threads)."""
     from jfa.fuzz.cores import usable_cores
 
-    return max(gpus, usable_cores()) if device == "cuda" else max(1, usable_cores() // 2)
+    if device != "cuda":
+        return max(1, usable_cores() // 2)
+    workers = usable_cores()
+    if gpu_memory:  # (the campaign's parent, which read the size, holds a context too)
+        per_gpu = (gpu_memory - GPU_WORKER_OVERHEAD) // (GPU_WORKER_MEMORY + GPU_WORKER_OVERHEAD)
+        workers = min(workers, gpus * max(1, per_gpu))
+    return max(gpus, workers)
+
+
+def gpu_memory_fraction(gpu_memory: int, workers_on_gpu: int) -> float:
+    """The share of a GPU of ``gpu_memory`` bytes each of ``workers_on_gpu`` worker processes' torch allocator
+    may take: an equal part of what the GPU_WORKER_OVERHEAD of theirs and of the campaign's parent leaves, so
+    that no worker's case (or its allocator's cache) takes the memory another needs for its context, modules and
+    handles. Raises ValueError where nothing is left."""
+    if workers_on_gpu < 1:
+        raise ValueError(f"workers_on_gpu: must be >= 1, got {workers_on_gpu}")
+    left = gpu_memory - (workers_on_gpu + 1) * GPU_WORKER_OVERHEAD
+    if left <= 0:
+        raise ValueError(f"{workers_on_gpu} fuzz workers do not fit a GPU of {gpu_memory / 2 ** 30:.1f} GiB "
+                         f"({GPU_WORKER_OVERHEAD / 2 ** 30:.2f} GiB each outside torch): fewer --workers")
+    return left / workers_on_gpu / gpu_memory
 
 
 def cmd_merge(argv=None) -> int:
@@ -584,12 +618,19 @@ def cmd_fuzz(argv=None) -> int:
     from jfa.fuzz.strategies import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 
     oracle_name = args.oracle if args.oracle != "auto" else ("twin" if device == "cuda" else "numpy")
-    gpus = 0
+    gpus = gpu_memory = 0
     if device == "cuda":
         import torch
 
         gpus = torch.cuda.device_count()
-    workers = _default_workers(device, gpus) if args.workers == "auto" else int(args.workers)
+        if gpus:
+            gpu_memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
+    workers = _default_workers(device, gpus, gpu_memory) if args.workers == "auto" else int(args.workers)
+    try:
+        memory_fraction = gpu_memory_fraction(gpu_memory, -(-workers // gpus)) if gpus else 0.0
+    except ValueError as exc:
+        print(f"jfa fuzz: {exc}", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     threads = share_cores(env, workers)
     if device == "cuda":
@@ -600,7 +641,8 @@ def cmd_fuzz(argv=None) -> int:
         mix=args.mix if args.mix != "auto" else ("production" if device == "cuda" else "all"), oracle=oracle_name,
         recheck_fraction=args.recheck if oracle_name == "twin" else 0.0,
         max_tokens=args.max_tokens or (CPU_MAX_TOKENS if device == "cpu" else GPU_MAX_TOKENS),
-        round_examples=args.round_examples, seed=args.seed if args.seed is not None else random.randrange(2 ** 31),
+        memory_fraction=memory_fraction, round_examples=args.round_examples,
+        seed=args.seed if args.seed is not None else random.randrange(2 ** 31),
         shard=shard, mutant=args.mutant)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -613,7 +655,8 @@ def cmd_fuzz(argv=None) -> int:
     meta = {"backend": args.backend, "device": device, "mix": base.mix, "oracle": oracle_name,
             "recheck_fraction": base.recheck_fraction, "workers": workers, "threads": threads, "gpus": gpus,
             "seconds": time.time() - start, "start": start, "seed": base.seed, "shard": f"{shard}/{shards}",
-            "shards": shards, "max_tokens": base.max_tokens, "round_examples": args.round_examples,
+            "shards": shards, "max_tokens": base.max_tokens, "memory_fraction": round(memory_fraction, 4),
+            "round_examples": args.round_examples,
             "mutant": args.mutant, "hang_seconds": args.hang_seconds, "until_found": args.until_found,
             "restarts": campaign.restarts, "crashes": campaign.crashes, "stopped_at_deadline": campaign.stopped}
     stats = campaign.stats

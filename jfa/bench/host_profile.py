@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from jfa.bench.impls import JfaImpl, get_impl
-from jfa.bench.runner import launcher_inputs
+from jfa.bench.runner import launcher_inputs, output_grad
 from jfa.bench.suites import get_suite
 
 SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU time queued ahead of the profiled calls
@@ -150,8 +150,7 @@ def main(argv=None) -> int:
     results = {}
     for problem in get_suite(args.suite):
         batch, _ = launcher_inputs(problem)
-        out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
-        grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
+        grad = output_grad(problem, batch.q.shape[0], "cuda")
         if args.compare_impls:
             preps = {name: get_impl(name).prepare(batch, grad) for name in args.compare_impls.split(",")}
             for name in ("fwd", "fwd+bwd"):

@@ -22,8 +22,8 @@ from typing import Callable, Iterable
 import torch
 
 from jfa.bench.impls import get_impl
-from jfa.bench.runner import launcher_inputs, profiled_calls
-from jfa.bench.suites import flops, get_suite
+from jfa.bench.runner import launcher_inputs, output_grad, profiled_calls
+from jfa.bench.suites import PASSES, flops, get_suite
 
 NAME_CHARS = 72  # CuTe DSL kernels carry their whole template in the name
 
@@ -102,9 +102,9 @@ def main(argv=None) -> int:
         if args.only not in problem.name:
             continue
         batch, _ = launcher_inputs(problem)
-        backward_flops[problem.name] = flops(problem, batch.lengths_q, batch.lengths_k, "bwd")
-        out_rows = problem.B * problem.Lq if problem.broadcast_q else batch.q.shape[0]
-        grad = torch.randn((out_rows, problem.H, problem.D), device="cuda", dtype=problem.dtype)
+        work = {pass_: flops(problem, batch.lengths_q, batch.lengths_k, pass_) for pass_ in PASSES}
+        backward_flops[problem.name] = work["bwd"]
+        grad = output_grad(problem, batch.q.shape[0], "cuda")
         for impl_name in args.impls.split(","):
             impl = get_impl(impl_name)
             ok, why = impl.available()
@@ -118,8 +118,8 @@ def main(argv=None) -> int:
                 if pass_ == "fwd":
                     fn = torch.no_grad()(fn)
                 result = per_call(kernel_events(fn, args.calls), args.calls)
-                work = flops(problem, batch.lengths_q, batch.lengths_k, pass_)
-                result["tflops_busy"] = work / (result["busy_us"] * 1e-6) / 1e12 if result["busy_us"] else 0.0
+                busy_s = result["busy_us"] * 1e-6
+                result["tflops_busy"] = work[pass_] / busy_s / 1e12 if busy_s else 0.0
                 results[f"{problem.name} {impl_name} {pass_}"] = result
                 print(text(problem.name, impl_name, pass_, result), flush=True)
             del prepared

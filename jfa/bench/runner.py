@@ -219,6 +219,13 @@ def time_ms(fn: Callable, warmup: int, rep: int) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def output_grad(problem, q_rows: int, device, generator=None) -> torch.Tensor:
+    """A random gradient of ``problem``'s output, [rows, H, D] in its dtype: a broadcast Q's B x Lq rows, else the
+    batch's ``q_rows`` packed query rows."""
+    rows = problem.B * problem.Lq if problem.broadcast_q else q_rows
+    return torch.randn((rows, problem.H, problem.D), device=device, dtype=problem.dtype, generator=generator)
+
+
 def profiled_calls(fn: Callable, calls: int, warmups: int = 1, host: bool = False):
     """torch.profiler's record of ``calls`` calls of ``fn`` after ``warmups`` unprofiled ones (compilation,
     caches), the GPU drained before and after; the device's activity only, or the host's too (``host``)."""
@@ -482,9 +489,8 @@ def bench_problem(suite: str, problem: Problem, impls: Sequence[Impl], passes=PA
     free, _ = torch.cuda.mem_get_info(device)
     n = num_copies(_bytes_per_copy(problem, lengths_q, lengths_k), l2, free)
     batches = make_batches(problem, lengths_q, lengths_k, n, device)
-    out_rows = problem.B * problem.Lq if problem.broadcast_q else int(lengths_q.sum())
-    grad = torch.randn((out_rows, problem.H, problem.D), device=device, dtype=problem.dtype,
-                       generator=torch.Generator(device=device).manual_seed(7))
+    grad = output_grad(problem, int(lengths_q.sum()), device, torch.Generator(device=device).manual_seed(7))
+    out_rows = grad.shape[0]
     checker = ForwardCheck(batches[0], check_indices(lengths_q, lengths_k)) if check else None
 
     rows = []

@@ -18,7 +18,7 @@ from jfa.kernels.schedule import TileList, build_tile_list
 from jfa.kernels.tlx.common.host import work_counter
 from planned_calls import (SPARSE_RULE_IDS, SPARSE_RULES, planned_cases, run_twice, sparse_planned_and_unplanned,
                            spy_on_planned_launchers)
-from profiled_dkdv import assert_one_ordered_record_per_item, profiled_dkdv, query_steps
+from profiled_dkdv import assert_one_ordered_record_per_item, field, profiled_dkdv, query_steps
 
 pytestmark = pytest.mark.gpu
 
@@ -295,12 +295,12 @@ def test_timeline_records_every_item_once(schedule):
     out, lse, timeline = run(q, k, v, cu, variant=variant, profile=True)
     plain_out, _ = run(q, k, v, cu, variant=variant)
     assert torch.equal(out, plain_out)  # the profiling build computes the same
-    rec = timeline.records.cpu()
+    rec = dict(zip(tlx_forward.PROFILE_FIELDS, timeline.records.cpu().T))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert (rec[:, 0] >= 0).all() and (rec[:, 0] < sms).all(), "an item was never recorded, or a bad SM id"
-    assert (rec[:, 2] >= rec[:, 1]).all() and (rec[:, 1] > 0).all()
-    assert (rec[:, 3] >= 0).all() and (rec[:, 3] < timeline.grid).all()
-    assert timeline.seq.numel() == rec.shape[0]
+    assert (rec["sm"] >= 0).all() and (rec["sm"] < sms).all(), "an item was never recorded, or a bad SM id"
+    assert (rec["end_ns"] >= rec["start_ns"]).all() and (rec["start_ns"] > 0).all()
+    assert (rec["cta"] >= 0).all() and (rec["cta"] < timeline.grid).all()
+    assert timeline.seq.numel() == timeline.records.shape[0]
 
 
 @pytest.mark.parametrize("prefetch", ["never", "always"])
@@ -318,9 +318,9 @@ def test_the_dkdv_profiling_build_records_every_item_once(head_dim, causal, pref
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     two_pairs = variant.kv_buffers(tlx_backward.config_for(head_dim, True)) == 2
     assert_one_ordered_record_per_item(records, grid=sms, item_prefetch=two_pairs)
-    assert (records[:, 0] < sms).all()
+    assert (field(records, "sm") < sms).all()
     if not causal:  # (causal: a key tile's steps start at its diagonal)
-        assert int(records[:, 7].sum()) == query_steps(lengths, q.shape[1], head_dim)
+        assert int(field(records, "steps").sum()) == query_steps(lengths, q.shape[1], head_dim)
 
 
 def test_the_step_trace_logs_cta_0s_steps_in_cycle_order():

@@ -41,17 +41,30 @@ SCHEDULES = {
 }
 
 
+def columns(rows: np.ndarray, names: tuple) -> dict:
+    """A profiling build's records (int64 rows of the fields ``names``) as one array per field."""
+    return {name: rows[:, i] for i, name in enumerate(names)}
+
+
+def forward_columns(records: np.ndarray) -> dict:
+    """The forward's item records (``forward.PROFILE_FIELDS``: SM, start ns, end ns, CTA) by field."""
+    from jfa.kernels.tlx.hopper.forward import PROFILE_FIELDS
+
+    return columns(np.asarray(records), PROFILE_FIELDS)
+
+
 def busy_map(records: np.ndarray, bins: int = 400) -> tuple[np.ndarray, float]:
     """(busy [SMs, bins] in {0, 1}, makespan in us): whether some item ran on each SM at each bin's centre.
-    ``records`` rows are (SM, start ns, end ns, CTA); time 0 is the earliest start."""
-    sms = int(records[:, 0].max()) + 1
-    t0 = records[:, 1].min()
-    start, end = (records[:, 1] - t0) / 1e3, (records[:, 2] - t0) / 1e3
+    ``records``: the forward's item records (``forward_columns``); time 0 is the earliest start."""
+    col = forward_columns(records)
+    sms = int(col["sm"].max()) + 1
+    t0 = col["start_ns"].min()
+    start, end = (col["start_ns"] - t0) / 1e3, (col["end_ns"] - t0) / 1e3
     makespan = float(end.max())
     centres = (np.arange(bins) + 0.5) * makespan / bins
     busy = np.zeros((sms, bins))
     for sm in range(sms):
-        mine = records[:, 0] == sm
+        mine = col["sm"] == sm
         if not mine.any():
             continue
         order = np.argsort(start[mine])
@@ -62,11 +75,13 @@ def busy_map(records: np.ndarray, bins: int = 400) -> tuple[np.ndarray, float]:
 
 
 def stats(records: np.ndarray) -> dict:
-    """Makespan (us), idle share of SM-time before the end, and the spread of per-SM finish times."""
-    t0 = records[:, 1].min()
+    """Makespan (us), idle share of SM-time before the end, and the spread of per-SM finish times, from the
+    forward's item records (``forward_columns``)."""
+    col = forward_columns(records)
+    t0 = col["start_ns"].min()
     finish = {}
     busy_ns = 0
-    for sm, s, e, _ in records:
+    for sm, s, e in zip(col["sm"], col["start_ns"], col["end_ns"]):
         finish[sm] = max(finish.get(sm, 0), e - t0)
         busy_ns += e - s
     makespan = max(finish.values())
@@ -119,19 +134,16 @@ def item_phases(records: np.ndarray) -> dict:
     dQ, the dQ of the steps still behind). ``items`` counts the items used."""
     from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS
 
-    def columns(rows: np.ndarray) -> dict:
-        return {name: rows[:, i] for i, name in enumerate(PROFILE_FIELDS)}
-
     rec = np.asarray(records, dtype=np.int64)
-    rec = rec[(rec >= 0).all(1) & (columns(rec)["steps"] > 0)]
+    rec = rec[(rec >= 0).all(1) & (columns(rec, PROFILE_FIELDS)["steps"] > 0)]
     if not rec.size:
         return {"items": 0}
-    col = columns(rec)
+    col = columns(rec, PROFILE_FIELDS)
     steps = col["steps"].astype(np.float64)
     gaps, late, clocks = [], [], []
     for cta in np.unique(col["cta"]):
         mine = rec[col["cta"] == cta]
-        field = columns(mine[np.argsort(columns(mine)["start"])])
+        field = columns(mine[np.argsort(columns(mine, PROFILE_FIELDS)["start"])], PROFILE_FIELDS)
         gaps.append(field["start"][1:] - field["end"][:-1])
         late.append(field["producer_start"][1:] - field["steps_done"][:-1])
         if field["start_ns"][-1] > field["start_ns"][0]:

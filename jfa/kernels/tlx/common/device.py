@@ -183,6 +183,13 @@ def mx_scale_rows(TILES, QB_OFF, OB_OFF, item, num_slots, num_heads, num_seqs, B
     return qb0, ob0
 
 
+@triton.jit
+def record_stamp(TIMELINE, item, FIELD: tl.constexpr, value, RECORD: tl.constexpr):
+    """A profiling build's record: field FIELD of row ``item`` of TIMELINE (int64 rows of RECORD fields), written
+    as its phase ends, so that nothing of the record stays in registers across the item."""
+    tl.store(TIMELINE + item.to(tl.int64) * RECORD + FIELD, value.to(tl.int64))
+
+
 # ----------------------------------------------------------------------------------------------------
 # clocks of the profiling builds (the simulator answers these reads: ``jfa.sim.launch``)
 @triton.jit

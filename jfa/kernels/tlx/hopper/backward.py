@@ -85,8 +85,10 @@ from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, 
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.dkdv_producers import produce_dkdv_item
-from jfa.kernels.tlx.hopper.dkdv_steps import (PROFILE_FIELDS, dkdv_item, send_staged_dq,
-                                                sparse_step_masked, stage_dq, stamp, step_tile)
+from jfa.kernels.tlx.hopper.dkdv_steps import (PROFILE_FIELDS, REC_CTA, REC_DECODED, REC_END, REC_FIRST_STEP,
+                                                REC_KV_READY, REC_SM, REC_START, REC_START_NS, REC_STEPS,
+                                                REC_STEPS_DONE, dkdv_item, send_staged_dq, sparse_step_masked,
+                                                stage_dq, stamp, step_tile)
 from jfa.kernels.tlx.hopper.mx_producers import produce_dkdv_item_mx
 from jfa.kernels.tlx.hopper.row_stats import row_stats, stats_descriptor
 from jfa.kernels.triton.mx_attention import _mx_round
@@ -565,15 +567,15 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
     k_tiles, v_tiles, kv_fulls, kv_empties = kv
     if PROFILE:
         if cid == 0:
-            stamp(TIMELINE, item, 1, globaltimer())
-            stamp(TIMELINE, item, 2, clock64())
-            stamp(TIMELINE, item, 13, qdo_cnt)  # first_step
+            stamp(TIMELINE, item, REC_START_NS, globaltimer())
+            stamp(TIMELINE, item, REC_START, clock64())
+            stamp(TIMELINE, item, REC_FIRST_STEP, qdo_cnt)
     head, q_row0, _or, len_q, k_row0, len_k, n_start, causal_shift, first, n_lead, bulk_end, num_q_tiles, lo, hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
     if PROFILE:
         if cid == 0:
-            stamp(TIMELINE, item, 12, clock64())  # decoded
+            stamp(TIMELINE, item, REC_DECODED, clock64())
     kv_buf, kv_phase = bufidx_phase(kv_cnt, NUM_BUFFERS_KV)
     own = kv_buf * _CONSUMERS + cid  # this consumer's K and V tiles and their barriers
     if DQ == DQ_HALVES:  # its dQ reads both consumers' K
@@ -583,7 +585,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
         tlx.barrier_wait(kv_fulls[own], kv_phase)
     if PROFILE:
         if cid == 0:
-            stamp(TIMELINE, item, 3, clock64())
+            stamp(TIMELINE, item, REC_KV_READY, clock64())
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     # grouped-query attention: the group's query heads in turn, dK and dV summed in the accumulators
@@ -599,7 +601,7 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
             qt_tiles, dot_tiles, MX)
     if PROFILE:
         if cid == 0:
-            stamp(TIMELINE, item, 4, clock64())
+            stamp(TIMELINE, item, REC_STEPS_DONE, clock64())
     # every MMA of this consumer reading the item's K and V (with the halves: both consumers' K) has retired
     if DQ == DQ_HALVES:
         for c in tl.static_range(_CONSUMERS):
@@ -620,10 +622,10 @@ def _consume_dkdv_item(item, kv_cnt, qdo_cnt, kv, qdo_ring, ds_ring, desc_dq, DK
                 stride_dvh, sm_scale, BLOCK_N, HEAD_DIM)
     if PROFILE:
         if cid == 0:
-            stamp(TIMELINE, item, 5, clock64())
-            stamp(TIMELINE, item, 0, smid())
-            stamp(TIMELINE, item, 6, pid)
-            stamp(TIMELINE, item, 7, qdo_cnt)  # the CTA's steps after the item (the launcher subtracts first_step)
+            stamp(TIMELINE, item, REC_END, clock64())
+            stamp(TIMELINE, item, REC_SM, smid())
+            stamp(TIMELINE, item, REC_CTA, pid)
+            stamp(TIMELINE, item, REC_STEPS, qdo_cnt)  # the CTA's steps after the item (the launcher subtracts)
     return qdo_cnt
 
 

@@ -8,7 +8,8 @@ import triton.language as tl
 
 from jfa.kernels.tlx.common.device import bufidx_phase, clock64, fetch_item, static_item
 from jfa.kernels.tlx.common.host import tlx
-from jfa.kernels.tlx.hopper.dkdv_steps import (aligned_column, dkdv_item, load_qdo_step, send_staged_dq, stage_dq,
+from jfa.kernels.tlx.hopper.dkdv_steps import (REC_KV_ISSUED, REC_LOADS_DONE, REC_PRODUCER_END, REC_PRODUCER_START,
+                                                aligned_column, dkdv_item, load_qdo_step, send_staged_dq, stage_dq,
                                                 stamp, step_tile)
 
 
@@ -81,7 +82,7 @@ def produce_head_steps(qdo_cnt, head, q_row0, out_row0, stats_col0, first, n_lea
                                     stats_col0, first, n_lead, n_masked, bulk_end, num_heads, col_stride_q,
                                     col_stride_do, Q_IDX, SPARSE, SUB, BLOCK_M, NUM_BUFFERS_QDO, QDO_BYTES)
     if PROFILE:
-        stamp(TIMELINE, item, 10, clock64())  # loads_done
+        stamp(TIMELINE, item, REC_LOADS_DONE, clock64())
     return qdo_cnt, staged_row
 
 
@@ -154,7 +155,7 @@ def prefetch_next_item(next_item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_
     load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, kv, col_stride_k, col_stride_v, BLOCK_N, GROUP,
             NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
     if PROFILE:
-        stamp(TIMELINE, next_item, 9, clock64())  # kv_issued
+        stamp(TIMELINE, next_item, REC_KV_ISSUED, clock64())
     stats_col0 = aligned_column(TILES, STATS_CU, next_item, num_slots, num_heads // GROUP, num_seqs, SPARSE)
     n_masked = n_lead + num_q_tiles - bulk_end
     for j in tl.range(0, tl.minimum(num_q_tiles - first, LEAD)):
@@ -186,7 +187,7 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
     stamped in the item's record (``dkdv_steps.PROFILE_FIELDS``; K/V issued in the record of the item they
     belong to). Returns (qdo_cnt, the CTA's next item: with NUM_BUFFERS_KV 2, else -1)."""
     if PROFILE:
-        stamp(TIMELINE, item, 8, clock64())  # producer_start
+        stamp(TIMELINE, item, REC_PRODUCER_START, clock64())
     head, q_row0, out_row0, len_q, k_row0, _lk, n_start, _cs, first, n_lead, bulk_end, num_q_tiles, _lo, _hi = \
         dkdv_item(TILES, CU_Q, CU_K, COL_OFF, item, num_slots, num_heads, num_seqs, len_q_bcast, band_lo, band_hi,
                   CAUSAL, WINDOW, BROADCAST_Q, SPARSE, TILE_N, BLOCK_M, 0, GROUP)
@@ -202,7 +203,7 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
         load_kv(kv_cnt, head, k_row0, n_start, desc_k, desc_v, kv, col_stride_k, col_stride_v, BLOCK_N, GROUP,
                 NUM_BUFFERS_KV, KV_BYTES, CONSUMERS)
         if PROFILE:
-            stamp(TIMELINE, item, 9, clock64())  # kv_issued
+            stamp(TIMELINE, item, REC_KV_ISSUED, clock64())
     next_item = -1
     for g in tl.range(0, GROUP):  # grouped-query attention: the group's query heads in turn, against this K and V
         if GROUP > 1:  # (one head: the item's numbers above are its own)
@@ -232,5 +233,5 @@ def produce_dkdv_item(item, kv_cnt, qdo_cnt, desc_q, desc_k, desc_v, desc_do, de
                            kv_slot, ds_ring, Q_IDX, sm_scale, SPARSE, TILE_N, BLOCK_M,
                            HEAD_DIM, NUM_BUFFERS_DS, CONSUMERS)
     if PROFILE:
-        stamp(TIMELINE, item, 11, clock64())  # producer_end
+        stamp(TIMELINE, item, REC_PRODUCER_END, clock64())
     return qdo_cnt, next_item

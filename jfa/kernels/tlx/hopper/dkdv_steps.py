@@ -6,7 +6,8 @@ import triton
 import triton.language as tl
 
 from jfa.kernels.bands import band_offsets
-from jfa.kernels.tlx.common.device import bufidx_phase, item_sequence, item_slot_head, safe_sequence
+from jfa.kernels.tlx.common.device import (bufidx_phase, item_sequence, item_slot_head, record_stamp,
+                                           safe_sequence)
 from jfa.kernels.tlx.common.host import tlx
 
 
@@ -170,17 +171,14 @@ def send_staged_dq(dq_stage, desc_dq, dq_row, dq_col, BARRIER: tl.constexpr = 0)
 # with no load on the consumers' path between items); its launcher turns that into the item's own steps.
 PROFILE_FIELDS = ("sm", "start_ns", "start", "kv_ready", "steps_done", "end", "cta", "steps",
                   "producer_start", "kv_issued", "loads_done", "producer_end", "decoded", "first_step")
+# the fields' indices, as the kernels name them
+(REC_SM, REC_START_NS, REC_START, REC_KV_READY, REC_STEPS_DONE, REC_END, REC_CTA, REC_STEPS, REC_PRODUCER_START,
+ REC_KV_ISSUED, REC_LOADS_DONE, REC_PRODUCER_END, REC_DECODED, REC_FIRST_STEP) = (
+    tl.constexpr(i) for i in range(len(PROFILE_FIELDS)))
 _RECORD = tl.constexpr(len(PROFILE_FIELDS))
 
 
 @triton.jit
-def record_field(TIMELINE, item, FIELD: tl.constexpr):
-    """The address of field FIELD (an index of PROFILE_FIELDS) of ``item``'s record."""
-    return TIMELINE + item.to(tl.int64) * _RECORD + FIELD
-
-
-@triton.jit
 def stamp(TIMELINE, item, FIELD: tl.constexpr, value):
-    """Field FIELD of ``item``'s record, written as the phase ends: nothing of the record stays in registers
-    across the item's steps."""
-    tl.store(record_field(TIMELINE, item, FIELD), value.to(tl.int64))
+    """Field FIELD (a ``REC_`` index of PROFILE_FIELDS) of ``item``'s record (``record_stamp``)."""
+    record_stamp(TIMELINE, item, FIELD, value, _RECORD)

@@ -80,7 +80,8 @@ from jfa.kernels.schedule import build_tile_list
 from jfa.kernels.tlx import pipeline
 from jfa.kernels.tlx.common import target
 from jfa.kernels.tlx.common.device import (ITEM_BUFFERS, bufidx_phase, clock64, globaltimer, item_sequence,
-                                           online_softmax_step, retire_counter, smid, static_item, to_16bit_pairs)
+                                           online_softmax_step, record_stamp, retire_counter, smid, static_item,
+                                           to_16bit_pairs)
 from jfa.kernels.tlx.common.host import (check_inputs, descriptor, make_variant, offline_signature, rebased, sm_count,
                                          schedule_counter, tlx, work_counter)
 from jfa.kernels.tlx.hopper.item_ring import (ITEM_FIELDS, WINDOW_FIELDS, peek_item, publish_end, publish_item,
@@ -139,6 +140,15 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 BAR_TO_C0 = tl.constexpr(9)  # consumer 1 arrives after its QK^T issue, consumer 0 waits before its own
 BAR_TO_C1 = tl.constexpr(10)  # consumer 0 arrives after its QK^T issue, consumer 1 waits before its own
 PINGPONG_THREADS = tl.constexpr(256)
+# The profiling build's TIMELINE: one row per work item (PROFILE_FIELDS: its SM, start and end on the global
+# timer, its CTA; ``Timeline.records``), then with ``trace_steps`` one row per traced K/V step of CTA 0 (STEP_FIELDS, SM
+# cycles: ``_log_step``), rows of one width
+PROFILE_FIELDS = ("sm", "start_ns", "end_ns", "cta")
+STEP_FIELDS = ("start", "turn_passed", "v_ready", "done")
+assert len(STEP_FIELDS) == len(PROFILE_FIELDS)
+(REC_SM, REC_START_NS, REC_END_NS, REC_CTA) = (tl.constexpr(i) for i in range(len(PROFILE_FIELDS)))
+(STEP_START, STEP_TURN_PASSED, STEP_V_READY, STEP_DONE) = (tl.constexpr(i) for i in range(len(STEP_FIELDS)))
+_RECORD = tl.constexpr(len(PROFILE_FIELDS))
 SCHEDULES = ("zigzag", "dynamic")  # Variant.schedule: static zig-zag over the sorted list, or a counter
 # A causal launch (no window) takes its items from the counter (``Variant.long_causal_schedule``,
 # ``Variant.for_launch``) when its sequences average at least LONG_CAUSAL_TILES work items and the longest has
@@ -380,11 +390,11 @@ def _log_step(STEP_LOG, pid, CID: tl.constexpr, kv_cnt, TRACE_STEPS: tl.constexp
     one there would hold the softmax behind PV (ptxas interleaves the two), so the traced build runs the
     shipped schedule. An item's peeled first block is no such step (its row stays -1)."""
     if (pid == 0) & (kv_cnt < TRACE_STEPS):
-        row = STEP_LOG + (CID * TRACE_STEPS + kv_cnt) * 4  # (small: kv_cnt < TRACE_STEPS)
-        tl.store(row, t_start)
-        tl.store(row + 1, t_issued)
-        tl.store(row + 2, t_v)
-        tl.store(row + 3, t_done)
+        row = CID * TRACE_STEPS + kv_cnt
+        record_stamp(STEP_LOG, row, STEP_START, t_start, _RECORD)
+        record_stamp(STEP_LOG, row, STEP_TURN_PASSED, t_issued, _RECORD)
+        record_stamp(STEP_LOG, row, STEP_V_READY, t_v, _RECORD)
+        record_stamp(STEP_LOG, row, STEP_DONE, t_done, _RECORD)
 
 
 @triton.jit
@@ -587,12 +597,11 @@ def _consume_item(item, q_cnt, kv_cnt, pid, q_tiles, k_tiles, v_tiles, q_fulls, 
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + out_rows * num_heads + head, lse, mask=row_ok)
     if PROFILE:
-        if cid == 0:  # one record per item: SM, start and end (ns), CTA
-            record = TIMELINE + item.to(tl.int64) * 4
-            tl.store(record, smid().to(tl.int64))
-            tl.store(record + 1, started)
-            tl.store(record + 2, globaltimer())
-            tl.store(record + 3, pid.to(tl.int64))
+        if cid == 0:  # one record per item (PROFILE_FIELDS)
+            record_stamp(TIMELINE, item, REC_SM, smid(), _RECORD)
+            record_stamp(TIMELINE, item, REC_START_NS, started, _RECORD)
+            record_stamp(TIMELINE, item, REC_END_NS, globaltimer(), _RECORD)
+            record_stamp(TIMELINE, item, REC_CTA, pid, _RECORD)
     return q_cnt, kv_cnt
 
 
@@ -639,7 +648,7 @@ def jagged_fwd_tlx_kernel(
     ring_empties = tlx.alloc_barriers(num_barriers=ITEM_BUFFERS, arrive_count=_CONSUMERS)
     step_log = TIMELINE  # (never written without TRACE_STEPS)
     if TRACE_STEPS > 0:  # the step rows follow the item records
-        step_log = TIMELINE + num_items.to(tl.int64) * 4
+        step_log = TIMELINE + num_items.to(tl.int64) * _RECORD
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
@@ -874,7 +883,7 @@ def _unused_timeline(device: torch.device) -> torch.Tensor:
     """The TIMELINE argument of a launch that records nothing (never written): one per device, so the
     hot path allocates nothing for it."""
     if device not in _UNUSED_TIMELINES:
-        _UNUSED_TIMELINES[device] = torch.empty((1, 4), dtype=torch.int64, device=device)
+        _UNUSED_TIMELINES[device] = torch.empty((1, len(PROFILE_FIELDS)), dtype=torch.int64, device=device)
     return _UNUSED_TIMELINES[device]
 
 
@@ -886,14 +895,14 @@ class Timeline:
     K/V steps, [consumer, step, (start, turn passed, V ready, done)] in SM cycles, -1 where no bulk or tail step
     ran (``_log_step``)."""
 
-    records: torch.Tensor  # int64 [num_items, 4]
+    records: torch.Tensor  # int64 [num_items, len(PROFILE_FIELDS)]
     seq: torch.Tensor
     tile: torch.Tensor
     kv_len: torch.Tensor
     num_heads: int
     grid: int
     variant: Variant
-    steps: Optional[torch.Tensor] = None  # int64 [2, trace_steps, 4]
+    steps: Optional[torch.Tensor] = None  # int64 [2, trace_steps, len(STEP_FIELDS)]
 
 
 class _PlannedForward:
@@ -976,7 +985,8 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
                             work_offsets=cu_k if variant.longest_first else None)
     counter = schedule_counter(variant.dynamic, q.device, tiles.tiles)
     num_items = tiles.num_slots * num_heads
-    timeline = (torch.full((num_items + NUM_CONSUMERS * trace_steps, 4), -1, dtype=torch.int64, device=q.device)
+    timeline = (torch.full((num_items + NUM_CONSUMERS * trace_steps, len(PROFILE_FIELDS)), -1, dtype=torch.int64,
+                           device=q.device)
                 if profile else _unused_timeline(q.device))
     args, kwargs, num_items = kernel_arguments(q, k, v, out, lse, out_cu, cu_k, tiles, counter, timeline,
                                                causal=causal, softmax_scale=softmax_scale,
@@ -997,7 +1007,7 @@ def jagged_forward_tlx(q, k, v, cu_q, cu_k, *, causal: bool, softmax_scale: floa
     seq, tile = tiles.tiles[0].long(), tiles.tiles[1].long()
     kv = torch.cat([cu_k[1:] - cu_k[:-1], cu_k.new_zeros(1)]).long()[seq]
     expand = lambda t: t.repeat_interleave(num_heads)  # noqa: E731 - items are (slot, head), head fastest
-    steps = timeline[num_items:].view(NUM_CONSUMERS, trace_steps, 4) if trace_steps else None
+    steps = timeline[num_items:].view(NUM_CONSUMERS, trace_steps, len(STEP_FIELDS)) if trace_steps else None
     return out, lse, Timeline(timeline[:num_items], expand(seq), expand(tile), expand(kv), num_heads, grid, variant,
                               steps)
 

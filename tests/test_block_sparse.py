@@ -12,7 +12,7 @@ from jfa.api import recording_dispatch
 from jfa.fuzz.cases import Case, block_lists_for, make_inputs
 from jfa.kernels.block_lists import exact_csr, query_blocks, transpose
 from jfa.kernels.schedule import output_offsets
-from jfa.reference import attention_reference
+from jfa.reference import attention_reference, torch_ref
 
 CASE = Case((70, 0, 9, 33), (40, 17, 0, 65), heads=2, kv_heads=1, head_dim=16, dtype="fp32", causal=True,
             sparse=("random", 0.5, 16), seed=3)
@@ -27,9 +27,13 @@ def _np(t):
     return t.detach().cpu().double().numpy()
 
 
-def test_the_oracle_restriction_agrees_with_the_torch_reference_in_float64():
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-sequences", "row-chunks"])
+def test_the_oracle_restriction_agrees_with_the_torch_reference_in_float64(chunked, monkeypatch):
     """Two independent masks from the same lists (NumPy's and torch's) give the same attention: outputs,
-    lse and autograd's gradients of the float64 reference against the oracle's analytic backward."""
+    lse and autograd's gradients of the float64 reference against the oracle's analytic backward; also with
+    the reference taking each sequence's query rows a few at a time (its chunks of long sequences)."""
+    if chunked:
+        monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", 64)
     inp, (offsets, indices) = _inputs()
     kv = (offsets, indices, 16)
     q, k, v = (t.detach().double().requires_grad_() for t in (inp.q, inp.k, inp.v))

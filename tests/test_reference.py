@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from jfa.oracle import attention_backward, attention_forward
-from jfa.reference import attention_reference
+from jfa.reference import attention_reference, torch_ref
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,41 @@ def test_float64_matches_oracle(name):
 @pytest.mark.parametrize("name", ["plain", "causal-lq-gt-lk-masked-rows", "empty-middle", "broadcast-q-causal"])
 def test_float64_strided_inputs_match_oracle(name):
     _check_float64(CASES[name], strided=True)
+
+
+@pytest.mark.parametrize("name", ["plain-lq-ne-lk", "causal-lq-gt-lk-masked-rows", "causal-lq-lt-lk", "empty-middle",
+                                  "broadcast-q-causal", "gqa-causal", "window-both", "window-causal-left-masked-rows",
+                                  "gqa-window-broadcast-q"])
+def test_float64_in_row_chunks_matches_oracle(name, monkeypatch):
+    """A sequence whose scores exceed CHUNK_ELEMENTS is taken a few query rows at a time (here one to three):
+    the same forward and autograd gradients as the oracle's, masks and windows offset to each chunk's rows."""
+    monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", 12)
+    _check_float64(CASES[name], strided=False)
+
+
+def _largest_saved(chunk_elements: int, monkeypatch) -> int:
+    """The most elements of any tensor autograd keeps for the backward of one long causal sequence (2 heads,
+    256 rows: 131072 scores) with the reference's chunk size ``chunk_elements``."""
+    monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", chunk_elements)
+    q, k, v, cu_q, cu_k, kw, _ = make_inputs(Case([256], [256], causal=True, H=2, D=8))
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, lse = attention_reference(q, k, v, cu_q, cu_k, **kw)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    return max(sizes)
+
+
+def test_a_long_sequence_keeps_no_score_matrix_for_the_backward(monkeypatch):
+    """Autograd keeps nothing the size of a chunk's scores (each chunk's scores are recomputed in the
+    backward); without chunking it keeps the whole sequence's, which is what runs a GPU out of memory."""
+    assert _largest_saved(2 * 256 * 16, monkeypatch) <= 256 * 2 * 8  # q, k, v's size at most
+    assert _largest_saved(1 << 25, monkeypatch) >= 2 * 256 * 256
 
 
 def test_strided_inputs_are_really_strided():

@@ -11,7 +11,9 @@ the usual "reference in dtype t" recipe:
 - ``out`` returned in ``q``'s dtype, ``lse`` in the softmax dtype.
 
 Rows that see no key give ``out = 0``, ``lse = -inf`` and exactly zero (never NaN) gradients.
-Offsets are moved to the host (``.tolist()``), so this synchronises with the device.
+Offsets are moved to the host (``.tolist()``), so this synchronises with the device. A sequence with more than
+CHUNK_ELEMENTS scores is taken a chunk of query rows at a time, each chunk's scores recomputed for the backward
+(activation checkpointing): its memory is a chunk's, not its whole score matrix's.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import math
 from typing import Optional, Sequence, Union
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["attention_reference", "kv_block_masks", "select_kv_blocks_reference"]
 
 Offsets = Union[torch.Tensor, Sequence[int]]
+# scores of one sequence computed at a time (elements of [H, rows, keys]; 128 MB in float32): a longer
+# sequence's query rows go in chunks (``_sequence_rows``)
+CHUNK_ELEMENTS = 1 << 25
 
 
 def _offsets_list(cu: Offsets, name: str) -> list:
@@ -57,6 +63,45 @@ def _softmax_rows(scores: torch.Tensor):
     p = e / l_safe
     lse = torch.where(seen, m + torch.log(l_safe), torch.full_like(l, float("-inf")))
     return p, lse.squeeze(-1)
+
+
+def _rows(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, mask: Optional[torch.Tensor], row0: int,
+          shift: int, scale: float, left: int, right: int, sdt: torch.dtype):
+    """Query rows ``row0 ..`` of one sequence (``qh`` [H, rows, D]) against all its keys: (out [H, rows, D] in
+    the compute dtype, lse [H, rows] in ``sdt``). ``shift`` = Lk - Lq; ``mask``: the rows' block-sparse mask."""
+    s = torch.matmul(qh, kh.transpose(-1, -2)).to(sdt) * scale      # [H, rows, lk]
+    if right >= 0 or left >= 0:
+        i = torch.arange(row0, row0 + qh.shape[1], device=qh.device)[:, None]
+        j = torch.arange(kh.shape[1], device=qh.device)[None, :]
+        hidden = torch.zeros((qh.shape[1], kh.shape[1]), dtype=torch.bool, device=qh.device)
+        if right >= 0:
+            hidden |= j > i + shift + right
+        if left >= 0:
+            hidden |= j < i + shift - left
+        s = s.masked_fill(hidden, float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p, lse = _softmax_rows(s)
+    return torch.matmul(p.to(qh.dtype), vh), lse
+
+
+def _sequence_rows(qh, kh, vh, mask, shift: int, scale: float, left: int, right: int, sdt: torch.dtype):
+    """``_rows`` over every query row of one sequence, in chunks of at most CHUNK_ELEMENTS scores when it has
+    more: each chunk's scores are recomputed in the backward (activation checkpointing) rather than kept, so the
+    memory a sequence takes is bounded by a chunk's, in the forward and in autograd's backward alike."""
+    heads, lq, lk = qh.shape[0], qh.shape[1], kh.shape[1]
+    step = max(1, CHUNK_ELEMENTS // max(1, heads * lk))
+    if lq <= step:
+        return _rows(qh, kh, vh, mask, 0, shift, scale, left, right, sdt)
+    keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (qh, kh, vh))
+    outs, lses = [], []
+    for r0 in range(0, lq, step):
+        rows = slice(r0, min(lq, r0 + step))
+        args = (qh[:, rows], kh, vh, None if mask is None else mask[:, rows], r0, shift, scale, left, right, sdt)
+        o, lse = checkpoint(_rows, *args, use_reentrant=False) if keep_graph else _rows(*args)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
 
 
 def kv_block_masks(kv_blocks, lengths_q: Sequence[int], lengths_k: Sequence[int], num_heads: int,
@@ -169,20 +214,8 @@ def attention_reference(
         qh = q[q0:q1].to(cdt).transpose(0, 1)                           # [H, lq, D]
         kh = k[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
         vh = v[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
-        s = torch.matmul(qh, kh.transpose(-1, -2)).to(sdt) * scale      # [H, lq, lk]
-        if right >= 0 or left >= 0:
-            i = torch.arange(lq, device=dev)[:, None]
-            j = torch.arange(lk, device=dev)[None, :]
-            hidden = torch.zeros((lq, lk), dtype=torch.bool, device=dev)
-            if right >= 0:
-                hidden |= j > i + (lk - lq) + right
-            if left >= 0:
-                hidden |= j < i + (lk - lq) - left
-            s = s.masked_fill(hidden, float("-inf"))
-        if block_masks is not None:
-            s = s.masked_fill(~block_masks[b], float("-inf"))
-        p, lse = _softmax_rows(s)
-        o = torch.matmul(p.to(cdt), vh)                                 # [H, lq, D]
+        mask = None if block_masks is None else block_masks[b]
+        o, lse = _sequence_rows(qh, kh, vh, mask, lk - lq, scale, left, right, sdt)
         outs.append(o.transpose(0, 1).to(q.dtype))
         lses.append(lse.transpose(0, 1))
 

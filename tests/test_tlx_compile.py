@@ -71,7 +71,7 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     module = backward if target["kernel"] == "dkdv" else forward
     assert details["warp_specialize"] == 1 and details["partitions"] == module.NUM_CONSUMERS
     if target["kernel"] == "dkdv":  # fewer where the producer computes dQ
-        regs = backward.config_for(target["head_dim"], target["variant"] == "fused-dq", target["mx"]).consumer_regs
+        regs = backward.config_for(target["head_dim"], target["fused_dq"], target["mx"]).consumer_regs
     else:
         regs = module.config_for(target["head_dim"], target["mx"]).consumer_regs
     assert regs in details["setmaxnreg"]["inc"]
@@ -83,7 +83,7 @@ def test_tlx_kernel_compiles_for_sm90a_as_designed(name, results, record_propert
     assert details["mbarrier_waits"] > 0
     assert not set(details["ptxas_warnings"]) & WGMMA_SERIALISED, "ptxas serialises the wgmma pipeline"
     if target["kernel"] == "forward":
-        pingpong = "pingpong=0" not in target["variant"]
+        pingpong = "pingpong=0" not in target["switches"]
         assert details["named_barriers"] == ([9, 10] if pingpong else []), "pingpong named barriers wrong"
     assert details["launch_binds_as_compiled"], "a launch would specialise to a different signature"
     assert row["ok"], "; ".join(row["problems"])  # (dK/dV: also the launch's LLVM setting, as compiled)
@@ -144,7 +144,7 @@ def test_every_causal_forward_build_has_its_counter_build_as_a_target():
     targets = tlx_targets()
     names = {t.name for t in targets}
     shipped_causal = [t for t in targets if t.kernel == "forward" and t.causal and not (
-        t.variant or t.window or t.sparse or t.mx or t.profile or t.group > 1)]
+        t.switches or t.window or t.sparse or t.mx or t.profile or t.group > 1)]
     assert len(shipped_causal) == 8  # bf16, fp16 x D 64, 128 x broadcast Q or not
     assert all(f"{t.name}[schedule=dynamic]" in names for t in shipped_causal)
 
@@ -372,9 +372,9 @@ def test_every_shipped_blackwell_config_is_a_gate_target():
         (dt, d, c, b) for dt in ("bf16", "fp16") for d in SUPPORTED_HEAD_DIMS for c in (False, True)
         for b in (False, True)}
     # the dK/dV kernel: with the fused dQ and without it (the deterministic backward's), causal or not
-    assert {(t.dtype, t.head_dim, t.causal, t.variant) for t in targets if t.kernel == "dkdv"} == {
-        (dt, d, c, v) for dt in ("bf16", "fp16") for d in BACKWARD_HEAD_DIMS for c in (False, True)
-        for v in ("fused-dq", "")}
+    assert {(t.dtype, t.head_dim, t.causal, t.fused_dq) for t in targets if t.kernel == "dkdv"} == {
+        (dt, d, c, f) for dt in ("bf16", "fp16") for d in BACKWARD_HEAD_DIMS for c in (False, True)
+        for f in (True, False)}
     assert all(t.arch == 100 for t in targets)
     assert set(BLACKWELL_SUITE + BLACKWELL_BACKWARD_SUITE) <= {t.name for t in targets}
 

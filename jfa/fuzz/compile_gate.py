@@ -58,12 +58,11 @@ class Target:
     broadcast_q: bool
     arch: int = 90
     backend: str = "triton"  # "triton": jfa.kernels.triton; "tlx": jfa.kernels.tlx.hopper
-    # tlx forward: ablation switches (jfa.kernels.tlx.hopper.forward.Variant.parse), "" = shipped; dK/dV:
-    # "fused-dq" for the fused dQ's build, "" for the deterministic backward's
-    variant: str = ""
     profile: bool = False  # tlx: the timeline (profiling) build
-    # tlx dK/dV: switches of the backward's ablation study (``BackwardVariant.parse``), "" = what ships
+    # tlx: switches of the kernel's ablation study (the forward's ``Variant.parse``, the dK/dV kernel's
+    # ``BackwardVariant.parse``), "" = what ships
     switches: str = ""
+    fused_dq: bool = False  # tlx dK/dV: the fused dQ's build (False: the deterministic backward's)
     window: bool = False  # tlx: the sliding-window build (the band's offsets as arguments)
     group: int = 1  # tlx: query heads per key/value head (grouped-query attention: one build per group size)
     sparse: bool = False  # tlx: the block-sparse build (lists of key blocks per query block)
@@ -119,18 +118,18 @@ def tlx_targets() -> list:
                     targets.append(Target(name, "forward", dtype, head_dim, causal, broadcast_q, backend="tlx"))
                     if causal:  # long causal sequences take the counter's build (``Variant.for_launch``)
                         targets.append(Target(f"{name}[schedule=dynamic]", "forward", dtype, head_dim, causal,
-                                              broadcast_q, backend="tlx", variant="schedule=dynamic"))
+                                              broadcast_q, backend="tlx", switches="schedule=dynamic"))
     # the ablation builds and the timeline build must compile too (they are measured, never shipped); the
     # other ablations (persistence, LPT order) change the launch, not the build
-    for variant in ("pingpong=0", "peel=0"):
-        targets.append(Target(f"tlx-forward-bf16-D128-causal[{variant}]", "forward", "bf16", 128, True, False,
-                              backend="tlx", variant=variant))
+    for switches in ("pingpong=0", "peel=0"):
+        targets.append(Target(f"tlx-forward-bf16-D128-causal[{switches}]", "forward", "bf16", 128, True, False,
+                              backend="tlx", switches=switches))
     targets.append(Target("tlx-forward-bf16-D128[profile]", "forward", "bf16", 128, False, False, backend="tlx",
                           profile=True))
     targets.append(Target("tlx-forward-bf16-D64[schedule=dynamic,profile]", "forward", "bf16", 64, False, False,
-                          backend="tlx", variant="schedule=dynamic", profile=True))
-    targets += _window_and_group_targets("forward", "")
-    targets += _sparse_targets("forward", "")
+                          backend="tlx", switches="schedule=dynamic", profile=True))
+    targets += _window_and_group_targets("forward")
+    targets += _sparse_targets("forward")
     targets += _q_regs_targets()
     targets += mx_targets()
     return targets + tlx_backward_targets() + mx_backward_targets()
@@ -141,7 +140,7 @@ def _q_regs_targets() -> list:
     (``Variant.q_regs``; D 64 ships Q in registers, D 128 in shared memory), causal with broadcast Q (the
     most live state)."""
     return [Target(f"tlx-forward-bf16-D{d}-causal-bcastq[q_regs={int(d == 128)}]", "forward", "bf16", d, True, True,
-                   backend="tlx", variant=f"q_regs={int(d == 128)}") for d in (64, 128)]
+                   backend="tlx", switches=f"q_regs={int(d == 128)}") for d in (64, 128)]
 
 
 def mx_targets() -> list:
@@ -167,77 +166,78 @@ def mx_backward_targets() -> list:
             mx("-causal", dtype="fp32", causal=True)]
 
 
-def _sparse_targets(kernel: str, variant: str) -> list:
+def _sparse_targets(kernel: str, fused_dq: bool = False) -> list:
     """The block-sparse builds: bf16 at both head dims, causal and not, fp16 at D 128 causal, broadcast Q at
-    D 128 (the dK/dV kernel's build per ``variant``)."""
-    suffix = f"[{variant}]" if variant else ""
+    D 128 (the dK/dV kernel's with the fused dQ or without it)."""
+    suffix = "[fused-dq]" if fused_dq else ""
     prefix = "tlx-forward" if kernel == "forward" else "tlx-dkdv"
     combos = [("bf16", d, c, False) for d in (64, 128) for c in (False, True)]
     combos += [("fp16", 128, True, False), ("bf16", 128, False, True)]
     return [Target(f"{prefix}-{dtype}-D{d}{'-causal' if c else ''}{'-bcastq' if b else ''}-sparse{suffix}", kernel,
-                   dtype, d, c, b, backend="tlx", variant=variant, sparse=True) for dtype, d, c, b in combos]
+                   dtype, d, c, b, backend="tlx", fused_dq=fused_dq, sparse=True) for dtype, d, c, b in combos]
 
 
-def _window_and_group_targets(kernel: str, variant: str, gqa_head_dim: int = 128) -> list:
-    """Sliding windows (D 64, causal at D 128) and grouped-query attention (group 4)."""
-    suffix = f"[{variant}]" if variant else ""
+def _window_and_group_targets(kernel: str, fused_dq: bool = False, gqa_head_dim: int = 128) -> list:
+    """Sliding windows (D 64, causal at D 128) and grouped-query attention (group 4); the dK/dV kernel's with the
+    fused dQ or without it."""
+    suffix = "[fused-dq]" if fused_dq else ""
     prefix = "tlx-forward" if kernel == "forward" else "tlx-dkdv"
     return [Target(f"{prefix}-bf16-D64-window{suffix}", kernel, "bf16", 64, False, False, backend="tlx",
-                   variant=variant, window=True),
+                   fused_dq=fused_dq, window=True),
             Target(f"{prefix}-bf16-D128-causal-window{suffix}", kernel, "bf16", 128, True, False, backend="tlx",
-                   variant=variant, window=True),
+                   fused_dq=fused_dq, window=True),
             Target(f"{prefix}-bf16-D{gqa_head_dim}-gqa4{suffix}", kernel, "bf16", gqa_head_dim, False, False,
-                   backend="tlx", variant=variant, group=4)]
+                   backend="tlx", fused_dq=fused_dq, group=4)]
 
 
 def tlx_backward_targets() -> list:
-    """The TLX Hopper dK/dV kernel: every shipped build (dtype x head dim, with the fused dQ (variant
-    "fused-dq") and without it, the deterministic backward's) x causal x broadcast-Q."""
+    """The TLX Hopper dK/dV kernel: every shipped build (dtype x head dim, with the fused dQ ("[fused-dq]") and
+    without it, the deterministic backward's) x causal x broadcast-Q."""
     from jfa.kernels.tlx.hopper.backward import SUPPORTED_HEAD_DIMS
 
     targets = []
     for dtype in ("bf16", "fp16"):
         for head_dim in SUPPORTED_HEAD_DIMS:
-            for variant in ("", "fused-dq"):
-                suffix = f"[{variant}]" if variant else ""
+            for fused_dq in (False, True):
+                suffix = "[fused-dq]" if fused_dq else ""
                 for causal in (False, True):
                     name = f"tlx-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}{suffix}"
                     targets.append(Target(name, "dkdv", dtype, head_dim, causal, False, backend="tlx",
-                                          variant=variant))
+                                          fused_dq=fused_dq))
                 targets.append(Target(f"tlx-dkdv-{dtype}-D{head_dim}-bcastq{suffix}", "dkdv", dtype, head_dim,
-                                      False, True, backend="tlx", variant=variant))
-    targets += _window_and_group_targets("dkdv", "")
-    targets += _window_and_group_targets("dkdv", "fused-dq", gqa_head_dim=64)
+                                      False, True, backend="tlx", fused_dq=fused_dq))
+    targets += _window_and_group_targets("dkdv")
+    targets += _window_and_group_targets("dkdv", fused_dq=True, gqa_head_dim=64)
     # grouped heads with the fused dQ at D 128 too (the halves' build): causal, and a group of 8 with a
     # broadcast Q (an item's steps run over its group's query heads)
     targets += [Target("tlx-dkdv-bf16-D128-causal-gqa4[fused-dq]", "dkdv", "bf16", 128, True, False, backend="tlx",
-                       variant="fused-dq", group=4),
+                       fused_dq=True, group=4),
                 Target("tlx-dkdv-bf16-D128-bcastq-gqa8[fused-dq]", "dkdv", "bf16", 128, False, True, backend="tlx",
-                       variant="fused-dq", group=8)]
-    targets += _sparse_targets("dkdv", "") + _sparse_targets("dkdv", "fused-dq")
+                       fused_dq=True, group=8)]
+    targets += _sparse_targets("dkdv") + _sparse_targets("dkdv", fused_dq=True)
     # the profiling build (measured, never shipped) of the fused dQ's builds: the producer's at D 64 (static
     # schedule), the halves at D 128 (causal: the counter's)
     targets += [Target("tlx-dkdv-bf16-D64[fused-dq,profile]", "dkdv", "bf16", 64, False, False, backend="tlx",
-                       variant="fused-dq", profile=True),
+                       fused_dq=True, profile=True),
                 Target("tlx-dkdv-bf16-D128-causal[fused-dq,profile]", "dkdv", "bf16", 128, True, False,
-                       backend="tlx", variant="fused-dq", profile=True)]
+                       backend="tlx", fused_dq=True, profile=True)]
     # two K/V slot pairs (the next item's K, V and first query tiles loaded during this one: what ships where a
     # dense launch's items are short, ``BackwardVariant.item_prefetch``), the producer's-dQ build at D 64: every
     # dense build short items take (both dtypes, causal's counter, a broadcast Q, grouped heads), its profiling
     # build, and the ablation's block-sparse and window builds
     pre = "item_prefetch=always"
     targets += [Target(f"tlx-dkdv-{dtype}-D64{name}[fused-dq,{pre}]", "dkdv", dtype, 64, causal, bcast,
-                       backend="tlx", variant="fused-dq", switches=pre)
+                       backend="tlx", fused_dq=True, switches=pre)
                 for dtype in ("bf16", "fp16")
                 for name, causal, bcast in (("", False, False), ("-causal", True, False), ("-bcastq", False, True))]
     targets += [Target(f"tlx-dkdv-bf16-D64[fused-dq,{pre},profile]", "dkdv", "bf16", 64, False, False,
-                       backend="tlx", variant="fused-dq", switches=pre, profile=True),
+                       backend="tlx", fused_dq=True, switches=pre, profile=True),
                 Target(f"tlx-dkdv-bf16-D64-causal-sparse[fused-dq,{pre}]", "dkdv", "bf16", 64, True, False,
-                       backend="tlx", variant="fused-dq", switches=pre, sparse=True),
+                       backend="tlx", fused_dq=True, switches=pre, sparse=True),
                 Target(f"tlx-dkdv-bf16-D64-window[fused-dq,{pre}]", "dkdv", "bf16", 64, False, False,
-                       backend="tlx", variant="fused-dq", switches=pre, window=True),
+                       backend="tlx", fused_dq=True, switches=pre, window=True),
                 Target(f"tlx-dkdv-fp16-D64-bcastq-gqa4[fused-dq,{pre}]", "dkdv", "fp16", 64, False, True,
-                       backend="tlx", variant="fused-dq", switches=pre, group=4)]
+                       backend="tlx", fused_dq=True, switches=pre, group=4)]
     return targets
 
 
@@ -269,26 +269,26 @@ def blackwell_two_cta_targets() -> list:
     ``TOOLCHAIN_LOWERS_TWO_CTA`` says: whether the toolchain builds it (``--backend blackwell-2cta``, not in 'all');
     where it does, its PTX must hold ``tcgen05.mma.cta_group::2``."""
     return [Target("blackwell-dkdv-bf16-D128-causal-2cta[fused-dq]", "dkdv", "bf16", 128, True, False, arch=100,
-                   backend="tlx", variant="fused-dq", cta_pair=True)]
+                   backend="tlx", fused_dq=True, cta_pair=True)]
 
 
 def blackwell_backward_targets() -> list:
     """The TLX Blackwell dK/dV kernel (sm_100a): every shipped config (bf16, fp16 x D 64, 128) with the fused dQ
-    (variant "fused-dq") and without it (the deterministic backward's) x causal, broadcast Q with the fused dQ,
+    ("[fused-dq]") and without it (the deterministic backward's) x causal, broadcast Q with the fused dQ,
     and grouped key/value heads (group 4)."""
     targets = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
-            for variant in ("fused-dq", ""):
-                suffix = f"[{variant}]" if variant else ""
+            for fused_dq in (True, False):
+                suffix = "[fused-dq]" if fused_dq else ""
                 for causal in (False, True):
                     targets.append(Target(f"blackwell-dkdv-{dtype}-D{head_dim}{'-causal' if causal else ''}{suffix}",
                                           "dkdv", dtype, head_dim, causal, False, arch=100, backend="tlx",
-                                          variant=variant))
+                                          fused_dq=fused_dq))
             targets.append(Target(f"blackwell-dkdv-{dtype}-D{head_dim}-bcastq[fused-dq]", "dkdv", dtype, head_dim,
-                                  False, True, arch=100, backend="tlx", variant="fused-dq"))
+                                  False, True, arch=100, backend="tlx", fused_dq=True))
     targets.append(Target("blackwell-dkdv-bf16-D128-causal-gqa4[fused-dq]", "dkdv", "bf16", 128, True, False,
-                          arch=100, backend="tlx", variant="fused-dq", group=4))
+                          arch=100, backend="tlx", fused_dq=True, group=4))
     return targets
 
 
@@ -656,7 +656,7 @@ def dkdv_launch_binding(target: Target) -> dict:
     rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
     out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
     lse = torch.zeros(rows, q.shape[1])
-    fused = target.variant == "fused-dq"
+    fused = target.fused_dq
     dq_accum = tlx_backward.DqAccumulator(q, zeroed=False) if fused else None
     with _offline_target(), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
         tlx_backward.jagged_dkdv_tlx(q, k, v, dout, lse, None if fused else torch.zeros_like(lse),
@@ -707,7 +707,7 @@ def mx_dkdv_launch_binding(target: Target) -> dict:
 def _variant(target: Target):
     from jfa.kernels.tlx.hopper.forward import Variant
 
-    return Variant.parse(target.variant)
+    return Variant.parse(target.switches)
 
 
 def _backward_variant(target: Target):
@@ -778,7 +778,7 @@ def _check_tlx(target: Target) -> Result:
     if target.kernel == "dkdv":
         from jfa.kernels.tlx.hopper import backward as tlx_backward
 
-        fused = target.variant == "fused-dq"  # variant: "" (the deterministic backward's build) or "fused-dq"
+        fused = target.fused_dq
         variant = _backward_variant(target)
         spec = tlx_backward.compile_spec(target.dtype, target.head_dim, causal=target.causal,
                                          broadcast_q=target.broadcast_q, fused_dq=fused, window=target.window,
@@ -888,7 +888,7 @@ def blackwell_dkdv_launch_binding(target: Target) -> dict:
     rows = num_seqs * len_q if target.broadcast_q else q.shape[0]
     out, dout = (torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype) for _ in range(2))
     lse = torch.zeros(rows, q.shape[1])
-    fused = target.variant == "fused-dq"
+    fused = target.fused_dq
     with _offline_target((10, 0)), knobs.scope(tlx_own_waits=None, tlx_llvm_o0=None), _offline_launches() as seen:
         bwb.jagged_dkdv_blackwell(q, k, v, dout, lse, None, torch.empty_like(k), torch.empty_like(v), out_cu, cu_k,
                                   causal=target.causal, softmax_scale=target.head_dim ** -0.5,
@@ -902,7 +902,7 @@ def _check_blackwell_dkdv(target: Target) -> Result:
     and their registers, spill, launch binding), and TMA reduce-adds of dQ exactly in the fused build."""
     from jfa.kernels.tlx.blackwell import backward as bwb
 
-    fused = target.variant == "fused-dq"
+    fused = target.fused_dq
     spec = bwb.compile_spec(target.dtype, target.head_dim, causal=target.causal, broadcast_q=target.broadcast_q,
                             fused_dq=fused, group=target.group, cta_pair=target.cta_pair, mx=target.mx)
     cfg = bwb.config_for(target.head_dim, target.cta_pair, target.mx)

@@ -9,6 +9,7 @@ each), so any ``-n`` is stable.
 """
 import os
 import sys
+import zlib
 
 import pytest
 
@@ -29,6 +30,20 @@ def pytest_addoption(parser):
     parser.addoption("--backend", default="auto", choices=("auto", "tlx", "triton", "torch"),
                      help="jfa backend the kernel tests exercise (auto: TLX where it applies on a Hopper GPU, "
                           "else the portable kernel; tlx: cases it cannot run are skipped)")
+    parser.addoption("--part", default=None, metavar="I/N",
+                     help="only part I of N (0 <= I < N) of the collected tests, a test's part a hash of its id: "
+                          "N runs with I = 0 .. N-1 run each test once (a suite longer than one sitting)")
+
+
+def _part(value: str) -> tuple:
+    """``--part I/N`` -> (I, N); a clear usage error otherwise."""
+    try:
+        index, count = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--part: expected I/N (two integers), got {value!r}") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--part: need 0 <= I < N, got {value!r}")
+    return index, count
 
 
 def pytest_configure(config):
@@ -52,6 +67,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--part"):
+        index, count = _part(config.getoption("--part"))
+        others = [item for item in items if zlib.crc32(item.nodeid.encode()) % count != index]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [item for item in items if zlib.crc32(item.nodeid.encode()) % count == index]
     if config.getoption("--sim-scope") != "full":
         skip_slow = pytest.mark.skip(reason="slow: the gate runs it (jfa gate, or --sim-scope full); the CPU suite "
                                             "leaves it out to stay within its 15-minute budget")

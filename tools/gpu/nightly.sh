@@ -5,12 +5,13 @@
 # mix, twin oracle) on the Triton cache the suite warmed. Results in $OUT/nightly.tgz.
 # Then the MXFP8 fuzzer (`python -m jfa.fuzz.mx`: bounds (a) and (b) on every example), MX_WORKERS seeds
 # side by side for MX_MINUTES.
-#   WORKERS (default: nproc), SUITE_SECONDS (default 330), FUZZ_MINUTES (default 2.5), FUZZ_ARGS (extra),
+#   WORKERS (default: nproc), SUITE_SECONDS (default 330), PART (I/N: only that part of the suite, pytest --part),
+#   FUZZ_MINUTES (default 2.5), FUZZ_ARGS (extra),
 #   MX_WORKERS (default 4), MX_MINUTES (default 1.5).
 set -u
 source "$(dirname "$0")/lib.sh"; results_dir nightly
 { nvidia-smi -L; echo "cpus $(nproc)"; } > $R/host.txt
-step "${SUITE_SECONDS:-330}" python3 -m pytest tests --device cuda -n "${WORKERS:-$(nproc)}" -q -rfE -p no:cacheprovider \
+step "${SUITE_SECONDS:-330}" python3 -m pytest tests ${PART:+--part $PART} --device cuda -n "${WORKERS:-$(nproc)}" -q -rfE -p no:cacheprovider \
   --timeout 240 --timeout-method thread --durations 10 --junitxml $R/junit-cuda.xml > $R/pytest.log 2>&1
 grep -E "^(FAILED|ERROR)|node down|replacing crashed|passed|failed" $R/pytest.log | tail -20
 m=${FUZZ_MINUTES:-2.5}

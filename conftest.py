@@ -69,10 +69,12 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--part"):
         index, count = _part(config.getoption("--part"))
-        others = [item for item in items if zlib.crc32(item.nodeid.encode()) % count != index]
+        kept, others = [], []
+        for item in items:
+            (kept if zlib.crc32(item.nodeid.encode()) % count == index else others).append(item)
         if others:
             config.hook.pytest_deselected(items=others)
-            items[:] = [item for item in items if zlib.crc32(item.nodeid.encode()) % count == index]
+            items[:] = kept
     if config.getoption("--sim-scope") != "full":
         skip_slow = pytest.mark.skip(reason="slow: the gate runs it (jfa gate, or --sim-scope full); the CPU suite "
                                             "leaves it out to stay within its 15-minute budget")

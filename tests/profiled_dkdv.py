@@ -4,6 +4,7 @@ import contextlib
 
 import torch
 
+from jfa.bench.timeline import columns
 from jfa.kernels.tlx.hopper import backward as tlx_backward
 
 
@@ -30,7 +31,7 @@ def profiled_dkdv(q, k, v, cu, *, causal: bool, launching=contextlib.nullcontext
 
 def field(records: torch.Tensor, name: str) -> torch.Tensor:
     """Column ``name`` (one of ``PROFILE_FIELDS``) of the dK/dV kernel's profiling records."""
-    return records[:, tlx_backward.PROFILE_FIELDS.index(name)]
+    return columns(records, tlx_backward.PROFILE_FIELDS)[name]
 
 def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int, item_prefetch: bool = False) -> None:
     """Every item recorded (no -1 left), by a CTA of the grid, the consumers' phases and the producer's each in

@@ -11,6 +11,7 @@ import torch
 import jfa
 from jfa import knobs
 from jfa.api import recording_dispatch
+from jfa.bench.timeline import columns
 from jfa.fuzz.catalog import tlx_cases
 from jfa.fuzz.cases import Case, offsets
 from jfa.fuzz.rule import run_case
@@ -295,7 +296,7 @@ def test_timeline_records_every_item_once(schedule):
     out, lse, timeline = run(q, k, v, cu, variant=variant, profile=True)
     plain_out, _ = run(q, k, v, cu, variant=variant)
     assert torch.equal(out, plain_out)  # the profiling build computes the same
-    rec = dict(zip(tlx_forward.PROFILE_FIELDS, timeline.records.cpu().T))
+    rec = columns(timeline.records.cpu(), tlx_forward.PROFILE_FIELDS)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert (rec["sm"] >= 0).all() and (rec["sm"] < sms).all(), "an item was never recorded, or a bad SM id"
     assert (rec["end_ns"] >= rec["start_ns"]).all() and (rec["start_ns"] > 0).all()

@@ -135,15 +135,16 @@ def item_phases(records: np.ndarray) -> dict:
     from jfa.kernels.tlx.hopper.dkdv_steps import PROFILE_FIELDS
 
     rec = np.asarray(records, dtype=np.int64)
-    rec = rec[(rec >= 0).all(1) & (columns(rec, PROFILE_FIELDS)["steps"] > 0)]
+    rec = rec[(rec >= 0).all(1) & (rec[:, PROFILE_FIELDS.index("steps")] > 0)]
     if not rec.size:
         return {"items": 0}
     col = columns(rec, PROFILE_FIELDS)
     steps = col["steps"].astype(np.float64)
     gaps, late, clocks = [], [], []
     for cta in np.unique(col["cta"]):
-        mine = rec[col["cta"] == cta]
-        field = columns(mine[np.argsort(columns(mine, PROFILE_FIELDS)["start"])], PROFILE_FIELDS)
+        mine = col["cta"] == cta
+        order = np.argsort(col["start"][mine])
+        field = {name: values[mine][order] for name, values in col.items()}
         gaps.append(field["start"][1:] - field["end"][:-1])
         late.append(field["producer_start"][1:] - field["steps_done"][:-1])
         if field["start_ns"][-1] > field["start_ns"][0]:

@@ -28,10 +28,10 @@ def profiled_dkdv(q, k, v, cu, *, causal: bool, launching=contextlib.nullcontext
     return records.cpu()
 
 
-
 def field(records: torch.Tensor, name: str) -> torch.Tensor:
     """Column ``name`` (one of ``PROFILE_FIELDS``) of the dK/dV kernel's profiling records."""
     return columns(records, tlx_backward.PROFILE_FIELDS)[name]
+
 
 def assert_one_ordered_record_per_item(records: torch.Tensor, grid: int, item_prefetch: bool = False) -> None:
     """Every item recorded (no -1 left), by a CTA of the grid, the consumers' phases and the producer's each in

@@ -33,7 +33,7 @@ def test_the_oracle_restriction_agrees_with_the_torch_reference_in_float64(chunk
     lse and autograd's gradients of the float64 reference against the oracle's analytic backward; also with
     the reference taking each sequence's query rows a few at a time (its chunks of long sequences)."""
     if chunked:
-        monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", 64)
+        monkeypatch.setattr(torch_ref, "CHUNK_BYTES", 64 * 8)  # 64 float64 scores
     inp, (offsets, indices) = _inputs()
     kv = (offsets, indices, 16)
     q, k, v = (t.detach().double().requires_grad_() for t in (inp.q, inp.k, inp.v))

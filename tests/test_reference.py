@@ -127,17 +127,28 @@ def test_float64_strided_inputs_match_oracle(name):
                                   "broadcast-q-causal", "gqa-causal", "window-both", "window-causal-left-masked-rows",
                                   "gqa-window-broadcast-q"])
 def test_float64_in_row_chunks_matches_oracle(name, monkeypatch):
-    """A sequence whose scores exceed CHUNK_ELEMENTS is taken a few query rows at a time (here one to three):
+    """A sequence whose scores exceed CHUNK_BYTES is taken a few query rows at a time (here one to three):
     the same forward and autograd gradients as the oracle's, masks and windows offset to each chunk's rows."""
-    monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", 12)
+    monkeypatch.setattr(torch_ref, "CHUNK_BYTES", 12 * 8)  # 12 float64 scores
     _check_float64(CASES[name], strided=False)
 
 
-def _largest_saved(chunk_elements: int, monkeypatch) -> int:
+def _causal_lists(heads: int, blocks: int) -> tuple:
+    """Block-sparse lists of one sequence of ``blocks`` 16-row blocks: every query block lists the key blocks up to
+    its own (the causally visible ones), for every head."""
+    lists = [list(range(t + 1)) for _ in range(heads) for t in range(blocks)]
+    offsets = torch.tensor([0] + list(np.cumsum([len(r) for r in lists])))
+    return offsets, torch.tensor([u for r in lists for u in r]), 16
+
+
+def _largest_saved(chunk_scores: int, monkeypatch, sparse: bool = False) -> int:
     """The most elements of any tensor autograd keeps for the backward of one long causal sequence (2 heads,
-    256 rows: 131072 scores) with the reference's chunk size ``chunk_elements``."""
-    monkeypatch.setattr(torch_ref, "CHUNK_ELEMENTS", chunk_elements)
+    256 rows: 131072 scores) with the reference's chunk of ``chunk_scores`` float64 scores; ``sparse``: as
+    block-sparse attention listing every causally visible 16-key block."""
+    monkeypatch.setattr(torch_ref, "CHUNK_BYTES", chunk_scores * 8)
     q, k, v, cu_q, cu_k, kw, _ = make_inputs(Case([256], [256], causal=True, H=2, D=8))
+    if sparse:
+        kw = dict(kw, kv_blocks=_causal_lists(2, 16))
     sizes = []
 
     def pack(t):
@@ -151,11 +162,13 @@ def _largest_saved(chunk_elements: int, monkeypatch) -> int:
     return max(sizes)
 
 
-def test_a_long_sequence_keeps_no_score_matrix_for_the_backward(monkeypatch):
-    """Autograd keeps nothing the size of a chunk's scores (each chunk's scores are recomputed in the
-    backward); without chunking it keeps the whole sequence's, which is what runs a GPU out of memory."""
-    assert _largest_saved(2 * 256 * 16, monkeypatch) <= 256 * 2 * 8  # q, k, v's size at most
-    assert _largest_saved(1 << 25, monkeypatch) >= 2 * 256 * 256
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "block-sparse"])
+def test_a_long_sequence_keeps_no_score_matrix_for_the_backward(sparse, monkeypatch):
+    """Autograd keeps nothing the size of a chunk's scores or of the sequence's block-sparse mask (each chunk's
+    scores and mask are recomputed in the backward); without chunking it keeps the whole sequence's scores,
+    which is what runs a GPU out of memory."""
+    assert _largest_saved(2 * 256 * 16, monkeypatch, sparse) <= 256 * 2 * 8  # q, k, v's size at most
+    assert _largest_saved(1 << 25, monkeypatch, sparse) >= 2 * 256 * 256
 
 
 def test_strided_inputs_are_really_strided():

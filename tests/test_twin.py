@@ -9,11 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from jfa.fuzz import twin
 from jfa.fuzz.cases import Case, make_inputs
 from jfa.fuzz.rule import oracle_values, run_case, twin_agreement
 from jfa.fuzz.strategies import problems
-from jfa.reference import attention_reference
+from jfa.reference import attention_reference, torch_ref
 
 
 def _kwargs(case: Case) -> dict:
@@ -40,7 +39,7 @@ def _assert_agree(case: Case) -> None:
 @settings(max_examples=60)
 @given(case=problems(max_tokens=400))
 def test_twin_matches_the_numpy_oracle_on_every_strategy_family(case):
-    with mock.patch.object(twin, "CHUNK_ELEMENTS", 512):  # many row chunks per sequence
+    with mock.patch.object(torch_ref, "CHUNK_BYTES", 512 * 8):  # many row chunks per sequence (float64 scores)
         _assert_agree(case)
 
 
@@ -51,8 +50,8 @@ def test_twin_matches_the_numpy_oracle_on_every_strategy_family(case):
     Case((64, 64), (64, 64), values="constant-keys", softmax_scale=-0.7, head_dim=8),
 ], ids=["mqa-causal-long", "window-empty-seqs", "bcastq-causal", "constant-keys-negative-scale"])
 def test_twin_matches_the_numpy_oracle_across_chunk_boundaries(case):
-    for chunk in (1, 97, twin.CHUNK_ELEMENTS):
-        with mock.patch.object(twin, "CHUNK_ELEMENTS", chunk):
+    for chunk in (8, 97 * 8, torch_ref.CHUNK_BYTES):
+        with mock.patch.object(torch_ref, "CHUNK_BYTES", chunk):
             _assert_agree(case)
 
 

@@ -16,10 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from jfa.reference import kv_block_masks
+from jfa.reference import kv_block_lists, listed_keys, row_chunks
 
-# float64 temporaries of one chunk: [H, rows, keys] elements, 128 MB each at most
-CHUNK_ELEMENTS = 1 << 24
 # how far twin and NumPy oracle may differ, relative to the magnitude of the summed terms: both sum in
 # float64 (rounding ~1e-16 per term) in different orders, so 1e-9 leaves a wide margin and still
 # catches any semantic difference (a wrong mask or scale moves results by O(1) of that magnitude)
@@ -55,18 +53,18 @@ def _visible(rows: range, lq: int, lk: int, causal: bool, window, device) -> tor
     return visible
 
 
-def _chunks(lq: int, lk: int, heads: int):
-    step = max(1, CHUNK_ELEMENTS // max(1, heads * lk))
-    return (range(r, min(lq, r + step)) for r in range(0, lq, step))
+def _chunks(lq: int, lk: int, heads: int) -> list:
+    """Query row ranges whose float64 [H, rows, keys] temporaries fit ``jfa.reference``'s chunk."""
+    return row_chunks(lq, lk, heads, 8)
 
 
 def _sequences(q, k, v, cu_q, cu_k, lq_bcast, group: int, kv_blocks=None):
     """Per sequence with queries and keys: (query rows, output rows, key rows, q as [H, lq, D], k and v
-    as [H, lk, D] with each key/value head repeated for its query heads, the block-sparse mask [H, lq, lk]
-    of ``kv_blocks`` or None)."""
+    as [H, lk, D] with each key/value head repeated for its query heads, the sequence's listed blocks of
+    ``kv_blocks`` (``jfa.reference.kv_block_lists``: a block-level [H, NQ, NK] bool, or None)."""
     masks = None
     if kv_blocks is not None:
-        masks = kv_block_masks(kv_blocks, [cu_q[b + 1] - cu_q[b] for b in range(len(cu_k) - 1)],
+        masks = kv_block_lists(kv_blocks, [cu_q[b + 1] - cu_q[b] for b in range(len(cu_k) - 1)],
                                [cu_k[b + 1] - cu_k[b] for b in range(len(cu_k) - 1)], q.shape[1], q.device)
     for b in range(len(cu_k) - 1):
         qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
@@ -106,7 +104,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, soft
             s = qh[:, rows.start:rows.stop] @ kh.transpose(1, 2) * scale
             s = s.masked_fill(~_visible(rows, lq, lk, causal, window, q.device), -math.inf)
             if blocks is not None:
-                s = s.masked_fill(~blocks[:, rows.start:rows.stop], -math.inf)
+                s = s.masked_fill(~listed_keys(blocks, kv_blocks[2], rows, lk), -math.inf)
             m = s.amax(-1, keepdim=True)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
             p = torch.exp(s - m_safe)
@@ -142,7 +140,7 @@ def attention_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, c
             lse_c = lse[o_rows].T[..., None]
             vis = _visible(rows, lq, lk, causal, window, q.device)[None] & torch.isfinite(lse_c)
             if blocks is not None:
-                vis = vis & blocks[:, rows.start:rows.stop]
+                vis = vis & listed_keys(blocks, kv_blocks[2], rows, lk)
             s = q_c @ kh.transpose(1, 2) * scale
             lse_safe = torch.where(torch.isfinite(lse_c), lse_c, torch.zeros_like(lse_c))
             p = torch.where(vis, torch.exp(torch.where(vis, s - lse_safe, torch.zeros_like(s))), torch.zeros_like(s))

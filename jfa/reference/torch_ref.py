@@ -11,25 +11,34 @@ the usual "reference in dtype t" recipe:
 - ``out`` returned in ``q``'s dtype, ``lse`` in the softmax dtype.
 
 Rows that see no key give ``out = 0``, ``lse = -inf`` and exactly zero (never NaN) gradients.
-Offsets are moved to the host (``.tolist()``), so this synchronises with the device. A sequence with more than
-CHUNK_ELEMENTS scores is taken a chunk of query rows at a time, each chunk's scores recomputed for the backward
-(activation checkpointing): its memory is a chunk's, not its whole score matrix's.
+Offsets are moved to the host (``.tolist()``), so this synchronises with the device. A sequence whose scores
+take more than CHUNK_BYTES is taken a chunk of query rows at a time (``row_chunks``), each chunk's scores and
+block-sparse mask recomputed for the backward (activation checkpointing): its memory is a chunk's, not its whole
+score matrix's.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Optional, Sequence, Union
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["attention_reference", "kv_block_masks", "select_kv_blocks_reference"]
+__all__ = ["attention_reference", "kv_block_lists", "listed_keys", "row_chunks", "select_kv_blocks_reference"]
 
 Offsets = Union[torch.Tensor, Sequence[int]]
-# scores of one sequence computed at a time (elements of [H, rows, keys]; 128 MB in float32): a longer
-# sequence's query rows go in chunks (``_sequence_rows``)
-CHUNK_ELEMENTS = 1 << 25
+# the [H, rows, keys] scores of one sequence computed at a time, at most (the reference's and the fuzzer's float64
+# twin's alike): a longer sequence's query rows go in chunks (``row_chunks``)
+CHUNK_BYTES = 1 << 27
+
+
+def row_chunks(len_q: int, len_k: int, heads: int, itemsize: int) -> list:
+    """The query rows of a (len_q, len_k) sequence as consecutive ranges whose [heads, rows, len_k] scores of
+    ``itemsize`` bytes take at most CHUNK_BYTES (one row at least); a single range when they all fit."""
+    step = max(1, CHUNK_BYTES // max(1, heads * len_k * itemsize))
+    return [range(r, min(len_q, r + step)) for r in range(0, len_q, step)]
 
 
 def _offsets_list(cu: Offsets, name: str) -> list:
@@ -65,10 +74,11 @@ def _softmax_rows(scores: torch.Tensor):
     return p, lse.squeeze(-1)
 
 
-def _rows(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, mask: Optional[torch.Tensor], row0: int,
+def _rows(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, blocks: Optional[tuple], row0: int,
           shift: int, scale: float, left: int, right: int, sdt: torch.dtype):
     """Query rows ``row0 ..`` of one sequence (``qh`` [H, rows, D]) against all its keys: (out [H, rows, D] in
-    the compute dtype, lse [H, rows] in ``sdt``). ``shift`` = Lk - Lq; ``mask``: the rows' block-sparse mask."""
+    the compute dtype, lse [H, rows] in ``sdt``). ``shift`` = Lk - Lq; ``blocks``: block-sparse attention's
+    (listed, block_size) of the sequence (``kv_block_lists``) or None."""
     s = torch.matmul(qh, kh.transpose(-1, -2)).to(sdt) * scale      # [H, rows, lk]
     if right >= 0 or left >= 0:
         i = torch.arange(row0, row0 + qh.shape[1], device=qh.device)[:, None]
@@ -79,36 +89,34 @@ def _rows(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, mask: Optional[t
         if left >= 0:
             hidden |= j < i + shift - left
         s = s.masked_fill(hidden, float("-inf"))
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
+    if blocks is not None:
+        s = s.masked_fill(~listed_keys(*blocks, range(row0, row0 + qh.shape[1]), kh.shape[1]), float("-inf"))
     p, lse = _softmax_rows(s)
     return torch.matmul(p.to(qh.dtype), vh), lse
 
 
-def _sequence_rows(qh, kh, vh, mask, shift: int, scale: float, left: int, right: int, sdt: torch.dtype):
-    """``_rows`` over every query row of one sequence, in chunks of at most CHUNK_ELEMENTS scores when it has
-    more: each chunk's scores are recomputed in the backward (activation checkpointing) rather than kept, so the
-    memory a sequence takes is bounded by a chunk's, in the forward and in autograd's backward alike."""
-    heads, lq, lk = qh.shape[0], qh.shape[1], kh.shape[1]
-    step = max(1, CHUNK_ELEMENTS // max(1, heads * lk))
-    if lq <= step:
-        return _rows(qh, kh, vh, mask, 0, shift, scale, left, right, sdt)
+def _sequence_rows(qh, kh, vh, blocks, shift: int, scale: float, left: int, right: int, sdt: torch.dtype):
+    """``_rows`` over every query row of one sequence, in ``row_chunks`` when its scores take more than
+    CHUNK_BYTES: each chunk's scores are recomputed in the backward (activation checkpointing) rather than kept,
+    so the memory a sequence takes is bounded by a chunk's, in the forward and in autograd's backward alike."""
+    chunks = row_chunks(qh.shape[1], kh.shape[1], qh.shape[0], torch.finfo(sdt).bits // 8)
+    if len(chunks) == 1:
+        return _rows(qh, kh, vh, blocks, 0, shift, scale, left, right, sdt)
     keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (qh, kh, vh))
     outs, lses = [], []
-    for r0 in range(0, lq, step):
-        rows = slice(r0, min(lq, r0 + step))
-        args = (qh[:, rows], kh, vh, None if mask is None else mask[:, rows], r0, shift, scale, left, right, sdt)
+    for rows in chunks:
+        args = (qh[:, rows.start:rows.stop], kh, vh, blocks, rows.start, shift, scale, left, right, sdt)
         o, lse = checkpoint(_rows, *args, use_reentrant=False) if keep_graph else _rows(*args)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
 
 
-def kv_block_masks(kv_blocks, lengths_q: Sequence[int], lengths_k: Sequence[int], num_heads: int,
+def kv_block_lists(kv_blocks, lengths_q: Sequence[int], lengths_k: Sequence[int], num_heads: int,
                    device) -> list:
-    """Per sequence, bool ``[H, Lq_b, Lk_b]`` on ``device``: the keys of the key blocks each query block lists,
-    from ``kv_blocks = (offsets, indices, block_size)``, the exact CSR of block-sparse attention (row
-    ``h * NQB + g`` for query block g of the batch, numbered through the sequences in order)."""
+    """Per sequence, bool ``[H, NQ_b, NK_b]`` on ``device`` (its query and key blocks): which key blocks each
+    query block lists, from ``kv_blocks = (offsets, indices, block_size)``, the exact CSR of block-sparse
+    attention (row ``h * NQB + g`` for query block g of the batch, numbered through the sequences in order)."""
     offsets, indices, block_size = kv_blocks
     offsets = torch.as_tensor(offsets).to(device="cpu", dtype=torch.int64)
     indices = torch.as_tensor(indices).to(device="cpu", dtype=torch.int64)
@@ -123,13 +131,17 @@ def kv_block_masks(kv_blocks, lengths_q: Sequence[int], lengths_k: Sequence[int]
     rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
     listed[rows, indices[offsets[0]:offsets[-1]]] = True
     listed = listed.view(num_heads, nqb, listed.shape[1])
-    masks, first = [], 0
-    for lq, lk, nq, nk in zip(lengths_q, lengths_k, blocks_q, blocks_k):
-        per_block = listed[:, first:first + nq, :nk].to(device)
-        mask = per_block.repeat_interleave(block_size, 1).repeat_interleave(block_size, 2)
-        masks.append(mask[:, :int(lq), :int(lk)])
-        first += nq
-    return masks
+    firsts = [0, *itertools.accumulate(blocks_q)]
+    return [listed[:, first:first + nq, :nk].to(device) for first, nq, nk in zip(firsts, blocks_q, blocks_k)]
+
+
+def listed_keys(listed: torch.Tensor, block_size: int, rows: range, len_k: int) -> torch.Tensor:
+    """Bool ``[H, len(rows), len_k]``: the keys query rows ``rows`` of a sequence see through the key blocks their
+    query block lists (``listed``: the sequence's ``kv_block_lists`` entry); built a chunk of rows at a time, so
+    its memory is the chunk's scores'."""
+    query_blocks = torch.arange(rows.start, rows.stop, device=listed.device) // block_size
+    key_blocks = torch.arange(len_k, device=listed.device) // block_size
+    return listed[:, query_blocks][:, :, key_blocks]
 
 
 def attention_reference(
@@ -196,8 +208,8 @@ def attention_reference(
     sdt = torch.float64 if cdt == torch.float64 else torch.float32
     scale = (1.0 / math.sqrt(D)) if softmax_scale is None else float(softmax_scale)
     dev = q.device
-    block_masks = (None if kv_blocks is None else
-                   kv_block_masks(kv_blocks, [q1 - q0 for q0, q1 in q_rows], [cu_k[b + 1] - cu_k[b] for b in range(B)],
+    block_lists = (None if kv_blocks is None else
+                   kv_block_lists(kv_blocks, [q1 - q0 for q0, q1 in q_rows], [cu_k[b + 1] - cu_k[b] for b in range(B)],
                                   H, dev))
 
     outs, lses = [], []
@@ -214,8 +226,8 @@ def attention_reference(
         qh = q[q0:q1].to(cdt).transpose(0, 1)                           # [H, lq, D]
         kh = k[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
         vh = v[k0:k1].to(cdt).repeat_interleave(group, dim=1).transpose(0, 1)  # [H, lk, D]
-        mask = None if block_masks is None else block_masks[b]
-        o, lse = _sequence_rows(qh, kh, vh, mask, lk - lq, scale, left, right, sdt)
+        blocks = None if block_lists is None else (block_lists[b], kv_blocks[2])
+        o, lse = _sequence_rows(qh, kh, vh, blocks, lk - lq, scale, left, right, sdt)
         outs.append(o.transpose(0, 1).to(q.dtype))
         lses.append(lse.transpose(0, 1))
 

@@ -175,8 +175,14 @@ class View:
         return (self.index,) + tuple(slice(a, b) for a, b in self.box)
 
     def read(self) -> np.ndarray:
+        """The view's elements as a NumPy view of the buffer: later writes show through it."""
         a = self.alloc.data[self._slices()]
         return a if self.perm is None else a.transpose(self.perm)
+
+    def snapshot(self) -> np.ndarray:
+        """A copy of the view's elements as they are now (what an asynchronous operation read at its issue or
+        landing), unchanged by later writes."""
+        return np.array(self.read())
 
     def write(self, data: np.ndarray) -> None:
         if self.perm is not None:

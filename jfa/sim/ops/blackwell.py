@@ -134,17 +134,17 @@ class Tcgen05Mma(AsyncOp):
             self.cta.sched.land(self.prev)
         self.landed = True
         cta, task = self.cta, self.task
-        a = to_f32(np.array(self.a.read()), self.a.dtype)
-        b = to_f32(np.array(self.b.read()), self.b.dtype)
+        a = to_f32(self.a.snapshot(), self.a.dtype)
+        b = to_f32(self.b.snapshot(), self.b.dtype)
         if self.peer is not None:  # cta_group::2: B is the pair's two halves of N side by side
-            b = np.concatenate([b, to_f32(np.array(self.peer_b.read()), self.peer_b.dtype)], axis=1)
+            b = np.concatenate([b, to_f32(self.peer_b.snapshot(), self.peer_b.dtype)], axis=1)
         if self.scales is not None:  # block-scaled: one E8M0 scale per 32 elements along K, per row / column
-            sa, sb = (e8m0_to_f32(np.array(v.read())) for v in self.scales)
+            sa, sb = (e8m0_to_f32(v.snapshot()) for v in self.scales)
             a = a * np.repeat(sa, 32, axis=1)
             b = b * np.repeat(sb, 32, axis=1).T
         out = _matmul(a, b)
         if self.use_acc:
-            out = out + to_f32(np.array(self.acc.read()), self.acc.dtype)
+            out = out + to_f32(self.acc.snapshot(), self.acc.dtype)
         agent = _mma_agent(cta)  # the tensor core: one agent, its MMAs ordered by its clock
         cta.tcgen05_clock = clock = getattr(cta, "tcgen05_clock", 0) + 1
         vc = dict(self.vc)
@@ -155,9 +155,9 @@ class Tcgen05Mma(AsyncOp):
                        "tcgen05 MMA", self.site, landing=self)
         self.acc.write(out.astype(np.float32))
         if self.peer is not None:  # the partner's rows of A times the same B, into its own accumulator
-            out_p = _matmul(to_f32(np.array(self.peer_a.read()), self.peer_a.dtype), b)
+            out_p = _matmul(to_f32(self.peer_a.snapshot(), self.peer_a.dtype), b)
             if self.use_acc:
-                out_p = out_p + to_f32(np.array(self.peer_acc.read()), self.peer_acc.dtype)
+                out_p = out_p + to_f32(self.peer_acc.snapshot(), self.peer_acc.dtype)
             self.peer_acc.alloc.shadows[self.peer_acc.index].loads.remove(self)
             self.peer.smem.write(self.peer_acc, agent, vc, clock, f"{self.describe()} (issued by {task.name})",
                                  "tcgen05 MMA", self.site, landing=self)
@@ -204,7 +204,7 @@ class Tcgen05Copy(AsyncOp):
         self.dst.alloc.shadows[self.dst.index].loads.remove(self)
         cta.smem.write(self.dst, agent, vc, clock, f"{self.describe()} (issued by {self.task.name})",
                        "tcgen05 copy", self.site, landing=self)
-        self.dst.write(np.array(self.src.read()))
+        self.dst.write(self.src.snapshot())
         self.read.inflight, self.read.agent, self.read.clock = None, agent, clock
 
 

@@ -123,7 +123,7 @@ def local_load(cta, src, token=None, layout=None, relaxed=False, **_hints):
     task = cta.task
     view = cta.view(src, site, "local_load")
     cta.smem.read(view, task, "local_load", site)
-    data = np.array(view.read())
+    data = view.snapshot()
     cta.trace(task, "local_load", view.name(), site)
     return make_tensor(data, view.dtype)
 
@@ -376,7 +376,7 @@ class TmaStore(AsyncOp):
 
     def _land(self) -> None:
         self.landed = True
-        data = self.source if self.source is not None else np.array(self.view.read())
+        data = self.source if self.source is not None else self.view.snapshot()
         self.desc.store_box(self.offsets, data, self.reduce, self.site)
         self.cta.trace(None, "TMA store lands", self.describe(), self.site)
 
@@ -494,7 +494,7 @@ def async_descriptor_store_wait(cta, pendings, read_only=True):
             if full:
                 cta.sched.land(st)
             else:
-                st.source = np.array(st.view.read())
+                st.source = st.view.snapshot()
         cta.smem.retire(*st.rec, task, "async_descriptor_store_wait", site)
         n += 1
     if full:

@@ -62,15 +62,15 @@ def _sequences(q, k, v, cu_q, cu_k, lq_bcast, group: int, kv_blocks=None):
     """Per sequence with queries and keys: (query rows, output rows, key rows, q as [H, lq, D], k and v
     as [H, lk, D] with each key/value head repeated for its query heads, the sequence's listed blocks of
     ``kv_blocks`` (``jfa.reference.kv_block_lists``: a block-level [H, NQ, NK] bool, or None)."""
-    masks = None
+    listed = None
     if kv_blocks is not None:
-        masks = kv_block_lists(kv_blocks, [cu_q[b + 1] - cu_q[b] for b in range(len(cu_k) - 1)],
-                               [cu_k[b + 1] - cu_k[b] for b in range(len(cu_k) - 1)], q.shape[1], q.device)
+        listed = kv_block_lists(kv_blocks, [cu_q[b + 1] - cu_q[b] for b in range(len(cu_k) - 1)],
+                                [cu_k[b + 1] - cu_k[b] for b in range(len(cu_k) - 1)], q.shape[1], q.device)
     for b in range(len(cu_k) - 1):
         qs, oq, ks = _seq_rows(b, cu_q, cu_k, lq_bcast)
         qh, kh, vh = q[qs].transpose(0, 1), _grouped(k[ks], group), _grouped(v[ks], group)
         if qh.shape[1] and kh.shape[1]:
-            yield qs, oq, ks, qh, kh, vh, None if masks is None else masks[b]
+            yield qs, oq, ks, qh, kh, vh, None if listed is None else listed[b]
 
 
 def _f64(*tensors):
